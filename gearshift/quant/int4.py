@@ -1,0 +1,95 @@
+"""Group-wise int4 weights: the store that W4A16, W4A8 and W4A4 all read.
+
+Every value is `w = q * scale + min` with `q` in 0..15 and one fp16 (scale, min) pair per
+`group_size` consecutive input channels of a row. One formula holds all three sources exactly:
+asymmetric round-to-nearest with an integer zero point z (min = -z*scale), symmetric
+(min = -8*scale) and llama.cpp's Q4_1 blocks (scale d, min m), which load without
+re-quantizing. Two values share a byte: column 2j in the low nibble, 2j+1 in the high one.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from gearshift.quant.base import WeightFormat, register_format
+
+SCALE_DTYPE = torch.float16
+
+
+def pack_int4(q: torch.Tensor) -> torch.Tensor:
+    """[N, K] integers in 0..15 -> [N, K//2] uint8 (even column low nibble)."""
+    if q.shape[-1] % 2:
+        raise ValueError(f"int4 packing needs an even number of columns, got {q.shape[-1]}")
+    q = q.to(torch.uint8)
+    return (q[..., 0::2] & 0x0F) | ((q[..., 1::2] & 0x0F) << 4)
+
+
+def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
+    """[N, K//2] uint8 -> [N, K] uint8 in 0..15."""
+    low = packed & 0x0F
+    high = packed >> 4
+    return torch.stack((low, high), dim=-1).reshape(*packed.shape[:-1], packed.shape[-1] * 2)
+
+
+@register_format
+class Int4Weight(WeightFormat):
+    format_name = "int4g"
+    weight_bits = 4
+
+    def __init__(self, qweight: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor, group_size: int,
+                 symmetric: bool = False):
+        out_features, half_k = qweight.shape
+        super().__init__(out_features, half_k * 2)
+        if qweight.dtype != torch.uint8:
+            raise TypeError("int4 qweight must be uint8")
+        n_groups = self.in_features // group_size
+        if self.in_features % group_size or scales.shape != (out_features, n_groups) or mins.shape != scales.shape:
+            raise ValueError(
+                f"int4 store shapes disagree: qweight {tuple(qweight.shape)}, scales {tuple(scales.shape)}, "
+                f"mins {tuple(mins.shape)}, group {group_size}")
+        self.group_size = int(group_size)
+        self.symmetric = bool(symmetric)
+        self.register_buffer("qweight", qweight)
+        self.register_buffer("scales", scales)
+        self.register_buffer("mins", mins)
+
+    def unpacked(self) -> torch.Tensor:
+        return unpack_int4(self.qweight)
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        n, k = self.out_features, self.in_features
+        q = self.unpacked().reshape(n, k // self.group_size, self.group_size).float()
+        w = q * self.scales.float().unsqueeze(-1) + self.mins.float().unsqueeze(-1)
+        return w.reshape(n, k).to(dtype)
+
+    def meta(self) -> dict:
+        return {"group_size": self.group_size, "symmetric": self.symmetric}
+
+    @classmethod
+    def from_state(cls, tensors, meta):
+        return cls(tensors["qweight"], tensors["scales"], tensors["mins"], int(meta["group_size"]),
+                   bool(meta.get("symmetric", False)))
+
+    def extra_repr(self) -> str:
+        kind = "sym" if self.symmetric else "asym"
+        return f"{self.out_features}x{self.in_features}, int4 g{self.group_size} {kind}"
+
+
+def quantize_int4(weight: torch.Tensor, group_size: int = 128, symmetric: bool = False) -> Int4Weight:
+    """Round-to-nearest group-wise int4 of a dense [out, in] weight."""
+    n, k = weight.shape
+    if k % group_size:
+        raise ValueError(f"in_features {k} is not a multiple of the int4 group size {group_size}")
+    w = weight.detach().float().reshape(n, k // group_size, group_size)
+    if symmetric:
+        scale = (w.abs().amax(-1) / 7.0).clamp_min(1e-8).to(SCALE_DTYPE)
+        zero = torch.full_like(scale, 8.0, dtype=torch.float32)
+    else:
+        wmax = w.amax(-1).clamp_min(0.0)
+        wmin = w.amin(-1).clamp_max(0.0)
+        scale = ((wmax - wmin) / 15.0).clamp_min(1e-8).to(SCALE_DTYPE)
+        zero = torch.round(-wmin / scale.float()).clamp(0, 15)
+    s = scale.float().unsqueeze(-1)
+    q = torch.clamp(torch.round(w / s) + zero.unsqueeze(-1), 0, 15).to(torch.uint8).reshape(n, k)
+    mins = (-zero * scale.float()).to(SCALE_DTYPE)
+    return Int4Weight(pack_int4(q), scale, mins, group_size, symmetric=symmetric)
