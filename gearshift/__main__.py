@@ -1,0 +1,5 @@
+import sys
+
+from gearshift.cli import main
+
+sys.exit(main())

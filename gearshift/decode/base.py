@@ -1,0 +1,115 @@
+"""What every decode policy shares: per-sequence state and the policy interface.
+
+A policy only decides how the next tokens of a batch are produced (which modes, how many
+forwards). The engine owns everything else: admission, stop conditions, trimming tokens a
+policy produced past a stop, streaming and statistics.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from gearshift.decode.sampling import SamplingParams
+from gearshift.model.kv_cache import KVCache
+from gearshift.model.transformer import Transformer
+
+
+@dataclass
+class Sequence:
+    index: int  # position of the request in the caller's list
+    prompt: list[int]
+    params: SamplingParams
+    slot: int = -1
+    output: list[int] = field(default_factory=list)
+    generator: torch.Generator | None = None
+    finished: bool = False
+    finish_reason: str | None = None
+    stats: dict = field(default_factory=dict)
+
+    @property
+    def last_token(self) -> int:
+        return self.output[-1] if self.output else self.prompt[-1]
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.prompt) + len(self.output)
+
+
+class Timer:
+    """Accumulates wall time per named phase; synchronizes CUDA so the split is honest."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.totals: dict[str, float] = {}
+
+    def __call__(self, name: str):
+        timer = self
+
+        class _Span:
+            def __enter__(self):
+                if timer.cuda:
+                    torch.cuda.synchronize()
+                self.t0 = time.perf_counter()
+
+            def __exit__(self, *exc):
+                if timer.cuda:
+                    torch.cuda.synchronize()
+                timer.totals[name] = timer.totals.get(name, 0.0) + time.perf_counter() - self.t0
+
+        return _Span()
+
+
+class DecodePolicy:
+    """Base class: prefill a group of new sequences, then step the active batch."""
+
+    name = "base"
+    #: cache positions a step may use beyond the tokens it finally keeps (QSPEC: gamma)
+    lookahead = 0
+
+    def __init__(self, model: Transformer, mode: str = "w4a16"):
+        self.model = model
+        self.mode = mode
+        self.timer = Timer(model.device)
+        self.counters: dict[str, float] = {}
+
+    def bind(self, cache: KVCache) -> None:
+        self.cache = cache
+
+    def batch_tokens(self, seqs: list[Sequence], rows: dict[int, list[int]]) -> tuple[torch.Tensor, list[int], list[int]]:
+        """Pad per-slot token lists into [cache.batch, T]; returns tokens, start, n_new."""
+        b = self.cache.batch
+        t = max(len(v) for v in rows.values())
+        tokens = torch.zeros((b, t), dtype=torch.long)
+        start = [0] * b
+        n_new = [0] * b
+        for slot, toks in rows.items():
+            tokens[slot, : len(toks)] = torch.tensor(toks)
+            start[slot] = self.cache.lengths[slot]
+            n_new[slot] = len(toks)
+        return tokens.to(self.model.device), start, n_new
+
+    def prefill(self, seqs: list[Sequence], sample) -> None:
+        """Write the prompts (all but their last token) and remember nothing else.
+
+        The last prompt token is fed by the first `step`, exactly like every later token, so a
+        prompt of length L and a generation continuing it take the same code path.
+        """
+        rows = {s.slot: s.prompt[:-1] for s in seqs if len(s.prompt) > 1}
+        if rows:
+            tokens, start, n_new = self.batch_tokens(seqs, rows)
+            with self.timer("prefill"):
+                self.model(tokens, self.cache, start, n_new, mode=self.prefill_mode(), logits="last")
+
+    def prefill_mode(self) -> str:
+        return self.mode
+
+    def step(self, seqs: list[Sequence], sample) -> None:
+        raise NotImplementedError
+
+    def stats(self) -> dict:
+        out = {f"{k}_s": round(v, 6) for k, v in self.timer.totals.items()}
+        out.update(self.counters)
+        return out

@@ -1,0 +1,83 @@
+"""Sampling parameters and the logits -> token step shared by every decode policy.
+
+`filtered_logprobs` is the single definition of the distribution a request samples from
+(temperature, top-k, top-p, min-p); QSPEC's rejection rule uses the same function for both
+the draft and the verify distributions, so "sampled QSPEC equals verify-mode sampling" is a
+statement about this one function.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from gearshift.errors import GearshiftError
+
+
+@dataclass
+class SamplingParams:
+    temperature: float = 0.0  # 0 = greedy
+    top_k: int = 0  # 0 = off
+    top_p: float = 1.0  # 1 = off
+    min_p: float = 0.0  # 0 = off
+    seed: int | None = None
+    max_new_tokens: int = 128
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] | None = None  # None = the model's EOS tokens
+    ignore_eos: bool = False
+
+    def __post_init__(self):
+        if self.temperature < 0:
+            raise GearshiftError("temperature must be >= 0")
+        if not 0 < self.top_p <= 1:
+            raise GearshiftError("top-p must be in (0, 1]")
+        if not 0 <= self.min_p < 1:
+            raise GearshiftError("min-p must be in [0, 1)")
+        if self.top_k < 0:
+            raise GearshiftError("top-k must be >= 0")
+        if self.max_new_tokens < 1:
+            raise GearshiftError("max-new-tokens must be >= 1")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    def make_generator(self) -> torch.Generator | None:
+        if self.greedy:
+            return None
+        g = torch.Generator()
+        g.manual_seed(self.seed if self.seed is not None else torch.seed())
+        return g
+
+
+def filtered_logprobs(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
+    """Log-probabilities [..., V] after temperature, top-k, top-p and min-p (filtered = -inf)."""
+    x = logits.float() / p.temperature
+    if p.top_k and p.top_k < x.shape[-1]:
+        kth = torch.topk(x, p.top_k, dim=-1).values[..., -1:]
+        x = x.masked_fill(x < kth, float("-inf"))
+    lp = torch.log_softmax(x, dim=-1)
+    if p.min_p > 0:
+        cutoff = lp.amax(-1, keepdim=True) + torch.log(torch.tensor(p.min_p))
+        lp = lp.masked_fill(lp < cutoff, float("-inf"))
+    if p.top_p < 1:
+        sorted_lp, order = torch.sort(lp, dim=-1, descending=True)
+        cum = sorted_lp.exp().cumsum(-1)
+        drop_sorted = (cum - sorted_lp.exp()) >= p.top_p  # keep the smallest prefix reaching top_p
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        lp = lp.masked_fill(drop, float("-inf"))
+    return torch.log_softmax(lp, dim=-1)
+
+
+def sample_rows(logits: torch.Tensor, params: list[SamplingParams],
+                generators: list[torch.Generator | None]) -> list[int]:
+    """One token per row of logits [B, V]; greedy rows take the first argmax."""
+    out = logits.argmax(-1).tolist()
+    rows = [i for i, p in enumerate(params) if not p.greedy]
+    if rows:
+        host = logits[rows].float().cpu()
+        for j, i in enumerate(rows):
+            probs = filtered_logprobs(host[j], params[i]).exp()
+            out[i] = int(torch.multinomial(probs, 1, generator=generators[i]).item())
+    return out

@@ -1,0 +1,209 @@
+"""The request loop: FCFS admission into KV slots, continuous refill, stop handling, streaming.
+
+Requests wait in a queue; whenever slots are free the next ones are prefilled together and
+join the running batch (ORCA-style continuous batching, as in the QSPEC paper's serving
+setup). The decode policy produces tokens; the engine decides when a sequence is done and
+trims anything a policy produced past a stop (QSPEC can accept tokens beyond an EOS).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable, Iterator
+
+import torch
+
+from gearshift.decode.base import DecodePolicy, Sequence
+from gearshift.decode.sampling import SamplingParams, sample_rows
+from gearshift.errors import GearshiftError
+from gearshift.model.loader import LoadedModel
+
+
+@dataclass
+class Request:
+    prompt_ids: list[int]
+    params: SamplingParams = field(default_factory=SamplingParams)
+
+
+@dataclass
+class Result:
+    token_ids: list[int]
+    text: str | None
+    finish_reason: str
+    prompt_tokens: int
+    stats: dict = field(default_factory=dict)
+
+
+@dataclass
+class StreamEvent:
+    index: int  # which request
+    token_ids: list[int]  # tokens added since the last event for this request
+    text: str  # text added since the last event
+    finished: bool
+    finish_reason: str | None = None
+
+
+class Engine:
+    def __init__(self, loaded: LoadedModel, max_batch: int = 8, max_seq_len: int | None = None):
+        self.loaded = loaded
+        self.model = loaded.model
+        self.tokenizer = loaded.tokenizer
+        self.max_batch = max_batch
+        self.max_seq_len = max_seq_len or loaded.config.max_position_embeddings
+        self.last_stats: dict = {}
+
+    # -- text helpers ------------------------------------------------------------------------
+    def encode_prompt(self, prompt: str, chat: bool | None = None, system: str | None = None) -> list[int]:
+        if self.tokenizer is None:
+            raise GearshiftError(f"{self.loaded.source} has no tokenizer; pass token ids instead of text")
+        use_chat = chat if chat is not None else bool(getattr(self.tokenizer, "chat_template", None))
+        if use_chat:
+            if not getattr(self.tokenizer, "chat_template", None):
+                raise GearshiftError("this model's tokenizer has no chat template; use --no-chat")
+            msgs = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
+            ids = self.tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
+            if isinstance(ids, dict) or hasattr(ids, "keys"):
+                ids = ids["input_ids"]
+            return list(ids)
+        ids = self.tokenizer(prompt, add_special_tokens=True)["input_ids"]
+        return list(ids)
+
+    def decode(self, ids: list[int]) -> str | None:
+        if self.tokenizer is None:
+            return None
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def eos_ids(self) -> list[int]:
+        ids = set(self.loaded.config.eos_token_id)
+        if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
+            ids.add(int(self.tokenizer.eos_token_id))
+        return sorted(ids)
+
+    # -- generation ----------------------------------------------------------------------------
+    def _validate(self, requests: list[Request]) -> None:
+        vocab = self.loaded.config.vocab_size
+        for i, r in enumerate(requests):
+            if not r.prompt_ids:
+                raise GearshiftError(f"prompt {i} is empty")
+            if max(r.prompt_ids) >= vocab or min(r.prompt_ids) < 0:
+                raise GearshiftError(f"prompt {i} has token ids outside the vocabulary (0..{vocab - 1})")
+            need = len(r.prompt_ids) + r.params.max_new_tokens
+            if len(r.prompt_ids) >= self.max_seq_len:
+                raise GearshiftError(f"prompt {i} has {len(r.prompt_ids)} tokens; the context holds {self.max_seq_len}")
+            if need > self.max_seq_len:
+                r.params.max_new_tokens = self.max_seq_len - len(r.prompt_ids)
+
+    def stream(self, requests: list[Request], policy: DecodePolicy) -> Iterator[StreamEvent]:
+        """Generate for every request, yielding token/text increments as they are produced."""
+        self._validate(requests)
+        eos = self.eos_ids()
+        batch = min(self.max_batch, len(requests))
+        capacity = max(len(r.prompt_ids) + r.params.max_new_tokens for r in requests) + policy.lookahead + 1
+        cache = self.model.new_cache(batch, capacity)
+        policy.bind(cache)
+        queue = deque(Sequence(i, list(r.prompt_ids), r.params) for i, r in enumerate(requests))
+        free = list(range(batch))
+        active: list[Sequence] = []
+        emitted_text: dict[int, str] = {}
+        emitted_tokens: dict[int, int] = {}
+        self.sequences: list[Sequence] = []
+        t0 = time.perf_counter()
+        first_token_at: dict[int, float] = {}
+
+        def sample(logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:
+            return sample_rows(logits, [s.params for s in seqs], [s.generator for s in seqs])
+
+        while queue or active:
+            if queue and free:
+                admitted = []
+                while queue and free:
+                    s = queue.popleft()
+                    s.slot = free.pop(0)
+                    s.generator = s.params.make_generator()
+                    cache.reset(s.slot)
+                    admitted.append(s)
+                    self.sequences.append(s)
+                policy.prefill(admitted, sample)
+                active.extend(admitted)
+            policy.step(active, sample)
+            now = time.perf_counter()
+            for s in list(active):
+                first_token_at.setdefault(s.index, now - t0)
+                self._check_stop(s, eos)
+                ev = self._event(s, emitted_text, emitted_tokens)
+                if ev is not None:
+                    yield ev
+                if s.finished:
+                    active.remove(s)
+                    free.append(s.slot)
+        wall = time.perf_counter() - t0
+        generated = sum(len(s.output) for s in self.sequences)
+        self.last_stats = {
+            "policy": policy.name,
+            "mode": policy.mode,
+            "requests": len(requests),
+            "batch": batch,
+            "generated_tokens": generated,
+            "wall_s": round(wall, 4),
+            "tokens_per_s": round(generated / wall, 3) if wall > 0 else None,
+            "mean_time_to_first_token_s": round(sum(first_token_at.values()) / max(len(first_token_at), 1), 4),
+            **policy.stats(),
+        }
+
+    def _check_stop(self, s: Sequence, eos: list[int]) -> None:
+        p = s.params
+        stops = set(p.stop_token_ids if p.stop_token_ids is not None else ([] if p.ignore_eos else eos))
+        for i, tok in enumerate(s.output):
+            if tok in stops:
+                del s.output[i + 1:]
+                s.finished, s.finish_reason = True, "stop"
+                break
+        if len(s.output) >= p.max_new_tokens:
+            del s.output[p.max_new_tokens:]
+            if not s.finished:
+                s.finished, s.finish_reason = True, "length"
+        if p.stop and self.tokenizer is not None:
+            text = self.decode(s.output)
+            hits = [text.find(x) for x in p.stop if x in text]
+            if hits:
+                cut = min(hits)
+                # keep the fewest tokens whose text contains the stop string
+                for n in range(1, len(s.output) + 1):
+                    if len(self.decode(s.output[:n])) > cut:
+                        del s.output[n:]
+                        break
+                s.finished, s.finish_reason = True, "stop"
+                s.stats["stop_text_at"] = cut
+
+    def _event(self, s: Sequence, emitted_text: dict, emitted_tokens: dict) -> StreamEvent | None:
+        n_prev = emitted_tokens.get(s.index, 0)
+        new_ids = s.output[n_prev:]
+        if not new_ids and not s.finished:
+            return None
+        text = self.result_text(s) or ""
+        prev = emitted_text.get(s.index, "")
+        if not s.finished and text.endswith("\ufffd"):  # incomplete UTF-8: wait for the next token
+            return None
+        emitted_tokens[s.index] = len(s.output)
+        emitted_text[s.index] = text
+        return StreamEvent(s.index, new_ids, text[len(prev):] if text.startswith(prev) else text, s.finished,
+                           s.finish_reason)
+
+    def result_text(self, s: Sequence) -> str | None:
+        text = self.decode(s.output)
+        if text is not None and "stop_text_at" in s.stats:
+            text = text[: s.stats["stop_text_at"]]
+        return text
+
+    def generate(self, requests: list[Request], policy: DecodePolicy,
+                 on_event: Callable[[StreamEvent], None] | None = None) -> list[Result]:
+        for ev in self.stream(requests, policy):
+            if on_event:
+                on_event(ev)
+        results: list[Result | None] = [None] * len(requests)
+        for s in self.sequences:
+            results[s.index] = Result(list(s.output), self.result_text(s), s.finish_reason or "length",
+                                      len(s.prompt), dict(s.stats))
+        return results  # type: ignore[return-value]

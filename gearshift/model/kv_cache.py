@@ -1,0 +1,69 @@
+"""A preallocated KV cache shared by every precision mode.
+
+One row ("slot") per sequence, each with its own length. Writes go to explicit positions, so
+the same call appends (start = length), overwrites a range (QSPEC's verify pass rewrites the
+draft entries with W4A16's K/V) and, with `truncate`, drops rejected draft tokens. One extra
+scratch position per slot absorbs the writes of padding tokens so they never touch real data.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from gearshift.errors import GearshiftError
+
+
+class KVCache:
+    def __init__(self, n_layers: int, batch: int, n_kv_heads: int, head_dim: int, capacity: int,
+                 dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
+        self.capacity = int(capacity)
+        self.batch = int(batch)
+        shape = (n_layers, batch, n_kv_heads, capacity + 1, head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        #: host copy of each slot's length (no device sync needed to read it)
+        self.lengths: list[int] = [0] * batch
+
+    @classmethod
+    def for_model(cls, config, batch: int, capacity: int, dtype, device) -> "KVCache":
+        return cls(config.num_hidden_layers, batch, config.num_key_value_heads, config.head_dim, capacity,
+                   dtype, device)
+
+    @property
+    def scratch(self) -> int:
+        return self.capacity
+
+    def nbytes(self) -> int:
+        return self.k.numel() * self.k.element_size() * 2
+
+    def check_room(self, start: list[int], n_new: list[int]) -> None:
+        for b, (s, n) in enumerate(zip(start, n_new)):
+            if n and s + n > self.capacity:
+                raise GearshiftError(
+                    f"sequence in slot {b} needs {s + n} positions but the KV cache holds {self.capacity}")
+
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor,
+              valid: torch.Tensor) -> None:
+        """Store k, v [B, H, T, D] at `positions` [B, T]; tokens with valid=False go to scratch."""
+        pos = torch.where(valid, positions, torch.full_like(positions, self.scratch))
+        rows = torch.arange(k.shape[0], device=k.device).unsqueeze(1).expand_as(pos)
+        # advanced indices on dims 0 and 2 come first in the result: value shape [B, T, H, D]
+        self.k[layer][rows, :, pos] = k.transpose(1, 2).to(self.k.dtype)
+        self.v[layer][rows, :, pos] = v.transpose(1, 2).to(self.v.dtype)
+
+    def view(self, layer: int, upto: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.k[layer, :, :, :upto], self.v[layer, :, :, :upto]
+
+    def commit(self, start: list[int], n_new: list[int]) -> None:
+        for b, (s, n) in enumerate(zip(start, n_new)):
+            if n:
+                self.lengths[b] = s + n
+
+    def truncate(self, slot: int, length: int) -> None:
+        """Forget everything at and after `length` in a slot (rejected draft tokens)."""
+        if length > self.lengths[slot]:
+            raise ValueError(f"cannot truncate slot {slot} of length {self.lengths[slot]} to {length}")
+        self.lengths[slot] = length
+
+    def reset(self, slot: int) -> None:
+        self.lengths[slot] = 0

@@ -1,0 +1,256 @@
+"""Load a model from a Hugging Face folder, a gearshift checkpoint or a GGUF file.
+
+Every source is turned into one mapping of HF tensor names to either dense tensors or
+weight stores (int4 from GGUF Q4_0/Q4_1 or from our checkpoints), and one builder makes the
+`Transformer` from it, fusing q/k/v and gate/up into single stores (exact: rows are stacked).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping
+
+import torch
+
+from gearshift.errors import GearshiftError
+from gearshift.model.config import ModelConfig
+from gearshift.model.quant_linear import QuantLinear, concat_rows
+from gearshift.model.transformer import Attention, Decoder, DecoderLayer, MLP, RMSNorm, Transformer
+from gearshift.quant import DenseWeight, quantize_int4, quantize_int8
+from gearshift.quant.base import WeightFormat, build_format
+
+CHECKPOINT_MANIFEST = "gearshift.json"
+WEIGHT_QUANTIZERS = ("int4", "int4-sym", "int8")
+
+
+@dataclass
+class LoadedModel:
+    model: Transformer
+    tokenizer: object | None  # a transformers PreTrainedTokenizerFast
+    config: ModelConfig
+    source: str
+    info: dict = field(default_factory=dict)
+
+    def weight_summary(self) -> dict:
+        formats: dict[str, int] = {}
+        for _, lin in self.model.linear_layers():
+            key = lin.store.format_name + (f"/g{lin.store.group_size}" if hasattr(lin.store, "group_size") else "")
+            formats[key] = formats.get(key, 0) + 1
+        return formats
+
+
+def default_dtype(device: str | torch.device) -> torch.dtype:
+    return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+
+
+def note(msg: str) -> None:
+    print(f"gearshift: {msg}", file=sys.stderr)
+
+
+def choose_group_size(k: int, wanted: int) -> int:
+    for g in (wanted, 128, 64, 32, 16):
+        if g <= wanted and k % g == 0:
+            return g
+    raise GearshiftError(f"in_features {k} has no int4 group size <= {wanted} among 128/64/32/16")
+
+
+def quantize_store(w: torch.Tensor, how: str, group_size: int) -> WeightFormat:
+    if how in ("int4", "int4-sym"):
+        return quantize_int4(w, choose_group_size(w.shape[1], group_size), symmetric=how == "int4-sym")
+    if how == "int8":
+        return quantize_int8(w)
+    raise GearshiftError(f"unknown weight quantization {how!r}; choose one of {', '.join(WEIGHT_QUANTIZERS)}")
+
+
+def _as_store(x, dtype, quantize: str | None, group_size: int) -> WeightFormat:
+    if isinstance(x, WeightFormat):
+        return x
+    if quantize:
+        return quantize_store(x, quantize, group_size)
+    return DenseWeight(x.to(dtype))
+
+
+def build_transformer(config: ModelConfig, tensors: Mapping[str, object], dtype: torch.dtype,
+                      quantize: str | None = None, group_size: int = 128, progress: bool = False) -> Transformer:
+    """Assemble the model from HF-named tensors/stores; dense linears are quantized if asked."""
+
+    def get(name):
+        if name not in tensors:
+            raise GearshiftError(f"checkpoint has no tensor {name!r}")
+        return tensors[name]
+
+    def opt(name):
+        return tensors.get(name)
+
+    def norm(name):
+        return RMSNorm(get(name).to(dtype), config.rms_norm_eps)
+
+    def fused(prefix: str, fused_name: str, parts: list[str], with_bias: bool) -> QuantLinear:
+        key = f"{prefix}.{fused_name}.weight"
+        if key in tensors:  # gearshift checkpoints store fused projections
+            store = _as_store(tensors[key], dtype, quantize, group_size)
+            bias = opt(f"{prefix}.{fused_name}.bias")
+        else:
+            store = concat_rows([_as_store(get(f"{prefix}.{p}.weight"), dtype, quantize, group_size) for p in parts])
+            bias = torch.cat([get(f"{prefix}.{p}.bias") for p in parts]) if with_bias else None
+        return QuantLinear(store, None if bias is None else bias.to(dtype))
+
+    def single(prefix: str, with_bias: bool) -> QuantLinear:
+        bias = get(f"{prefix}.bias") if with_bias else opt(f"{prefix}.bias")
+        return QuantLinear(_as_store(get(f"{prefix}.weight"), dtype, quantize, group_size),
+                           None if bias is None else bias.to(dtype))
+
+    layers = []
+    it = range(config.num_hidden_layers)
+    if progress:
+        from tqdm import tqdm
+
+        it = tqdm(it, desc="building layers" + (f" ({quantize})" if quantize else ""), leave=False, file=sys.stderr, disable=None)
+    for i in it:
+        p = f"model.layers.{i}"
+        qkv = fused(f"{p}.self_attn", "qkv_proj", ["q_proj", "k_proj", "v_proj"], config.attention_bias)
+        o = single(f"{p}.self_attn.o_proj", config.o_bias)
+        q_norm = norm(f"{p}.self_attn.q_norm.weight") if config.qk_norm else None
+        k_norm = norm(f"{p}.self_attn.k_norm.weight") if config.qk_norm else None
+        gate_up = fused(f"{p}.mlp", "gate_up_proj", ["gate_proj", "up_proj"], config.mlp_bias)
+        down = single(f"{p}.mlp.down_proj", config.mlp_bias)
+        layers.append(DecoderLayer(Attention(config, qkv, o, q_norm, k_norm), MLP(gate_up, down),
+                                   norm(f"{p}.input_layernorm.weight"), norm(f"{p}.post_attention_layernorm.weight")))
+    embed = get("model.embed_tokens.weight")
+    if isinstance(embed, WeightFormat):
+        embed = embed.dequantize(torch.float32)
+    embed = embed.to(dtype)
+    decoder = Decoder(embed, layers, norm("model.norm.weight"))
+    head = opt("lm_head.weight")
+    if head is None or config.tie_word_embeddings:
+        head_store = DenseWeight(decoder.embed_tokens.weight.data)  # tied: the same tensor, no copy
+    else:
+        head_store = head if isinstance(head, WeightFormat) else DenseWeight(head.to(dtype))
+    if isinstance(head_store, WeightFormat) and head_store.format_name != "dense":
+        head_store = DenseWeight(head_store.dequantize(dtype))
+    lm_head = QuantLinear(head_store, pinned_mode="w16a16")
+    return Transformer(config, decoder, lm_head, dtype)
+
+
+def quantize_linears(loaded: LoadedModel, how: str, group_size: int = 128, progress: bool = True) -> int:
+    """Round-to-nearest quantization of every dense linear except the lm_head, in place."""
+    todo = [(n, lin) for n, lin in loaded.model.linear_layers()
+            if n != "lm_head" and lin.store.format_name == "dense"]
+    it = todo
+    if progress and todo:
+        from tqdm import tqdm
+
+        it = tqdm(todo, desc=f"quantizing ({how})", leave=False, file=sys.stderr, disable=None)
+    for _, lin in it:
+        w = lin.store.dequantize(torch.float32)
+        lin.set_store(quantize_store(w, how, group_size).to(w.device))
+    if todo:
+        loaded.info["quantization"] = {"method": "rtn", "weights": how, "group_size": group_size}
+    return len(todo)
+
+
+# ---- sources ---------------------------------------------------------------------------------
+
+def _safetensor_files(folder: Path) -> list[Path]:
+    index = folder / "model.safetensors.index.json"
+    if index.exists():
+        try:
+            names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (json.JSONDecodeError, KeyError):
+            raise GearshiftError(f"{index} is not a valid safetensors index") from None
+        files = [folder / n for n in names]
+    else:
+        files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise GearshiftError(f"no *.safetensors weights in {folder}")
+    for f in files:
+        if not f.exists():
+            raise GearshiftError(f"missing weight file {f}")
+    return files
+
+
+def read_safetensors(files: list[Path]) -> tuple[dict[str, torch.Tensor], dict]:
+    from safetensors import safe_open
+
+    tensors: dict[str, torch.Tensor] = {}
+    metadata: dict = {}
+    for f in files:
+        try:
+            with safe_open(str(f), framework="pt") as fh:
+                metadata.update(fh.metadata() or {})
+                for k in fh.keys():
+                    tensors[k] = fh.get_tensor(k)
+        except Exception as e:  # safetensors raises several types for truncated/corrupt files
+            raise GearshiftError(f"cannot read {f.name}: {str(e).splitlines()[0]} (truncated or corrupt?)") from None
+    return tensors, metadata
+
+
+def _load_tokenizer(folder: Path):
+    if not ((folder / "tokenizer.json").exists() or (folder / "tokenizer.model").exists()):
+        return None
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(folder))
+    except Exception as e:
+        raise GearshiftError(f"cannot load the tokenizer in {folder}: {str(e).splitlines()[0]}") from None
+
+
+def _checkpoint_tensors(tensors: dict[str, torch.Tensor], manifest: dict) -> dict[str, object]:
+    """Turn `<module>.store.<buffer>` tensors back into stores keyed `<module>.weight`."""
+    out: dict[str, object] = {k: v for k, v in tensors.items() if ".store." not in k}
+    for module, spec in manifest["layers"].items():
+        prefix = f"{module}.store."
+        parts = {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}
+        if not parts:
+            raise GearshiftError(f"checkpoint lacks the tensors of {module}")
+        out[f"{module}.weight"] = build_format(spec["format"], parts, spec.get("meta", {}))
+    return out
+
+
+def load_model(path: str | Path | None = None, *, dtype: torch.dtype | None = None, device: str = "cpu",
+               quantize: str | None = None, group_size: int = 128, progress: bool = True) -> LoadedModel:
+    """Load `path` (HF folder, gearshift checkpoint or .gguf; None = embedded SmolLM2)."""
+    dtype = dtype or default_dtype(device)
+    if path is None:
+        from gearshift.model.gguf_loader import smollm2_path
+
+        path = smollm2_path()
+    p = Path(path)
+    if not p.exists():
+        raise GearshiftError(f"model path {p} does not exist")
+    info: dict = {}
+    if p.is_file():
+        if p.suffix.lower() != ".gguf":
+            raise GearshiftError(f"{p} is a file but not a .gguf; pass a model folder or a GGUF file")
+        from gearshift.model.gguf_loader import load_gguf
+
+        g = load_gguf(p)
+        config = ModelConfig.from_hf_dict(g.config)
+        tensors, tokenizer = g.tensors, g.tokenizer
+        info["source_format"] = "gguf"
+        info["gguf_types"] = sorted(set(g.source_types.values()))
+    else:
+        config = ModelConfig.from_file(p / "config.json")
+        raw, _ = read_safetensors(_safetensor_files(p))
+        manifest_path = p / CHECKPOINT_MANIFEST
+        if manifest_path.exists():
+            manifest = json.loads(manifest_path.read_text())
+            tensors = _checkpoint_tensors(raw, manifest)
+            info["source_format"] = "gearshift"
+            info["quantization"] = manifest.get("quantization", {})
+            if quantize:
+                raise GearshiftError(f"{p} is already a quantized gearshift checkpoint; load it without --quantize")
+        else:
+            tensors = raw
+            info["source_format"] = "hf"
+        tokenizer = _load_tokenizer(p)
+    model = build_transformer(config, tensors, dtype, quantize, group_size, progress=progress)
+    if quantize:
+        info["quantization"] = {"method": "rtn", "weights": quantize, "group_size": group_size}
+    model.to(device)
+    model.eval()
+    return LoadedModel(model, tokenizer, config, str(p), info)

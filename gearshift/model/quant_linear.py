@@ -1,0 +1,80 @@
+"""`QuantLinear`: one weight store, many precision modes.
+
+The store (dense, int8, group-wise int4, ...) is held once; the precision mode is an argument
+of `forward`. W4A16, W4A8 and W4A4 therefore read the very same packed int4 tensors, which is
+what lets QSPEC draft and verify with one model and GEARBX swap gears without a second model.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from gearshift.dispatch import run_linear
+from gearshift.errors import GearshiftError
+from gearshift.quant.base import WeightFormat
+from gearshift.quant.modes import PrecisionMode, get_mode
+
+
+class QuantLinear(nn.Module):
+    def __init__(self, store: WeightFormat, bias: torch.Tensor | None = None, pinned_mode: str | None = None):
+        super().__init__()
+        self.store = store
+        if bias is not None:
+            self.register_buffer("bias", bias)
+        else:
+            self.bias = None
+        #: a layer that always runs one mode whatever the model's mode (the lm_head runs w16a16)
+        self.pinned_mode = pinned_mode
+        #: per-mode activation quantizers that replace the mode's default (set by calibration)
+        self.act_overrides: dict[str, object] = {}
+
+    @property
+    def in_features(self) -> int:
+        return self.store.in_features
+
+    @property
+    def out_features(self) -> int:
+        return self.store.out_features
+
+    def supports(self, mode: str | PrecisionMode) -> bool:
+        m = get_mode(mode) if isinstance(mode, str) else mode
+        return m.weight_bits == self.store.weight_bits
+
+    def forward(self, x: torch.Tensor, mode: str | PrecisionMode = "w4a16") -> torch.Tensor:
+        wanted = self.pinned_mode or mode
+        m = get_mode(wanted) if isinstance(wanted, str) else wanted
+        if m.weight_bits != self.store.weight_bits:
+            raise GearshiftError(
+                f"mode {m.name} needs {m.weight_bits}-bit weights but this layer holds "
+                f"{self.store.format_name} ({self.store.weight_bits}-bit); load or quantize the model for it")
+        act = self.act_overrides.get(m.name, m.act)
+        bias = None if self.bias is None else self.bias.to(x.dtype)
+        return run_linear(x, self.store, act, bias)
+
+    def set_store(self, store: WeightFormat) -> WeightFormat:
+        """Swap the weight store (GEARBX gear shift); returns the previous one."""
+        old, self.store = self.store, store
+        return old
+
+
+def concat_rows(stores: list[WeightFormat]) -> WeightFormat:
+    """Stack stores of one format along the output dimension (q/k/v -> qkv, gate/up -> gate_up).
+
+    Every format keeps its per-row data (packed rows, row scales, group scales) in buffers
+    whose first dimension is the output dimension, so the concatenation is exact.
+    """
+    first = stores[0]
+    kinds = {(type(s), str(s.meta())) for s in stores}
+    if len(kinds) != 1:
+        return _concat_dense(stores)
+    tensors = {}
+    for name, _ in first.named_buffers():
+        parts = [getattr(s, name) for s in stores]
+        tensors[name] = torch.cat(parts, 0)
+    return type(first).from_state(tensors, first.meta())
+
+
+def _concat_dense(stores: list[WeightFormat]) -> WeightFormat:
+    raise GearshiftError("cannot fuse projections stored in different formats: "
+                         + ", ".join(f"{s.format_name}{s.meta() or ''}" for s in stores))

@@ -1,0 +1,154 @@
+"""A Llama-family decoder (Llama 2/3, Mistral, Qwen2/2.5, Qwen3) whose linears are QuantLinear.
+
+`forward` processes a batch of sequences, each at its own offset in the KV cache and each
+with its own number of new tokens, in one call: prefill, decode, QSPEC's multi-token verify
+and its overwrite of draft entries are all the same call with different (start, n_new).
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from gearshift.model.config import ModelConfig
+from gearshift.model.kv_cache import KVCache
+from gearshift.model.quant_linear import QuantLinear
+from gearshift.model.rope import Rotary, apply_rotary
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, weight: torch.Tensor, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(weight, requires_grad=False)
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, qkv_proj: QuantLinear, o_proj: QuantLinear,
+                 q_norm: RMSNorm | None = None, k_norm: RMSNorm | None = None):
+        super().__init__()
+        self.n_heads, self.n_kv, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        self.qkv_proj, self.o_proj = qkv_proj, o_proj
+        self.q_norm, self.k_norm = q_norm, k_norm
+
+    def forward(self, x, cos, sin, cache: KVCache, layer: int, positions, valid, mask, upto, mode):
+        b, t, _ = x.shape
+        qkv = self.qkv_proj(x, mode)
+        q_end = self.n_heads * self.head_dim
+        kv_end = q_end + self.n_kv * self.head_dim
+        q = qkv[..., :q_end].view(b, t, self.n_heads, self.head_dim)
+        k = qkv[..., q_end:kv_end].view(b, t, self.n_kv, self.head_dim)
+        v = qkv[..., kv_end:].view(b, t, self.n_kv, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        cache.write(layer, k, v, positions, valid)
+        keys, values = cache.view(layer, upto)
+        out = F.scaled_dot_product_attention(q, keys.to(q.dtype), values.to(q.dtype), attn_mask=mask,
+                                             enable_gqa=self.n_kv != self.n_heads)
+        return self.o_proj(out.transpose(1, 2).reshape(b, t, -1), mode)
+
+
+class MLP(nn.Module):
+    def __init__(self, gate_up_proj: QuantLinear, down_proj: QuantLinear):
+        super().__init__()
+        self.gate_up_proj, self.down_proj = gate_up_proj, down_proj
+
+    def forward(self, x, mode):
+        gate, up = self.gate_up_proj(x, mode).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up, mode)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, attn: Attention, mlp: MLP, input_norm: RMSNorm, post_norm: RMSNorm):
+        super().__init__()
+        self.self_attn, self.mlp = attn, mlp
+        self.input_layernorm, self.post_attention_layernorm = input_norm, post_norm
+
+    def forward(self, x, cos, sin, cache, layer, positions, valid, mask, upto, mode):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache, layer, positions, valid, mask, upto, mode)
+        return x + self.mlp(self.post_attention_layernorm(x), mode)
+
+
+class Decoder(nn.Module):
+    """The `model.` prefix of HF checkpoints: embeddings, layers and the final norm."""
+
+    def __init__(self, embed: torch.Tensor, layers: list[DecoderLayer], norm: RMSNorm):
+        super().__init__()
+        self.embed_tokens = nn.Embedding.from_pretrained(embed, freeze=True)
+        self.layers = nn.ModuleList(layers)
+        self.norm = norm
+
+
+class Transformer(nn.Module):
+    def __init__(self, config: ModelConfig, decoder: Decoder, lm_head: QuantLinear, dtype: torch.dtype):
+        super().__init__()
+        self.config = config
+        self.model = decoder
+        self.lm_head = lm_head
+        self.rotary = Rotary(config.head_dim, config.rope_theta, config.rope_scaling)
+        self.dtype = dtype
+
+    @property
+    def tied(self) -> bool:
+        return self.config.tie_word_embeddings or self.lm_head.store.format_name == "dense" and \
+            self.lm_head.store.weight.data_ptr() == self.model.embed_tokens.weight.data_ptr()
+
+    def _apply(self, fn, *args, **kwargs):
+        """Keep a tied lm_head sharing the embedding tensor across .to()/.cuda() moves."""
+        tied = self.tied
+        out = super()._apply(fn, *args, **kwargs)
+        if tied:
+            self.lm_head.store._buffers["weight"] = self.model.embed_tokens.weight.data
+        return out
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.embed_tokens.weight.device
+
+    def linear_layers(self) -> Iterator[tuple[str, QuantLinear]]:
+        for name, mod in self.named_modules():
+            if isinstance(mod, QuantLinear):
+                yield name, mod
+
+    def new_cache(self, batch: int, capacity: int) -> KVCache:
+        return KVCache.for_model(self.config, batch, capacity, self.dtype, self.device)
+
+    @torch.inference_mode()
+    def forward(self, tokens: torch.Tensor, cache: KVCache, start: list[int], n_new: list[int],
+                mode: str = "w4a16", logits: str = "all") -> torch.Tensor:
+        """Run `tokens` [B, T] (row b: its first n_new[b] entries are real) at cache offsets `start`.
+
+        Returns logits [B, T, V] (`logits="all"`) or [B, 1, V] at each row's last real token
+        (`logits="last"`); afterwards cache.lengths[b] = start[b] + n_new[b] for rows with n_new > 0.
+        """
+        b, t = tokens.shape
+        cache.check_room(start, n_new)
+        dev = tokens.device
+        start_t = torch.tensor(start, device=dev).unsqueeze(1)
+        steps = torch.arange(t, device=dev).unsqueeze(0)
+        positions = start_t + steps
+        valid = steps < torch.tensor(n_new, device=dev).unsqueeze(1)
+        upto = max((s + n for s, n in zip(start, n_new) if n), default=1)
+        # key j is visible to the query at absolute position p iff j <= p
+        mask = (torch.arange(upto, device=dev).view(1, 1, 1, upto) <= positions.view(b, 1, t, 1))
+        x = self.model.embed_tokens(tokens).to(self.dtype)
+        cos, sin = self.rotary(positions, self.dtype)
+        for i, layer in enumerate(self.model.layers):
+            x = layer(x, cos, sin, cache, i, positions, valid, mask, upto, mode)
+        if logits == "last":
+            last = torch.tensor([max(n - 1, 0) for n in n_new], device=dev)
+            x = x[torch.arange(b, device=dev), last].unsqueeze(1)
+        out = self.lm_head(self.model.norm(x), mode)
+        cache.commit(start, n_new)
+        return out.float()
