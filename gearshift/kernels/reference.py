@@ -43,6 +43,8 @@ def linear_reference(x: torch.Tensor, store: WeightFormat, act: ActQuantSpec | N
                      bias: torch.Tensor | None = None) -> torch.Tensor:
     """y = Q_act(x) @ dequant(W).T + b, computed in x's dtype."""
     w = dequantized_weight(store, x.dtype)
-    if act is not None:
+    if isinstance(act, ActQuantSpec):
         x = fake_quantize(x, act)
+    elif act is not None:  # a calibrated quantizer object (outlier channels, rotation, ...)
+        x = act.fake_quantize(x)
     return F.linear(x, w, bias)

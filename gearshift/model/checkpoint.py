@@ -19,6 +19,7 @@ import torch
 
 from gearshift.errors import GearshiftError
 from gearshift.model.loader import CHECKPOINT_MANIFEST, LoadedModel
+from gearshift.quant.activations import ActQuantSpec
 
 FORMAT_VERSION = 1
 
@@ -52,12 +53,23 @@ def save_checkpoint(loaded: LoadedModel, out: str | Path, extra_meta: dict | Non
         if name == "lm_head" and model.tied:
             continue
         layers[name] = {"format": lin.store.format_name, "meta": lin.store.meta()}
+        acts = {}
+        for mode, q in lin.act_overrides.items():
+            if isinstance(q, ActQuantSpec):
+                acts[mode] = {"kind": "spec", "meta": {"dtype": q.dtype, "group_size": q.group_size}}
+                continue
+            meta, qt = q.to_state()
+            acts[mode] = {"kind": q.kind, "meta": meta}
+            for tname, t in qt.items():
+                tensors[f"{name}.act.{mode}.{tname}"] = t
+        if acts:
+            layers[name]["activations"] = acts
         for bname, buf in lin.store.named_buffers():
             tensors[f"{name}.store.{bname}"] = buf
         if lin.bias is not None:
             tensors[f"{name}.bias"] = lin.bias
     for name, t in model.state_dict().items():
-        if ".store." in name or name.endswith(".bias") and name.rsplit(".", 1)[0] in layers:
+        if ".store." in name or ".act_" in name or name.endswith(".bias") and name.rsplit(".", 1)[0] in layers:
             continue
         if name.startswith("lm_head"):
             continue

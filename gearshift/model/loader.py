@@ -201,7 +201,7 @@ def _load_tokenizer(folder: Path):
 
 def _checkpoint_tensors(tensors: dict[str, torch.Tensor], manifest: dict) -> dict[str, object]:
     """Turn `<module>.store.<buffer>` tensors back into stores keyed `<module>.weight`."""
-    out: dict[str, object] = {k: v for k, v in tensors.items() if ".store." not in k}
+    out: dict[str, object] = {k: v for k, v in tensors.items() if ".store." not in k and ".act." not in k}
     for module, spec in manifest["layers"].items():
         prefix = f"{module}.store."
         parts = {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}
@@ -209,6 +209,24 @@ def _checkpoint_tensors(tensors: dict[str, torch.Tensor], manifest: dict) -> dic
             raise GearshiftError(f"checkpoint lacks the tensors of {module}")
         out[f"{module}.weight"] = build_format(spec["format"], parts, spec.get("meta", {}))
     return out
+
+
+def _attach_act_quantizers(model: Transformer, tensors: dict[str, torch.Tensor], manifest: dict) -> None:
+    """Rebuild the calibrated activation quantizers a checkpoint recorded for each linear."""
+    from gearshift.quant.activations import ACT_QUANTIZERS, ActQuantSpec
+
+    modules = dict(model.linear_layers())
+    for module, spec in manifest["layers"].items():
+        for mode, a in spec.get("activations", {}).items():
+            if a["kind"] == "spec":
+                q = ActQuantSpec(a["meta"]["dtype"], a["meta"].get("group_size"))
+            else:
+                if a["kind"] not in ACT_QUANTIZERS:
+                    raise GearshiftError(f"checkpoint uses activation quantizer {a['kind']!r}, unknown to this version")
+                prefix = f"{module}.act.{mode}."
+                parts = {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}
+                q = ACT_QUANTIZERS[a["kind"]].from_state(a["meta"], parts)
+            modules[module].set_act_quantizer(mode, q)
 
 
 def load_model(path: str | Path | None = None, *, dtype: torch.dtype | None = None, device: str = "cpu",
@@ -249,6 +267,8 @@ def load_model(path: str | Path | None = None, *, dtype: torch.dtype | None = No
             info["source_format"] = "hf"
         tokenizer = _load_tokenizer(p)
     model = build_transformer(config, tensors, dtype, quantize, group_size, progress=progress)
+    if info.get("source_format") == "gearshift":
+        _attach_act_quantizers(model, raw, manifest)
     if quantize:
         info["quantization"] = {"method": "rtn", "weights": quantize, "group_size": group_size}
     model.to(device)

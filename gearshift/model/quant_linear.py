@@ -52,6 +52,13 @@ class QuantLinear(nn.Module):
         bias = None if self.bias is None else self.bias.to(x.dtype)
         return run_linear(x, self.store, act, bias)
 
+    def set_act_quantizer(self, mode: str, quantizer) -> None:
+        """Replace a mode's activation quantizer (an ActQuantSpec or a calibrated nn.Module)."""
+        get_mode(mode)
+        self.act_overrides[mode] = quantizer
+        if isinstance(quantizer, nn.Module):  # registered, so .to(device) moves its tensors
+            self.add_module(f"act_{mode}", quantizer)
+
     def set_store(self, store: WeightFormat) -> WeightFormat:
         """Swap the weight store (GEARBX gear shift); returns the previous one."""
         old, self.store = self.store, store

@@ -64,3 +64,15 @@ def dequantize_activations(q: torch.Tensor, scale: torch.Tensor, spec: ActQuantS
 def fake_quantize(x: torch.Tensor, spec: ActQuantSpec) -> torch.Tensor:
     q, s = quantize_activations(x, spec)
     return dequantize_activations(q, s, spec, x.dtype)
+
+
+# Calibrated activation quantizers (objects with per-layer state, e.g. outlier channels) are
+# registered here so checkpoints can save and rebuild them. Each class provides
+# `kind: str`, `fake_quantize(x)`, `to_state() -> (meta: dict, tensors: dict[str, Tensor])`
+# and `from_state(meta, tensors)`.
+ACT_QUANTIZERS: dict[str, type] = {}
+
+
+def register_act_quantizer(cls: type) -> type:
+    ACT_QUANTIZERS[cls.kind] = cls
+    return cls
