@@ -1,0 +1,23 @@
+import os
+
+import pytest
+import torch
+
+torch.set_num_threads(min(4, os.cpu_count() or 1))
+
+
+@pytest.fixture(scope="session")
+def model_dir(tmp_path_factory):
+    """Write a tiny random model folder once per preset and session."""
+    cache = {}
+
+    def make(preset: str = "tiny", **overrides):
+        key = (preset, tuple(sorted(overrides.items())))
+        if key not in cache:
+            from gearshift.model.tiny import write_random_model
+
+            name = preset + "".join(f"-{k}{v}" for k, v in sorted(overrides.items()))
+            cache[key] = write_random_model(tmp_path_factory.mktemp("models") / name, preset, **overrides)
+        return cache[key]
+
+    return make

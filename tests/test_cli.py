@@ -1,0 +1,110 @@
+"""CLI behaviour: the generate --json contract, quantize round trip, and bad input (exit 2, one line)."""
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from gearshift.cli import main
+
+
+def cli(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def assert_one_line_error(code, err, needle):
+    assert code == 2
+    lines = [l for l in err.strip().splitlines() if l.startswith("gearshift: error:")]
+    assert len(lines) == 1 and needle in lines[0], err
+    assert "Traceback" not in err
+
+
+def test_generate_json_shape(model_dir, capsys):
+    code, out, err = cli(capsys, "generate", "--model", str(model_dir("tiny")), "--prompt", "hello", "--prompt",
+                         "a longer second prompt", "--max-new-tokens", "5", "--json", "--ignore-eos")
+    assert code == 0, err
+    doc = json.loads(out)
+    assert set(doc) == {"outputs", "stats"} and len(doc["outputs"]) == 2
+    for o in doc["outputs"]:
+        assert isinstance(o["text"], str) and len(o["token_ids"]) == 5
+    assert doc["stats"]["tokens_per_s"] > 0 and doc["stats"]["generated_tokens"] == 10
+
+
+def test_quantize_round_trip(model_dir, tmp_path, capsys):
+    out = tmp_path / "q"
+    code, _, err = cli(capsys, "quantize", str(model_dir("tiny")), str(out), "--group-size", "32")
+    assert code == 0, err
+    manifest = json.loads((out / "gearshift.json").read_text())
+    assert manifest["layers"]["model.layers.0.self_attn.qkv_proj"]["format"] == "int4g"
+    code, o1, _ = cli(capsys, "generate", "--model", str(out), "--prompt", "hi", "--max-new-tokens", "6", "--json",
+                      "--ignore-eos", "--quantize", "none")
+    code2, o2, _ = cli(capsys, "generate", "--model", str(model_dir("tiny")), "--prompt", "hi", "--max-new-tokens",
+                       "6", "--json", "--ignore-eos", "--group-size", "32")
+    assert code == code2 == 0
+    assert json.loads(o1)["outputs"][0]["token_ids"] == json.loads(o2)["outputs"][0]["token_ids"]
+
+
+def test_missing_folder(capsys, tmp_path):
+    assert_one_line_error(*cli(capsys, "generate", "--model", str(tmp_path / "nope"), "--prompt", "x")[::2],
+                          "does not exist")
+
+
+def test_missing_weights(model_dir, tmp_path, capsys):
+    d = tmp_path / "m"
+    shutil.copytree(model_dir("tiny"), d)
+    (d / "model.safetensors").unlink()
+    assert_one_line_error(*cli(capsys, "generate", "--model", str(d), "--prompt", "x")[::2], "no *.safetensors")
+
+
+def test_truncated_weights(model_dir, tmp_path, capsys):
+    d = tmp_path / "m"
+    shutil.copytree(model_dir("tiny"), d)
+    f = d / "model.safetensors"
+    f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
+    assert_one_line_error(*cli(capsys, "generate", "--model", str(d), "--prompt", "x")[::2], "truncated")
+
+
+def test_unknown_architecture(model_dir, tmp_path, capsys):
+    d = tmp_path / "m"
+    shutil.copytree(model_dir("tiny"), d)
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["architectures"] = ["BertForMaskedLM"]
+    (d / "config.json").write_text(json.dumps(cfg))
+    assert_one_line_error(*cli(capsys, "generate", "--model", str(d), "--prompt", "x")[::2], "BertForMaskedLM")
+
+
+def test_prompt_longer_than_context(model_dir, capsys):
+    assert_one_line_error(*cli(capsys, "generate", "--model", str(model_dir("tiny")), "--prompt", "word " * 800)[::2],
+                          "the context holds 512")
+
+
+def test_unknown_mode(model_dir, capsys):
+    assert_one_line_error(*cli(capsys, "generate", "--model", str(model_dir("tiny")), "--prompt", "x", "--mode",
+                               "w3a5")[::2], "unknown precision mode")
+
+
+def test_quantize_failure_writes_nothing(model_dir, tmp_path, capsys):
+    d = tmp_path / "m"
+    shutil.copytree(model_dir("tiny"), d)
+    f = d / "model.safetensors"
+    f.write_bytes(f.read_bytes()[:1000])
+    out = tmp_path / "out"
+    assert_one_line_error(*cli(capsys, "quantize", str(d), str(out))[::2], "truncated")
+    assert not out.exists() and not list(tmp_path.glob(".out.*"))
+
+
+def test_subprocess_exit_code_and_no_traceback(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "gearshift", "generate", "--model", str(tmp_path / "missing"),
+                        "--prompt", "x"], capture_output=True, text=True)
+    assert r.returncode == 2 and "Traceback" not in r.stderr and r.stderr.count("\n") == 1
+
+
+def test_tiny_model_refuses_nonempty(tmp_path, capsys):
+    (tmp_path / "x").mkdir()
+    (tmp_path / "x" / "f").write_text("keep")
+    assert_one_line_error(*cli(capsys, "tiny-model", str(tmp_path / "x"))[::2], "not empty")
+    assert_one_line_error(*cli(capsys, "tiny-model", str(tmp_path / "y"), "--config", "nope")[::2], "unknown model preset")

@@ -1,0 +1,95 @@
+import pytest
+import torch
+
+from gearshift.decode.autoregressive import AutoregressivePolicy
+from gearshift.decode.sampling import SamplingParams, filtered_logprobs
+from gearshift.engine.engine import Engine, Request
+from gearshift.model.loader import load_model, quantize_linears
+
+PROMPTS = [[5, 6, 7, 8, 9], [10, 11], [12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22], [3]]
+
+
+@pytest.fixture(scope="module")
+def int4_model(model_dir):
+    lm = load_model(model_dir("tiny"), progress=False)
+    quantize_linears(lm, "int4", 32, progress=False)
+    return lm
+
+
+def run(lm, prompts, params, batch=8, mode="w4a16"):
+    eng = Engine(lm, max_batch=batch)
+    return eng.generate([Request(p, params()) for p in prompts], AutoregressivePolicy(lm.model, mode)), eng
+
+
+@pytest.mark.parametrize("params", [
+    lambda: SamplingParams(max_new_tokens=10, ignore_eos=True),
+    lambda: SamplingParams(temperature=0.9, top_k=50, top_p=0.9, seed=7, max_new_tokens=10, ignore_eos=True),
+])
+def test_batched_equals_one_by_one(int4_model, params):
+    batched, _ = run(int4_model, PROMPTS, params, batch=4)
+    for p, r in zip(PROMPTS, batched):
+        single, _ = run(int4_model, [p], params, batch=1)
+        assert single[0].token_ids == r.token_ids
+
+
+def test_continuous_batching_refills_slots(int4_model):
+    params = lambda: SamplingParams(max_new_tokens=6, ignore_eos=True)  # noqa: E731
+    small, eng = run(int4_model, PROMPTS, params, batch=2)
+    assert eng.last_stats["batch"] == 2
+    full, _ = run(int4_model, PROMPTS, params, batch=4)
+    assert [r.token_ids for r in small] == [r.token_ids for r in full]
+
+
+def test_greedy_matches_transformers_generate(model_dir):
+    transformers = pytest.importorskip("transformers")
+    path = model_dir("tiny-qwen2")
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
+    lm = load_model(path, progress=False)
+    prompt = [7, 8, 9, 10, 11, 12]
+    with torch.no_grad():
+        ref = hf.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False, eos_token_id=None,
+                          pad_token_id=0)[0, len(prompt):].tolist()
+    out, _ = run(lm, [prompt], lambda: SamplingParams(max_new_tokens=12, ignore_eos=True), mode="w16a16")
+    assert out[0].token_ids == ref
+
+
+def test_stop_token_and_length(int4_model):
+    base, _ = run(int4_model, [PROMPTS[0]], lambda: SamplingParams(max_new_tokens=10, ignore_eos=True))
+    toks = base[0].token_ids
+    stop = toks[4]
+    first = toks.index(stop)
+    out, _ = run(int4_model, [PROMPTS[0]], lambda: SamplingParams(max_new_tokens=10, stop_token_ids=[stop]))
+    assert out[0].token_ids == toks[: first + 1] and out[0].finish_reason == "stop"
+    assert base[0].finish_reason == "length" and len(toks) == 10
+
+
+def test_stop_string_and_streaming(int4_model):
+    eng = Engine(int4_model, max_batch=2)
+    prompt = eng.encode_prompt("hello world", chat=False)
+    full = eng.generate([Request(prompt, SamplingParams(max_new_tokens=16, ignore_eos=True))],
+                        AutoregressivePolicy(int4_model.model))[0]
+    assert len(full.text) > 4
+    stop = full.text[3:5]
+    events = []
+    res = eng.generate([Request(prompt, SamplingParams(max_new_tokens=16, ignore_eos=True, stop=[stop]))],
+                       AutoregressivePolicy(int4_model.model), on_event=events.append)[0]
+    assert res.text == full.text[: full.text.find(stop)] and res.finish_reason == "stop"
+    assert "".join(e.text for e in events) == res.text and events[-1].finished
+
+
+def test_filters():
+    logits = torch.tensor([4.0, 3.0, 2.0, 1.0, 0.0])
+    keep = lambda p: torch.isfinite(filtered_logprobs(logits, p)).nonzero().flatten().tolist()  # noqa: E731
+    assert keep(SamplingParams(temperature=1, top_k=2)) == [0, 1]
+    probs = torch.softmax(logits, 0)
+    assert keep(SamplingParams(temperature=1, top_p=float(probs[0]) + 1e-3)) == [0, 1]
+    assert keep(SamplingParams(temperature=1, min_p=float(probs[2] / probs[0]) - 1e-3)) == [0, 1, 2]
+    lp = filtered_logprobs(logits, SamplingParams(temperature=1, top_k=3))
+    assert torch.isclose(lp.exp().sum(), torch.tensor(1.0))
+
+
+def test_seeded_sampling_is_reproducible(int4_model):
+    p = lambda: SamplingParams(temperature=1.0, seed=3, max_new_tokens=8, ignore_eos=True)  # noqa: E731
+    a, _ = run(int4_model, [PROMPTS[1]], p)
+    b, _ = run(int4_model, [PROMPTS[1]], p)
+    assert a[0].token_ids == b[0].token_ids

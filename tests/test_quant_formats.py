@@ -1,0 +1,71 @@
+import pytest
+import torch
+
+from gearshift.model.quant_linear import concat_rows
+from gearshift.quant import DenseWeight, Int4Weight, Int8Weight, quantize_int4, quantize_int8
+from gearshift.quant.base import build_format
+from gearshift.quant.int4 import pack_int4, unpack_int4
+
+
+def test_int4_pack_layout_and_round_trip():
+    q = torch.tensor([[1, 2, 15, 0]], dtype=torch.uint8)
+    packed = pack_int4(q)
+    assert packed.tolist() == [[0x21, 0x0F]]  # column 2j low nibble, 2j+1 high nibble
+    r = torch.randint(0, 16, (7, 64), dtype=torch.uint8)
+    assert torch.equal(unpack_int4(pack_int4(r)), r)
+
+
+@pytest.mark.parametrize("symmetric", [False, True])
+@pytest.mark.parametrize("group", [32, 128])
+def test_int4_quantize_error_bound(symmetric, group):
+    torch.manual_seed(0)
+    w = torch.randn(48, 256)
+    q = quantize_int4(w, group, symmetric=symmetric)
+    assert q.qweight.shape == (48, 128) and q.scales.shape == (48, 256 // group)
+    err = (q.dequantize() - w).abs().reshape(48, -1, group)
+    # half a step, plus fp16 rounding of the stored min
+    bound = q.scales.float().unsqueeze(-1) * 0.5 + 1e-3 * q.scales.float().unsqueeze(-1) * 16
+    assert (err <= bound).all()
+    codes = unpack_int4(q.qweight)
+    if symmetric:
+        assert torch.allclose(q.mins.float(), -8 * q.scales.float())
+    assert codes.max() <= 15
+
+
+def test_int4_zero_point_is_integer_and_exact_grid():
+    w = torch.randn(4, 32) + 0.3
+    q = quantize_int4(w, 32)
+    z = -q.mins.float() / q.scales.float()
+    assert torch.allclose(z, z.round(), atol=2e-2)  # fp16 storage of min = -z*s
+    # dequantized values lie on the q*s + m grid
+    deq = q.dequantize()
+    steps = (deq - q.mins.float().repeat_interleave(32, 1)) / q.scales.float().repeat_interleave(32, 1)
+    assert torch.allclose(steps, steps.round(), atol=1e-3)
+
+
+def test_int4_rejects_bad_group():
+    with pytest.raises(ValueError):
+        quantize_int4(torch.randn(4, 96), 64)
+
+
+def test_int8_round_trip():
+    w = torch.randn(16, 64)
+    q = quantize_int8(w)
+    assert q.qweight.dtype == torch.int8
+    assert ((q.dequantize() - w).abs() <= q.scales.unsqueeze(1) * 0.5 + 1e-6).all()
+
+
+@pytest.mark.parametrize("make", [lambda w: quantize_int4(w, 32), lambda w: quantize_int8(w), lambda w: DenseWeight(w)])
+def test_state_round_trip_and_concat(make):
+    a, b = make(torch.randn(8, 64)), make(torch.randn(4, 64))
+    rebuilt = build_format(a.format_name, dict(a.named_buffers()), a.meta())
+    assert torch.equal(rebuilt.dequantize(), a.dequantize())
+    both = concat_rows([a, b])
+    assert both.out_features == 12
+    assert torch.equal(both.dequantize(), torch.cat([a.dequantize(), b.dequantize()]))
+
+
+def test_nbytes_measured_from_tensors():
+    q = quantize_int4(torch.randn(64, 256), 128)
+    assert q.nbytes() == 64 * 128 + 2 * (64 * 2 * 2)
+    assert isinstance(q, Int4Weight) and isinstance(quantize_int8(torch.randn(2, 8)), Int8Weight)
