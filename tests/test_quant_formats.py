@@ -69,3 +69,17 @@ def test_nbytes_measured_from_tensors():
     q = quantize_int4(torch.randn(64, 256), 128)
     assert q.nbytes() == 64 * 128 + 2 * (64 * 2 * 2)
     assert isinstance(q, Int4Weight) and isinstance(quantize_int8(torch.randn(2, 8)), Int8Weight)
+
+
+def test_requantizing_a_dequantized_model_warns(model_dir, capsys):
+    from gearshift.model.loader import load_model, quantize_linears
+
+    lm = load_model(model_dir("tiny", hidden_size=1024, intermediate_size=1024), progress=False)
+    quantize_linears(lm, "int4", 32, progress=False)
+    assert "look already quantized" not in capsys.readouterr().err
+    for _, lin in lm.model.linear_layers():  # expand int4 back to dense, as a dequantized export would
+        if lin.store.format_name != "dense":
+            lin.set_store(DenseWeight(lin.store.dequantize()))
+    quantize_linears(lm, "int4", 32, progress=False)
+    assert "look already quantized" in capsys.readouterr().err
+    assert lm.info["prequantized_linears"]

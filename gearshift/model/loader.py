@@ -144,9 +144,19 @@ def quantize_linears(loaded: LoadedModel, how: str, group_size: int = 128, progr
         from tqdm import tqdm
 
         it = tqdm(todo, desc=f"quantizing ({how})", leave=False, file=sys.stderr, disable=None)
-    for _, lin in it:
+    from gearshift.quant.detect import prequant_report
+
+    flagged = []
+    for name, lin in it:
         w = lin.store.dequantize(torch.float32)
+        report = prequant_report(w)
+        if report.flagged:
+            flagged.append((name, report.reason))
         lin.set_store(quantize_store(w, how, group_size).to(w.device))
+    if flagged:
+        note(f"{len(flagged)} of {len(todo)} linears look already quantized ({flagged[0][0]}: {flagged[0][1]}); "
+             "re-quantizing compounds the error (GEARBX 13.3): prefer loading the quantized source as it is")
+        loaded.info["prequantized_linears"] = [n for n, _ in flagged]
     if todo:
         loaded.info["quantization"] = {"method": "rtn", "weights": how, "group_size": group_size}
     return len(todo)
