@@ -1,9 +1,20 @@
-"""The run-time side of the dispatcher: one lookup per linear call, then the kernel."""
+"""The run-time side of the dispatcher: one lookup per linear call, then the kernel.
+
+`run_linear` is the hook `QuantLinear.forward` calls. The base `Dispatcher` always runs the
+torch reference (the CPU path). `AdaptiveDispatcher` (the default) runs the reference on CPU,
+for fp32 inputs, for activation quantizers that are not a plain per-token `ActQuantSpec`, and
+for modes without a kernel; on CUDA it looks (mode, group, N, K, M) up in the policy map and
+falls back to a fixed rule where the map has no entry.
+"""
 
 from __future__ import annotations
 
 import torch
 
+from gearshift.dispatch.policy import Choice, PolicyMap, load_policy_for_device, type_key
+from gearshift.dispatch.strategies import STRATEGIES, group_of, mode_key
+from gearshift.kernels._triton import HAS_TRITON
+from gearshift.kernels.config import TileConfig, block_m_for
 from gearshift.kernels.reference import linear_reference
 from gearshift.quant.activations import ActQuantSpec
 from gearshift.quant.base import WeightFormat
@@ -19,7 +30,97 @@ class Dispatcher:
         return linear_reference(x, store, act, bias)
 
 
-_active: Dispatcher = Dispatcher()
+def default_choice(mode: str, m: int, n: int) -> Choice | None:
+    """Un-profiled fallback: a sensible tile per M regime (replaced by the measured map)."""
+    if mode == "w4a16":
+        if m <= 16:
+            return Choice("w4a16_tc", TileConfig(16, 64, 256, 4, 4, 4, True, True))
+        if m <= 64:
+            return Choice("w4a16_tc", TileConfig(block_m_for(m, 64), 64, 256, 2, 4, 4, True, True))
+        if m <= 256:
+            return Choice("w4a16_tc", TileConfig(block_m_for(m, 128), 128, 64, 1, 4, 3, False, True))
+        return Choice("dequant_cublas", None)
+    if mode in ("w4a8", "w4a4", "w4a8fp8"):
+        name = "w4a8_fp8" if mode == "w4a8fp8" else "w4a8_pad"
+        if m <= 16:
+            return Choice(name, TileConfig(16, 64, 256, 4, 4, 4, True, True))
+        if m <= 128:
+            return Choice(name, TileConfig(block_m_for(m, 128), 128, 128, 1, 4, 4, True, True))
+        return Choice(name, TileConfig(128, 128, 128, 1, 8, 3, True, True))
+    if mode in ("w8a16", "w8a8", "w8a4"):
+        name = "w8a16_tc" if mode == "w8a16" else "w8a8_tc"
+        if m <= 16:
+            return Choice(name, TileConfig(16, 64, 256, 4, 4, 4))
+        return Choice(name, TileConfig(block_m_for(m, 128), 128, 64, 1, 8, 3))
+    if mode == "w16a16":
+        return Choice("cublas", None)
+    return None
+
+
+class AdaptiveDispatcher(Dispatcher):
+    """ADAngel's dispatcher: policy-map lookup on CUDA, torch reference elsewhere."""
+
+    name = "adaptive"
+
+    def __init__(self, policy: PolicyMap | None = None, autoload: bool = True, static: str | None = None):
+        self.policy = policy
+        self._autoload = autoload and policy is None
+        self.static = static  # force one strategy (ablations); None: use the map
+        self.calls: dict[str, int] = {}
+
+    def _policy(self) -> PolicyMap | None:
+        if self._autoload:
+            self._autoload = False
+            self.policy = load_policy_for_device()
+        return self.policy
+
+    def choose(self, store: WeightFormat, act: ActQuantSpec | None, m: int) -> Choice | None:
+        mode = mode_key(store, act)
+        n, k = store.out_features, store.in_features
+        if self.static is not None:
+            s = STRATEGIES.get(self.static)
+            if s is None or mode not in s.modes:
+                return None
+            pm = self._policy()
+            if pm is not None:  # the strategy's own best profiled tile, if the map timed it
+                from gearshift.dispatch.policy import parse_candidate
+
+                cands = pm.timings.get(type_key(mode, group_of(store), n, k), {}).get(
+                    str(pm.buckets[pm.bucket_index(m)]), {})
+                best = min(((us, c) for c, us in cands.items() if parse_candidate(c)[0] == self.static
+                            and us is not None), default=None)
+                if best is not None:
+                    return Choice(self.static, parse_candidate(best[1])[1], best[0])
+            d = default_choice(mode, m, n)
+            cfg = d.config if d is not None and d.strategy == self.static else (s.configs(m)[0])
+            return Choice(self.static, cfg)
+        pm = self._policy()
+        if pm is not None:
+            c = pm.lookup(type_key(mode, group_of(store), n, k), m)
+            if c is not None:
+                return c
+        return default_choice(mode, m, n)
+
+    def linear(self, x: torch.Tensor, store: WeightFormat, act: ActQuantSpec | None,
+               bias: torch.Tensor | None = None) -> torch.Tensor:
+        if (not x.is_cuda or not HAS_TRITON or x.dtype not in (torch.float16, torch.bfloat16)
+                or not (act is None or isinstance(act, ActQuantSpec)) or x.numel() == 0):
+            return linear_reference(x, store, act, bias)
+        k = store.in_features
+        x2 = x.reshape(-1, k)
+        if x2.stride(-1) != 1:
+            x2 = x2.contiguous()
+        c = self.choose(store, act, x2.shape[0])
+        strat = None if c is None else STRATEGIES.get(c.strategy)
+        if strat is None or not strat.supports(store, act, c.config):
+            return linear_reference(x, store, act, bias)
+        y = strat.run(x2, store, act, c.config)
+        if bias is not None:
+            y = y + bias.to(y.dtype)
+        return y.reshape(*x.shape[:-1], store.out_features)
+
+
+_active: Dispatcher = AdaptiveDispatcher()
 
 
 def get_dispatcher() -> Dispatcher:
@@ -29,6 +130,16 @@ def get_dispatcher() -> Dispatcher:
 def set_dispatcher(d: Dispatcher) -> None:
     global _active
     _active = d
+
+
+def install_policy(model_dir=None, device: str | None = None) -> AdaptiveDispatcher:
+    """Load the device's policy map (beside the model, then ~/.cache/gearshift/policy) and make it active.
+
+    The engine calls this once at model load; without a map the rule-based defaults run.
+    """
+    d = AdaptiveDispatcher(load_policy_for_device(device, model_dir), autoload=False)
+    set_dispatcher(d)
+    return d
 
 
 def run_linear(x: torch.Tensor, store: WeightFormat, act: ActQuantSpec | None,

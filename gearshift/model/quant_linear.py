@@ -39,12 +39,12 @@ class QuantLinear(nn.Module):
 
     def supports(self, mode: str | PrecisionMode) -> bool:
         m = get_mode(mode) if isinstance(mode, str) else mode
-        return m.weight_bits == self.store.weight_bits
+        return m.weight_bits in (0, self.store.weight_bits)
 
     def forward(self, x: torch.Tensor, mode: str | PrecisionMode = "w4a16") -> torch.Tensor:
         wanted = self.pinned_mode or mode
         m = get_mode(wanted) if isinstance(wanted, str) else wanted
-        if m.weight_bits != self.store.weight_bits:
+        if m.weight_bits not in (0, self.store.weight_bits):
             raise GearshiftError(
                 f"mode {m.name} needs {m.weight_bits}-bit weights but this layer holds "
                 f"{self.store.format_name} ({self.store.weight_bits}-bit); load or quantize the model for it")

@@ -15,7 +15,7 @@ from gearshift.quant.activations import ActQuantSpec
 @dataclass(frozen=True)
 class PrecisionMode:
     name: str
-    weight_bits: int
+    weight_bits: int  # 0: whatever each layer's store holds (GEARBX gears mix stores)
     act: ActQuantSpec | None  # None: activations stay in the compute dtype (A16)
 
     @property
@@ -33,6 +33,7 @@ MODES: dict[str, PrecisionMode] = {
         PrecisionMode("w4a8", 4, ActQuantSpec("int8")),
         PrecisionMode("w4a8fp8", 4, ActQuantSpec("fp8")),
         PrecisionMode("w4a4", 4, ActQuantSpec("int4")),
+        PrecisionMode("native", 0, None),
     )
 }
 
