@@ -16,6 +16,14 @@ from gearshift.quant.base import WeightFormat
 from gearshift.quant.modes import PrecisionMode, get_mode
 
 
+_STORE_VERSION = [0]
+
+
+def store_version() -> int:
+    """Bumped on every store or activation-quantizer swap, so cached CUDA graphs can tell."""
+    return _STORE_VERSION[0]
+
+
 class QuantLinear(nn.Module):
     def __init__(self, store: WeightFormat, bias: torch.Tensor | None = None, pinned_mode: str | None = None):
         super().__init__()
@@ -56,12 +64,14 @@ class QuantLinear(nn.Module):
         """Replace a mode's activation quantizer (an ActQuantSpec or a calibrated nn.Module)."""
         get_mode(mode)
         self.act_overrides[mode] = quantizer
+        _STORE_VERSION[0] += 1
         if isinstance(quantizer, nn.Module):  # registered, so .to(device) moves its tensors
             self.add_module(f"act_{mode}", quantizer)
 
     def set_store(self, store: WeightFormat) -> WeightFormat:
         """Swap the weight store (GEARBX gear shift); returns the previous one."""
         old, self.store = self.store, store
+        _STORE_VERSION[0] += 1
         return old
 
 

@@ -206,3 +206,33 @@ def write_random_model(out: str | Path, preset: str = "tiny", seed: int = 0, dty
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out
+
+
+def build_random_model(preset: str = "llama3-8b", weights: str = "int4", group_size: int = 128,
+                       device: str = "cuda", dtype: torch.dtype = torch.bfloat16, seed: int = 0, **overrides):
+    """A random-weight `Transformer` built directly in memory (no files), for benchmarks.
+
+    `weights="int4"` draws packed int4 codes and fp16 scales directly (no dense weights are
+    ever materialized, so an 8B model builds in seconds); `"dense"` draws N(0, 0.02) tensors.
+    """
+    from gearshift.model.config import ModelConfig
+    from gearshift.model.loader import build_transformer
+    from gearshift.quant.int4 import Int4Weight
+
+    cfg = preset_config(preset, **overrides)
+    gen = torch.Generator(device=device).manual_seed(seed)
+    tensors: dict[str, object] = {}
+    for name, shape in tensor_shapes(cfg):
+        is_linear = len(shape) == 2 and "embed" not in name and not name.startswith("lm_head")
+        if is_linear and weights == "int4":
+            n, k = shape
+            q = torch.randint(0, 256, (n, k // 2), generator=gen, device=device, dtype=torch.uint8)
+            scale = torch.full((n, k // group_size), 0.02 / 4, device=device, dtype=torch.float16)
+            scale *= 0.5 + torch.rand(scale.shape, generator=gen, device=device, dtype=torch.float16)
+            tensors[name] = Int4Weight(q, scale, -8 * scale, group_size, symmetric=True)
+        elif name.endswith("norm.weight"):
+            tensors[name] = torch.ones(shape, device=device, dtype=dtype)
+        else:
+            tensors[name] = (0.02 * torch.randn(shape, generator=gen, device=device, dtype=torch.float32)).to(dtype)
+    model = build_transformer(ModelConfig.from_hf_dict(cfg), tensors, dtype)
+    return model.to(device).eval()

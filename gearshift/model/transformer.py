@@ -131,15 +131,39 @@ class Transformer(nn.Module):
 
         Returns logits [B, T, V] (`logits="all"`) or [B, 1, V] at each row's last real token
         (`logits="last"`); afterwards cache.lengths[b] = start[b] + n_new[b] for rows with n_new > 0.
+        On CUDA, short steps (decode, QSPEC draft/verify) replay captured CUDA graphs when
+        `use_cuda_graphs` is on; the graphs compute exactly what the eager path computes.
         """
         b, t = tokens.shape
         cache.check_room(start, n_new)
-        dev = tokens.device
-        start_t = torch.tensor(start, device=dev).unsqueeze(1)
-        steps = torch.arange(t, device=dev).unsqueeze(0)
-        positions = start_t + steps
-        valid = steps < torch.tensor(n_new, device=dev).unsqueeze(1)
         upto = max((s + n for s, n in zip(start, n_new) if n), default=1)
+        if self.use_cuda_graphs and tokens.is_cuda and t <= self.graph_max_tokens:
+            out = self._graph_runner().run(self, tokens, cache, start, n_new, upto, mode, logits)
+        else:
+            dev = tokens.device
+            positions = torch.tensor(start, device=dev).unsqueeze(1) + torch.arange(t, device=dev).unsqueeze(0)
+            n_new_t = torch.tensor(n_new, device=dev)
+            out = self.forward_tensors(tokens, positions, n_new_t, cache, upto, mode, logits)
+        cache.commit(start, n_new)
+        return out
+
+    use_cuda_graphs = False
+    graph_max_tokens = 16
+
+    def _graph_runner(self):
+        if getattr(self, "_graphs", None) is None:
+            from gearshift.model.cuda_graphs import GraphRunner
+
+            self._graphs = GraphRunner()
+        return self._graphs
+
+    def forward_tensors(self, tokens: torch.Tensor, positions: torch.Tensor, n_new: torch.Tensor, cache: KVCache,
+                        upto: int, mode: str, logits: str) -> torch.Tensor:
+        """The forward on device tensors only (no host data): what CUDA graphs capture."""
+        b, t = tokens.shape
+        dev = tokens.device
+        steps = torch.arange(t, device=dev).unsqueeze(0)
+        valid = steps < n_new.unsqueeze(1)
         # key j is visible to the query at absolute position p iff j <= p
         mask = (torch.arange(upto, device=dev).view(1, 1, 1, upto) <= positions.view(b, 1, t, 1))
         x = self.model.embed_tokens(tokens).to(self.dtype)
@@ -147,8 +171,6 @@ class Transformer(nn.Module):
         for i, layer in enumerate(self.model.layers):
             x = layer(x, cos, sin, cache, i, positions, valid, mask, upto, mode)
         if logits == "last":
-            last = torch.tensor([max(n - 1, 0) for n in n_new], device=dev)
+            last = (n_new - 1).clamp_min(0)
             x = x[torch.arange(b, device=dev), last].unsqueeze(1)
-        out = self.lm_head(self.model.norm(x), mode)
-        cache.commit(start, n_new)
-        return out.float()
+        return self.lm_head(self.model.norm(x), mode).float()

@@ -1,0 +1,104 @@
+"""End-to-end decode speed of the engine on an 8B-shaped random-weight model (GPU).
+
+For each precision mode and batch size: run the real engine (Engine + AutoregressivePolicy)
+eagerly and with CUDA-graph replay, check that both produce the same greedy tokens, and
+report ms per decode step, tokens/s, and the ratio of the step time to the int4 weight-read
+floor measured in the same run (int4 linear bytes / device-to-device copy bandwidth).
+
+    python benchmarks/e2e.py --out benchmarks/results       # on a CUDA machine
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+
+
+def copy_bandwidth() -> float:
+    x = torch.empty(1 << 28, dtype=torch.float32, device="cuda")  # 1 GiB
+    y = torch.empty_like(x)
+    for _ in range(3):
+        y.copy_(x)
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    n = 20
+    for _ in range(n):
+        y.copy_(x)
+    torch.cuda.synchronize()
+    return 2 * x.numel() * 4 * n / (time.perf_counter() - t)  # bytes read + written per second
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--preset", default="llama3-8b")
+    ap.add_argument("--batches", default="1,16,64")
+    ap.add_argument("--modes", default="w4a16,w4a8,w16a16")
+    ap.add_argument("--prompt-len", type=int, default=32)
+    ap.add_argument("--new-tokens", type=int, default=64)
+    ap.add_argument("--out", default="benchmarks/results")
+    args = ap.parse_args()
+
+    from gearshift.decode.autoregressive import AutoregressivePolicy
+    from gearshift.decode.sampling import SamplingParams
+    from gearshift.engine.engine import Engine, Request
+    from gearshift.model.loader import LoadedModel
+    from gearshift.model.tiny import build_random_model, preset_config
+    from gearshift.model.config import ModelConfig
+    from gearshift.dispatch import get_dispatcher
+
+    bw = copy_bandwidth()
+    cfg = ModelConfig.from_hf_dict(preset_config(args.preset))
+    rows = []
+    models = {}
+    for mode in args.modes.split(","):
+        weights = "dense" if mode == "w16a16" else "int4"
+        if weights not in models:
+            models.clear()
+            torch.cuda.empty_cache()
+            models[weights] = build_random_model(args.preset, weights=weights, device="cuda")
+        model = models[weights]
+        lin_bytes = sum(l.store.nbytes() for n, l in model.linear_layers() if n != "lm_head")
+        head_bytes = model.lm_head.store.nbytes()
+        floor_s = lin_bytes / bw
+        loaded = LoadedModel(model, None, cfg, args.preset)
+        for b in [int(x) for x in args.batches.split(",")]:
+            gen = torch.Generator().manual_seed(b)
+            prompts = [torch.randint(0, cfg.vocab_size, (args.prompt_len,), generator=gen).tolist() for _ in range(b)]
+            res = {}
+            for graphs in (False, True):
+                model.use_cuda_graphs = graphs
+                eng = Engine(loaded, max_batch=b)
+                params = lambda: SamplingParams(max_new_tokens=args.new_tokens, ignore_eos=True)  # noqa: E731
+                eng.generate([Request(p, params()) for p in prompts[:b]], AutoregressivePolicy(model, mode))  # warm
+                out = eng.generate([Request(p, params()) for p in prompts], AutoregressivePolicy(model, mode))
+                st = eng.last_stats
+                step = st["decode_s"] / st["forwards"]
+                res[graphs] = ([r.token_ids for r in out], step, st)
+            same = res[False][0] == res[True][0]
+            for graphs in (False, True):
+                _, step, st = res[graphs]
+                rows.append({"mode": mode, "batch": b, "cuda_graphs": graphs, "ms_per_step": step * 1e3,
+                             "tokens_per_s": b / step, "floor_ms": floor_s * 1e3,
+                             "step_over_floor": step / floor_s, "same_tokens_as_eager": same,
+                             "linear_bytes": lin_bytes, "lm_head_bytes": head_bytes})
+                print(json.dumps(rows[-1]), flush=True)
+        model.use_cuda_graphs = False
+    doc = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "preset": args.preset,
+           "copy_bandwidth_GBps": bw / 1e9, "dispatcher": type(get_dispatcher()).__name__,
+           "prompt_len": args.prompt_len, "new_tokens": args.new_tokens, "rows": rows}
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    name = doc["device"].replace(" ", "_")
+    (out / f"e2e_{name}.json").write_text(json.dumps(doc, indent=1))
+    print(f"\n{'mode':8} {'batch':>5} {'graphs':>6} {'ms/step':>8} {'tok/s':>9} {'x floor':>8} same")
+    for r in rows:
+        print(f"{r['mode']:8} {r['batch']:5d} {str(r['cuda_graphs']):>6} {r['ms_per_step']:8.2f} "
+              f"{r['tokens_per_s']:9.1f} {r['step_over_floor']:8.2f} {r['same_tokens_as_eager']}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,94 @@
+"""CUDA-graph replay of short forwards (decode steps, QSPEC draft and verify).
+
+A decode step of an 8B model launches hundreds of small kernels; from Python that is
+host-bound at small batch. Each distinct (batch, tokens, mode, logits, attention bucket,
+weight stores, cache) gets one captured graph whose inputs are static device buffers: the
+step copies its token ids, positions and lengths in, replays, and clones the logits out.
+Attention length is rounded up to a bucket (masked keys contribute nothing), so a handful of
+graphs serve a whole generation. Swapping a layer's store (a GEARBX gear shift) changes the
+key, so a graph never runs on stale weights; graphs of a re-entered gear are reused.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import torch
+
+from gearshift.model.quant_linear import store_version
+
+
+def _bucket(n: int) -> int:
+    b = 128
+    while b < n:
+        b *= 2
+    return b
+
+
+class _Graph:
+    def __init__(self, model, cache, b: int, t: int, upto: int, mode: str, logits: str, pool):
+        dev = model.device
+        self.tokens = torch.zeros((b, t), dtype=torch.long, device=dev)
+        self.positions = torch.zeros((b, t), dtype=torch.long, device=dev)
+        self.n_new = torch.zeros((b,), dtype=torch.long, device=dev)
+        self.host = torch.zeros((2, b, t), dtype=torch.long).pin_memory()
+        args = (self.tokens, self.positions, self.n_new, cache, upto, mode, logits)
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):  # warm up: Triton compiles, autotuners settle, allocator fills
+            for _ in range(2):
+                model.forward_tensors(*args)
+        torch.cuda.current_stream().wait_stream(stream)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph, pool=pool):
+            self.out = model.forward_tensors(*args)
+
+    def run(self, tokens: torch.Tensor, start: list[int], n_new: list[int]) -> torch.Tensor:
+        b, t = tokens.shape
+        h = self.host
+        h[0].copy_(torch.tensor(start).unsqueeze(1) + torch.arange(t).unsqueeze(0))
+        h[1, :, 0].copy_(torch.tensor(n_new))
+        staged = h.to(self.tokens.device, non_blocking=True)
+        self.tokens.copy_(tokens, non_blocking=True)
+        self.positions.copy_(staged[0])
+        self.n_new.copy_(staged[1, :, 0])
+        self.graph.replay()
+        return self.out.clone()
+
+
+class GraphRunner:
+    """Captured graphs of one model, least recently used first out."""
+
+    def __init__(self, max_graphs: int = 48):
+        self.graphs: OrderedDict = OrderedDict()
+        self.max_graphs = max_graphs
+        self.pool = None
+        self._version = None
+        self._signature = None
+        self.captures = 0
+
+    def _stores(self, model) -> tuple:
+        v = store_version()
+        if v != self._version:
+            self._version = v
+            self._signature = tuple(id(lin.store) for _, lin in model.linear_layers()) + tuple(
+                id(q) for _, lin in model.linear_layers() for q in lin.act_overrides.values())
+        return self._signature
+
+    def run(self, model, tokens, cache, start, n_new, upto, mode, logits) -> torch.Tensor:
+        b, t = tokens.shape
+        bucket = min(_bucket(upto), cache.capacity)
+        key = (b, t, bucket, str(mode), logits, id(cache), self._stores(model))
+        g = self.graphs.get(key)
+        if g is None:
+            if self.pool is None:
+                self.pool = torch.cuda.graph_pool_handle()
+            # warm-up forwards write this step's K/V: the replay rewrites the same values
+            g = _Graph(model, cache, b, t, bucket, mode, logits, self.pool)
+            self.captures += 1
+            self.graphs[key] = g
+            while len(self.graphs) > self.max_graphs:
+                self.graphs.popitem(last=False)
+        else:
+            self.graphs.move_to_end(key)
+        return g.run(tokens, start, n_new)
