@@ -92,7 +92,12 @@ class AdaptiveDispatcher(Dispatcher):
                 if best is not None:
                     return Choice(self.static, parse_candidate(best[1])[1], best[0])
             d = default_choice(mode, m, n)
-            cfg = d.config if d is not None and d.strategy == self.static else (s.configs(m)[0])
+            if d is not None and d.strategy == self.static:
+                return Choice(self.static, d.config)
+            cfgs = s.configs(m)
+            if not cfgs:
+                return None
+            cfg = cfgs[0]
             return Choice(self.static, cfg)
         pm = self._policy()
         if pm is not None:
@@ -112,6 +117,9 @@ class AdaptiveDispatcher(Dispatcher):
             x2 = x2.contiguous()
         c = self.choose(store, act, x2.shape[0])
         strat = None if c is None else STRATEGIES.get(c.strategy)
+        if strat is not None and c.strategy == "w4a16_gemv" and x2.shape[0] > c.config.bm:
+            c = default_choice(mode_key(store, act), x2.shape[0], store.out_features)  # bucket rounded down
+            strat = STRATEGIES.get(c.strategy)
         if strat is None or not strat.supports(store, act, c.config):
             return linear_reference(x, store, act, bias)
         y = strat.run(x2, store, act, c.config)

@@ -283,4 +283,9 @@ def load_model(path: str | Path | None = None, *, dtype: torch.dtype | None = No
         info["quantization"] = {"method": "rtn", "weights": quantize, "group_size": group_size}
     model.to(device)
     model.eval()
+    if torch.device(device).type == "cuda":
+        from gearshift.dispatch import install_policy
+
+        d = install_policy(p.parent if p.is_file() else p)
+        info["policy_map"] = getattr(d.policy, "path", "given") if d.policy is not None else "built-in rules (run 'gearshift profile')"
     return LoadedModel(model, tokenizer, config, str(p), info)

@@ -1,0 +1,333 @@
+"""GPU benchmark of every GEMM strategy and the ADAngel dispatcher on Llama-3-8B linear shapes.
+
+Stages (all in one process so one device call does everything):
+  check    every strategy vs the torch reference on the GPU (bf16 and fp16), rel. error table
+  profile  the offline profiler over M buckets -> policy map JSON
+  bench    one 32-layer decode step (4 shapes x 32 layers, distinct weights: no L2 reuse),
+           CUDA-graph replay, for each M: every static strategy, the library kernels, the
+           dispatcher; ratios to the int4 floor (weight bytes / copy bandwidth measured here)
+  gearbx   per-row int4 (G=K) and int8 stores at M=1,16 (GEARBX low / mid gear)
+Usage: python benchmarks/kernels.py --out DIR [--stages check,profile,bench,gearbx] [--m 1,16,...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from gearshift.dispatch.dispatcher import AdaptiveDispatcher  # noqa: E402
+from gearshift.dispatch.policy import M_BUCKETS, PolicyMap, device_slug  # noqa: E402
+from gearshift.dispatch.profiler import PRESETS, ablations, profile, random_store, time_us  # noqa: E402
+from gearshift.dispatch.strategies import STRATEGIES, strategies_for  # noqa: E402
+from gearshift.kernels.library import scaled_mm_fp8_linear, tinygemm_linear, to_fp8_rowwise, to_tinygemm  # noqa
+from gearshift.kernels.reference import linear_reference  # noqa: E402
+from gearshift.quant.modes import MODES  # noqa: E402
+
+PEAK = {"bf16_tflops": 989.0, "int8_tops": 1979.0, "fp8_tflops": 1979.0}  # H100 SXM dense datasheet (leads)
+
+
+def rel(a, b):
+    return ((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-30)).item()
+
+
+def copy_bandwidth() -> float:
+    """Bytes/s of a 1 GiB device-to-device copy, counting read + write."""
+    a = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    a.random_(0, 255)
+    b = torch.empty_like(a)
+    for _ in range(3):
+        b.copy_(a)
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(10):
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        b.copy_(a)
+        e1.record()
+        torch.cuda.synchronize()
+        ts.append(e0.elapsed_time(e1))
+    ts.sort()
+    del a, b
+    return 2 * (1 << 30) / (ts[len(ts) // 2] / 1000)
+
+
+def stage_check(log, dtypes=(torch.bfloat16,)) -> list[dict]:
+    rows = []
+    dev = torch.device("cuda")
+    for dtype in dtypes:
+        for n, k, g in ((384, 1024, 128), (256, 1024, 1024)):
+            for mode_name in ("w4a16", "w4a8", "w4a8fp8", "w4a4", "w8a16", "w8a8"):
+                fmt = "int8" if mode_name.startswith("w8") else "int4"
+                st = random_store(fmt, n, k, g, dev, dtype)
+                act = MODES[mode_name].act
+                for m in (1, 5, 33, 200):
+                    x = torch.randn(m, k, device=dev, dtype=dtype)
+                    ref = linear_reference(x.double() if False else x.float(), st, act).to(torch.float32)
+                    for strat in strategies_for(mode_name):
+                        for cfg in strat.configs(m)[:2]:
+                            if not strat.supports(st, act, cfg):
+                                continue
+                            try:
+                                y = strat.run(x, st, act, cfg)
+                                torch.cuda.synchronize()
+                                r = rel(y, ref)
+                                bad = bool(torch.isnan(y).any())
+                            except Exception as e:
+                                r, bad = float("nan"), True
+                                log(f"FAIL {mode_name} {strat.name} {cfg} {type(e).__name__}: {str(e)[-1500:]}")
+                            rows.append({"dtype": str(dtype)[6:], "mode": mode_name, "strategy": strat.name,
+                                         "n": n, "k": k, "g": g, "m": m, "cfg": None if cfg is None else cfg.key(),
+                                         "rel": r, "nan": bad})
+    worst: dict = {}
+    for r in rows:
+        kk = (r["dtype"], r["mode"], r["strategy"])
+        worst[kk] = max(worst.get(kk, 0.0), r["rel"] if r["rel"] == r["rel"] else 1e9)
+    log("check: worst rel err per (dtype, mode, strategy)")
+    for kk, v in sorted(worst.items()):
+        log(f"  {kk[0]:9s} {kk[1]:8s} {kk[2]:16s} {v:.2e}")
+    return rows
+
+
+class Model:
+    """32 layers x 4 shapes of one format, distinct random weights (the real decode working set)."""
+
+    def __init__(self, fmt, shapes, layers, group, dtype):
+        self.stores = [[random_store(fmt, n, k, group, "cuda", dtype) for _, n, k in shapes] for _ in range(layers)]
+        self.shapes = shapes
+
+    def nbytes(self):
+        return sum(s.nbytes() for layer in self.stores for s in layer)
+
+
+def step_fn(model, xs, fn):
+    def run():
+        for layer in model.stores:
+            for i, st in enumerate(layer):
+                fn(xs[i], st)
+    return run
+
+
+def time_step(run, reps=5) -> float:
+    """ms per call of run() (one decode step), CUDA graph replay."""
+    return time_us([run], rounds=1, reps=reps) / 1000.0
+
+
+def stage_bench(pm, m_list, bw, log, dtype=torch.bfloat16, layers=32) -> dict:
+    shapes = PRESETS["llama3-8b"]["shapes"]
+    flops = {m: 2 * m * sum(n * k for _, n, k in shapes) * layers for m in m_list}
+    res: dict = {"m": m_list, "ms": {}, "notes": []}
+    int4 = Model("int4", shapes, layers, 128, dtype)
+    floor_ms = int4.nbytes() / bw * 1000
+    res["int4_bytes"] = int4.nbytes()
+    res["floor_ms"] = floor_ms
+    log(f"int4 model bytes {int4.nbytes()/1e9:.3f} GB, copy bw {bw/1e12:.3f} TB/s, floor {floor_ms:.3f} ms")
+
+    def record(name, m, ms):
+        res["ms"].setdefault(name, {})[str(m)] = None if ms is None else round(ms, 4)
+
+    disp = AdaptiveDispatcher(pm, autoload=False)
+    for m in m_list:
+        xs = [torch.randn(m, k, device="cuda", dtype=dtype) for _, _, k in shapes]
+        for mode in ("w4a16", "w4a8", "w4a8fp8"):
+            act = MODES[mode].act
+            try:
+                record(f"{mode}:dispatch", m, time_step(step_fn(int4, xs, lambda x, s: disp.linear(x, s, act))))
+            except Exception as e:
+                log(f"dispatch {mode} M={m}: {e!r}"[:300])
+            for strat in strategies_for(mode):
+                if strat.name.startswith("w4a8_bit") and m > 1024 or (strat.name == "w4a8_split" and m > 2048):
+                    continue
+                if not strat.configs(m):  # e.g. the GEMV kernel above M=4
+                    continue
+                sd = AdaptiveDispatcher(pm, autoload=False, static=strat.name)
+                try:
+                    record(f"{mode}:{strat.name}", m, time_step(step_fn(int4, xs, lambda x, s: sd.linear(x, s, act))))
+                except Exception as e:
+                    log(f"static {mode} {strat.name} M={m}: {e!r}"[:300])
+        log(f"M={m}: " + ", ".join(f"{k}={v.get(str(m))}" for k, v in res["ms"].items()))
+    # library kernels on their own (second-copy) weights
+    del int4
+    torch.cuda.empty_cache()
+    dense = Model("dense", shapes, layers, 0, dtype)
+    for m in m_list:
+        xs = [torch.randn(m, k, device="cuda", dtype=dtype) for _, _, k in shapes]
+        record("lib:cublas_bf16", m, time_step(step_fn(dense, xs, lambda x, s: torch.nn.functional.linear(x, s.weight))))
+    fp8w = [[to_fp8_rowwise(s.weight) for s in layer] for layer in dense.stores]
+    del dense
+    torch.cuda.empty_cache()
+    for m in m_list:
+        xs = [torch.randn(m, k, device="cuda", dtype=dtype) for _, _, k in shapes]
+
+        def run_fp8():
+            for layer in fp8w:
+                for i, (q, s) in enumerate(layer):
+                    scaled_mm_fp8_linear(xs[i], q, s)
+        try:
+            record("lib:scaled_mm_fp8", m, time_step(run_fp8))
+        except Exception as e:
+            log(f"fp8 M={m}: {e!r}"[:300])
+    del fp8w
+    torch.cuda.empty_cache()
+    int4 = Model("int4", shapes, layers, 128, dtype)
+    try:
+        tg = [[(to_tinygemm(s), s.group_size) for s in layer] for layer in int4.stores]
+        for m in [mm for mm in m_list if mm <= 256]:
+            xs = [torch.randn(m, k, device="cuda", dtype=dtype) for _, _, k in shapes]
+
+            def run_tg():
+                for layer in tg:
+                    for i, ((p, sz), g) in enumerate(layer):
+                        tinygemm_linear(xs[i], p, sz, g)
+            record("lib:tinygemm", m, time_step(run_tg))
+        # correctness of the conversion
+        st = int4.stores[0][1]
+        x = torch.randn(4, st.in_features, device="cuda", dtype=dtype)
+        res["tinygemm_rel_err"] = rel(tinygemm_linear(x, *tg[0][1][0], 128), linear_reference(x.float(), st, None))
+        del tg
+    except Exception as e:
+        log(f"tinygemm: {e!r}"[:300])
+    del int4
+    torch.cuda.empty_cache()
+    # derived ratios
+    lib = [k for k in res["ms"] if k.startswith("lib:")]
+    res["derived"] = {}
+    for name, per in res["ms"].items():
+        for m_s, ms in per.items():
+            if ms is None:
+                continue
+            m = int(m_s)
+            best_lib = min((res["ms"][l].get(m_s) for l in lib if res["ms"][l].get(m_s) is not None), default=None)
+            res["derived"].setdefault(name, {})[m_s] = {
+                "x_floor": round(ms / floor_ms, 3),
+                "GBps_ratio": round(res["int4_bytes"] / (ms / 1000) / bw, 3),
+                "tflops": round(flops[m] / (ms / 1000) / 1e12, 2),
+                "tflops_ratio_bf16": round(flops[m] / (ms / 1000) / 1e12 / PEAK["bf16_tflops"], 4),
+                "vs_best_lib": None if best_lib is None else round(ms / best_lib, 3),
+            }
+    return res
+
+
+def stage_gearbx(log, dtype=torch.float16) -> dict:
+    shapes = PRESETS["llama3-8b"]["shapes"]
+    out = {}
+    for fmt, mode in (("int4", "w4a16"), ("int8", "w8a16")):
+        model = Model(fmt, shapes, 32, -1 if fmt == "int4" else 0, dtype)  # -1 -> G = K (per row)
+        for m in (1, 16):
+            xs = [torch.randn(m, k, device="cuda", dtype=dtype) for _, _, k in shapes]
+            sub = PolicyMap(torch.cuda.get_device_name())
+            pm = profile(shapes, [mode], [m], group=-1 if fmt == "int4" else 0, policy=sub, dtype=dtype)
+            d = AdaptiveDispatcher(pm, autoload=False)
+            ms = time_step(step_fn(model, xs, lambda x, s: d.linear(x, s, None)))
+            out[f"{fmt}_perrow:M{m}"] = round(ms, 4)
+            log(f"gearbx {fmt} per-row M={m}: {ms:.3f} ms per 32-layer step")
+        del model
+        torch.cuda.empty_cache()
+    return out
+
+
+def write_md(path, res, device, bw):
+    m_list = res["bench"]["m"]
+    ms = res["bench"]["ms"]
+    floor = res["bench"]["floor_ms"]
+    lines = [f"# Kernel benchmark: {device}", "",
+             f"One decode step of Llama-3-8B linears (4 shapes x 32 layers, distinct weights), bf16 activations, "
+             f"CUDA-graph replay, ms. Copy bandwidth measured in the same run: {bw/1e12:.2f} TB/s; int4 floor "
+             f"(int4 weight+scale bytes / bandwidth) = {floor:.3f} ms.", "",
+             "| strategy | " + " | ".join(f"M={m}" for m in m_list) + " |",
+             "|---|" + "---|" * len(m_list)]
+    for name in sorted(ms):
+        lines.append(f"| {name} | " + " | ".join("-" if ms[name].get(str(m)) is None else f"{ms[name][str(m)]:.3f}"
+                                                  for m in m_list) + " |")
+    lines += ["", "Ratio to the int4 floor:", "", "| strategy | " + " | ".join(f"M={m}" for m in m_list) + " |",
+              "|---|" + "---|" * len(m_list)]
+    for name in sorted(ms):
+        if name.endswith("dispatch") or name.startswith("lib:"):
+            lines.append(f"| {name} | " + " | ".join(
+                "-" if ms[name].get(str(m)) is None else f"{ms[name][str(m)] / floor:.2f}" for m in m_list) + " |")
+    if "gearbx" in res:
+        lines += ["", "GEARBX gears (fp16 activations, per-row stores, dispatcher), ms per 32-layer step: "
+                  + ", ".join(f"{k}={v}" for k, v in res["gearbx"].items())]
+    if "ablation" in res:
+        lines += ["", "Ablations from the profile (sum over one step, ms):", ""]
+        for mode, per_m in res["ablation"].items():
+            cols = sorted({c for v in per_m.values() for c in v})
+            lines += [f"{mode}:", "", "| M | " + " | ".join(cols) + " |", "|---|" + "---|" * len(cols)]
+            for m, v in per_m.items():
+                lines.append(f"| {m} | " + " | ".join("-" if v.get(c) is None else f"{v[c]/1000:.3f}" for c in cols)
+                             + " |")
+            lines.append("")
+    Path(path).write_text("\n".join(lines) + "\n")
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="benchmarks/results")
+    ap.add_argument("--stages", default="check,profile,bench,gearbx")
+    ap.add_argument("--m", default=",".join(map(str, M_BUCKETS)))
+    ap.add_argument("--modes", default="w4a16,w4a8,w4a8fp8")
+    ap.add_argument("--policy", default=None, help="reuse a policy JSON instead of profiling")
+    a = ap.parse_args(argv)
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    logf = open(out / "kernels_log.txt", "a")
+
+    def log(s):
+        print(s, flush=True)
+        logf.write(s + "\n")
+        logf.flush()
+
+    stages = a.stages.split(",")
+    m_list = [int(v) for v in a.m.split(",")]
+    device = torch.cuda.get_device_name()
+    res = {"device": device, "torch": torch.__version__, "time": time.strftime("%Y-%m-%d %H:%M:%S")}
+    try:
+        import triton
+        res["triton"] = triton.__version__
+    except Exception:
+        pass
+    bw = copy_bandwidth()
+    res["copy_bw_Bps"] = bw
+    log(f"{device}: copy bandwidth {bw/1e12:.3f} TB/s")
+    t0 = time.time()
+    if "check" in stages:
+        rows = stage_check(log)
+        res["check_worst"] = {}
+        for r in rows:
+            kk = f"{r['dtype']}/{r['mode']}/{r['strategy']}"
+            res["check_worst"][kk] = max(res["check_worst"].get(kk, 0.0), r["rel"] if r["rel"] == r["rel"] else 1e9)
+        log(f"check done {time.time()-t0:.0f}s")
+    pm = PolicyMap.load(a.policy) if a.policy else None
+    if "profile" in stages:
+        shapes = PRESETS["llama3-8b"]["shapes"]
+        pm = profile(shapes, a.modes.split(","), m_list, group=128, log=log)
+        pm.save(out / f"policy_{device_slug(device)}.json")
+        res["ablation"] = {mode: ablations(pm, shapes, 32, mode) for mode in a.modes.split(",")}
+        log(f"profile done {time.time()-t0:.0f}s")
+        for mode, per in res["ablation"].items():
+            for m, row in per.items():
+                best_static = min((v for c, v in row.items() if c.startswith("only:") and v is not None), default=None)
+                log(f"abl {mode} M={m}: map={row['map']} best_static={best_static} rule={row.get('adangel_r')}")
+    if "bench" in stages:
+        res["bench"] = stage_bench(pm, m_list, bw, log)
+        log(f"bench done {time.time()-t0:.0f}s")
+    if "gearbx" in stages:
+        res["gearbx"] = stage_gearbx(log)
+    (out / f"kernels_{device_slug(device)}.json").write_text(json.dumps(res, indent=1))
+    if "bench" in res:
+        write_md(out / "kernels.md", res, device, bw)
+        d = res["bench"]["derived"]
+        log("summary (ms | x floor | vs best lib):")
+        for name in sorted(d):
+            if name.endswith("dispatch") or name.startswith("lib:"):
+                log(f"{name:22s} " + " ".join(f"{m}:{v['x_floor']}/{v['vs_best_lib']}" for m, v in d[name].items()))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,58 @@
+"""`gearshift profile`: build the ADAngel policy map for a model on this GPU.
+
+Enumerates the model's unique linear shapes (from its config.json, or a preset), times every
+strategy and tile config over the M buckets, and writes the map to
+~/.cache/gearshift/policy/<device>.json (or --out), where the engine finds it at model load.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser("profile", help="profile GEMM strategies on this GPU and write the policy map")
+    p.add_argument("--model", required=True, help="model directory (config.json) or a preset: llama3-8b")
+    p.add_argument("--out", default=None, help="policy JSON path (default: ~/.cache/gearshift/policy/<device>.json)")
+    p.add_argument("--m", default=None, help="comma-separated M buckets (default: 1,2,4,...,4096)")
+    p.add_argument("--modes", default="w4a16,w4a8,w4a8fp8", help="precision modes to profile")
+    p.add_argument("--group-size", type=int, default=128, help="int4 group size of the stores (-1: per row)")
+    p.add_argument("--shapes", default=None, help="explicit NxK list, e.g. 6144x4096,4096x4096 (overrides --model)")
+    p.set_defaults(handler=run)
+    return p
+
+
+def run(args) -> int:
+    import torch
+    from tqdm import tqdm
+
+    from gearshift.dispatch.policy import M_BUCKETS, cache_dir, device_slug
+    from gearshift.dispatch.profiler import ablations, model_shapes, profile
+    from gearshift.errors import GearshiftError
+
+    if not torch.cuda.is_available():
+        raise GearshiftError("gearshift profile needs a CUDA GPU (the policy map is per device)")
+    if args.shapes:
+        shapes = [(f"s{i}", *map(int, s.lower().split("x"))) for i, s in enumerate(args.shapes.split(","))]
+        layers = 1
+    else:
+        try:
+            shapes, layers = model_shapes(args.model)
+        except (OSError, KeyError, ValueError) as e:
+            raise GearshiftError(f"cannot read model shapes from {args.model!r}: {e}") from None
+    m_list = [int(v) for v in args.m.split(",")] if args.m else list(M_BUCKETS)
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    device = torch.cuda.get_device_name()
+    with tqdm(total=len(shapes) * len(modes) * len(m_list), desc=f"profile {device}", unit="point") as bar:
+        pm = profile(shapes, modes, m_list, group=args.group_size, device_name=device, progress=bar)
+    pm.meta.update({"model": str(args.model), "layers": layers, "shapes": shapes})
+    out = args.out or (cache_dir() / f"{device_slug(device)}.json")
+    path = pm.save(out)
+    for mode in modes:
+        ab = ablations(pm, shapes, layers, mode, group=args.group_size)
+        for m, row in ab.items():
+            if row["map"] is not None:
+                print(f"{mode} M={m}: map {row['map'] / 1000:.3f} ms/step"
+                      + ("" if row.get("adangel_r") is None else f", ADAngel-R {row['adangel_r'] / 1000:.3f}"))
+    print(f"policy map written to {path}")
+    return 0

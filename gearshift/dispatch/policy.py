@@ -1,0 +1,167 @@
+"""The oracle policy map: (mode, group, N, K, M bucket) -> (strategy, tile config), as JSON.
+
+Written by the offline profiler once per model and device; read at model load. Lookup is a
+dict hit on the static GEMM type plus an index into a short, fixed bucket list (M rounds up to
+the next bucket, clipped to the largest): no search, no timing at run time.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from gearshift.kernels.config import TileConfig
+
+M_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
+POLICY_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Choice:
+    strategy: str
+    config: TileConfig | None
+    us: float | None = None
+
+    def to_dict(self) -> dict:
+        return {"strategy": self.strategy, "config": None if self.config is None else self.config.to_dict(),
+                "us": self.us}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Choice":
+        cfg = d.get("config")
+        return cls(d["strategy"], None if cfg is None else TileConfig.from_dict(cfg), d.get("us"))
+
+
+def type_key(mode: str, group: int, n: int, k: int) -> str:
+    return f"{mode}:g{group}:{n}x{k}"
+
+
+def device_slug(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("_")
+
+
+class PolicyMap:
+    def __init__(self, device: str, buckets=M_BUCKETS, entries: dict | None = None, timings: dict | None = None,
+                 meta: dict | None = None):
+        self.device = device
+        self.buckets = tuple(int(b) for b in buckets)
+        self.entries: dict[str, list[Choice | None]] = entries or {}
+        self.timings = timings or {}  # type_key -> {M: {candidate: us}} (for ablations)
+        self.meta = meta or {}
+        self._lut = [self._bucket_index(m) for m in range(self.buckets[-1] + 1)]
+
+    def _bucket_index(self, m: int) -> int:
+        return min(bisect.bisect_left(self.buckets, max(m, 1)), len(self.buckets) - 1)
+
+    def bucket_index(self, m: int) -> int:
+        return self._lut[m] if m < len(self._lut) else len(self.buckets) - 1
+
+    def set(self, key: str, m: int, choice: Choice) -> None:
+        row = self.entries.setdefault(key, [None] * len(self.buckets))
+        row[self.buckets.index(m)] = choice
+
+    def lookup(self, key: str, m: int) -> Choice | None:
+        row = self.entries.get(key)
+        if row is None:
+            return None
+        i = self.bucket_index(m)
+        c = row[i]
+        if c is None:  # nearest filled bucket
+            for d in range(1, len(row)):
+                for j in (i - d, i + d):
+                    if 0 <= j < len(row) and row[j] is not None:
+                        return row[j]
+        return c
+
+    # --- JSON -------------------------------------------------------------------------------
+    def to_json(self) -> dict:
+        return {
+            "version": POLICY_VERSION, "device": self.device, "buckets": list(self.buckets), "meta": self.meta,
+            "entries": {k: {str(self.buckets[i]): c.to_dict() for i, c in enumerate(row) if c is not None}
+                        for k, row in self.entries.items()},
+            "timings": self.timings,
+        }
+
+    @classmethod
+    def from_json(cls, d: dict) -> "PolicyMap":
+        buckets = tuple(d.get("buckets", M_BUCKETS))
+        entries = {}
+        for k, row in d.get("entries", {}).items():
+            lst: list[Choice | None] = [None] * len(buckets)
+            for m, c in row.items():
+                if int(m) in buckets:
+                    lst[buckets.index(int(m))] = Choice.from_dict(c)
+            entries[k] = lst
+        return cls(d["device"], buckets, entries, d.get("timings", {}), d.get("meta", {}))
+
+    def save(self, path: str | os.PathLike) -> Path:
+        p = Path(path)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(json.dumps(self.to_json(), indent=1))
+        return p
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "PolicyMap":
+        return cls.from_json(json.loads(Path(path).read_text()))
+
+    def without(self, strategy: str) -> "PolicyMap":
+        """The map rebuilt from the stored timings with one strategy removed (an ablation)."""
+        out = PolicyMap(self.device, self.buckets, meta=dict(self.meta), timings=self.timings)
+        for key, per_m in self.timings.items():
+            for m, cands in per_m.items():
+                best = None
+                for cand, us in cands.items():
+                    name, cfg = parse_candidate(cand)
+                    if name == strategy or us is None:
+                        continue
+                    if best is None or us < best.us:
+                        best = Choice(name, cfg, us)
+                if best is not None and int(m) in self.buckets:
+                    out.set(key, int(m), best)
+        return out
+
+
+def candidate_name(strategy: str, cfg: TileConfig | None) -> str:
+    return strategy if cfg is None else f"{strategy}@{json.dumps(cfg.to_dict(), sort_keys=True)}"
+
+
+def parse_candidate(name: str) -> tuple[str, TileConfig | None]:
+    if "@" not in name:
+        return name, None
+    s, c = name.split("@", 1)
+    return s, TileConfig.from_dict(json.loads(c))
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("GEARSHIFT_CACHE", Path.home() / ".cache" / "gearshift")) / "policy"
+
+
+def policy_paths(device: str, model_dir: str | os.PathLike | None = None) -> list[Path]:
+    slug = device_slug(device)
+    paths = []
+    if model_dir is not None:
+        md = Path(model_dir)
+        paths += [md / "policy" / f"{slug}.json", md / f"policy_{slug}.json"]
+    paths.append(cache_dir() / f"{slug}.json")
+    return paths
+
+
+def load_policy_for_device(device: str | None = None, model_dir: str | os.PathLike | None = None) -> PolicyMap | None:
+    """The policy map profiled on this GPU (beside the model first, then the user cache), or None."""
+    if device is None:
+        import torch
+
+        if not torch.cuda.is_available():
+            return None
+        device = torch.cuda.get_device_name()
+    for p in policy_paths(device, model_dir):
+        if p.is_file():
+            pm = PolicyMap.load(p)
+            if pm.device == device:
+                pm.path = str(p)  # where it came from, for reporting
+                return pm
+    return None

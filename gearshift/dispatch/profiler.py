@@ -1,0 +1,202 @@
+"""Offline profiler (ADAngel section 4.4): time every strategy and tile config on every GEMM
+type of a model over the M buckets, keep the fastest as the policy map.
+
+GEMM types are the model's unique (N, K) per weight format and mode: a handful per model, so an
+exhaustive sweep is cheap. Each candidate is timed as CUDA-graph replays of calls rotating over
+enough weight copies that the working set exceeds L2 (a single copy would time the cache), after
+warm-up, median of several replays. Every timing is kept in the JSON so ablations (a static
+strategy alone, ADAngel-R, the map without one strategy) are recomputed from one profile.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from pathlib import Path
+from typing import Callable, Iterable
+
+import torch
+
+from gearshift.dispatch.policy import M_BUCKETS, Choice, PolicyMap, candidate_name, parse_candidate, type_key
+from gearshift.dispatch.strategies import STRATEGIES, group_of, mode_key, rule_strategies, strategies_for
+from gearshift.quant.activations import ActQuantSpec
+from gearshift.quant.base import DenseWeight, WeightFormat
+from gearshift.quant.int4 import Int4Weight
+from gearshift.quant.int8 import Int8Weight
+from gearshift.quant.modes import MODES
+
+#: (name, N, K) of the linear layers of one transformer block, and how many blocks
+PRESETS: dict[str, dict] = {
+    "llama3-8b": {"layers": 32, "shapes": [("qkv", 6144, 4096), ("o", 4096, 4096), ("gate_up", 28672, 4096),
+                                           ("down", 4096, 14336)]},
+}
+
+
+def shapes_from_config(cfg: dict) -> list[tuple[str, int, int]]:
+    """The block's fused linear shapes from a HF config.json (Llama/Mistral/Qwen family)."""
+    h = int(cfg["hidden_size"])
+    nh = int(cfg["num_attention_heads"])
+    nkv = int(cfg.get("num_key_value_heads", nh))
+    hd = int(cfg.get("head_dim") or h // nh)
+    inter = int(cfg["intermediate_size"])
+    return [("qkv", (nh + 2 * nkv) * hd, h), ("o", h, nh * hd), ("gate_up", 2 * inter, h), ("down", h, inter)]
+
+
+def model_shapes(model: str) -> tuple[list[tuple[str, int, int]], int]:
+    """Preset name or a model directory holding config.json -> (shapes, number of layers)."""
+    if model in PRESETS:
+        p = PRESETS[model]
+        return list(p["shapes"]), int(p["layers"])
+    cfg_path = Path(model) / "config.json" if Path(model).is_dir() else Path(model)
+    cfg = json.loads(cfg_path.read_text())
+    cfg = cfg.get("text_config", cfg)
+    return shapes_from_config(cfg), int(cfg.get("num_hidden_layers", 1))
+
+
+def random_store(fmt: str, n: int, k: int, group: int, device, dtype=torch.bfloat16) -> WeightFormat:
+    """A random store of realistic value ranges (timing only; never zeros)."""
+    if fmt == "int4":
+        g = k if group <= 0 else group
+        q = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, device=device)
+        s = (torch.rand(n, k // g, device=device) * 0.02 + 0.005).half()
+        mn = (-8 * s.float() + torch.randn_like(s.float()) * 0.001).half()
+        return Int4Weight(q, s, mn, g)
+    if fmt == "int8":
+        q = torch.randint(-127, 128, (n, k), dtype=torch.int8, device=device)
+        return Int8Weight(q, torch.rand(n, device=device) * 1e-3 + 1e-4)
+    return DenseWeight((torch.randn(n, k, device=device) * 0.02).to(dtype))
+
+
+def time_us(calls: list[Callable[[], object]], rounds: int | None = None, reps: int = 5) -> float:
+    """Median microseconds per call: CUDA-graph replays of `calls` (one per weight copy)."""
+    for f in calls:
+        f()
+    torch.cuda.synchronize()
+    if rounds is None:
+        t0 = torch.cuda.Event(enable_timing=True)
+        t1 = torch.cuda.Event(enable_timing=True)
+        t0.record()
+        for f in calls:
+            f()
+        t1.record()
+        torch.cuda.synchronize()
+        per = t0.elapsed_time(t1) / len(calls)  # ms, includes launch gaps: only to size the graph
+        rounds = max(1, min(8, int(2.0 / max(per * len(calls), 1e-3))))
+    g = torch.cuda.CUDAGraph()
+    try:
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            for f in calls:
+                f()
+        torch.cuda.current_stream().wait_stream(s)
+        with torch.cuda.graph(g):
+            for _ in range(rounds):
+                for f in calls:
+                    f()
+        runner = g.replay
+    except Exception:  # not capturable: plain launches (launch overhead included)
+        def runner():
+            for _ in range(rounds):
+                for f in calls:
+                    f()
+    runner()
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(reps):
+        e0 = torch.cuda.Event(enable_timing=True)
+        e1 = torch.cuda.Event(enable_timing=True)
+        e0.record()
+        runner()
+        e1.record()
+        torch.cuda.synchronize()
+        ts.append(e0.elapsed_time(e1))
+    del g
+    return statistics.median(ts) * 1000.0 / (rounds * len(calls))
+
+
+def n_copies(store: WeightFormat, l2_bytes: int = 50 << 20) -> int:
+    return max(2, min(16, math.ceil(3 * l2_bytes / max(store.nbytes(), 1))))
+
+
+MODE_FORMATS = {"w4a16": "int4", "w4a8": "int4", "w4a8fp8": "int4", "w4a4": "int4", "w8a16": "int8",
+                "w8a8": "int8", "w16a16": "dense"}
+
+
+def profile(shapes: Iterable[tuple[str, int, int]], modes: Iterable[str], m_list=M_BUCKETS, group: int = 128,
+            device_name: str | None = None, progress=None, policy: PolicyMap | None = None,
+            strategies: list[str] | None = None, dtype=torch.bfloat16, log=None) -> PolicyMap:
+    """Sweep (shape, mode, M, strategy, config); return (or extend) the policy map."""
+    dev = torch.device("cuda")
+    device_name = device_name or torch.cuda.get_device_name()
+    pm = policy or PolicyMap(device_name, M_BUCKETS, meta={"dtype": str(dtype).replace("torch.", "")})
+    for _, n, k in shapes:
+        for mode_name in modes:
+            fmt = MODE_FORMATS[mode_name]
+            act: ActQuantSpec | None = MODES[mode_name].act
+            g = group if fmt == "int4" else 0
+            stores = [random_store(fmt, n, k, g, dev, dtype)]
+            stores += [random_store(fmt, n, k, g, dev, dtype) for _ in range(n_copies(stores[0]) - 1)]
+            key = type_key(mode_key(stores[0], act), group_of(stores[0]), n, k)
+            for m in m_list:
+                x = torch.randn(m, k, device=dev, dtype=dtype)
+                cands: dict[str, float | None] = {}
+                for strat in strategies_for(mode_key(stores[0], act)):
+                    if strategies is not None and strat.name not in strategies:
+                        continue
+                    for cfg in strat.configs(m):
+                        if not strat.supports(stores[0], act, cfg):
+                            continue
+                        name = candidate_name(strat.name, cfg)
+                        try:
+                            cands[name] = time_us([lambda s=s, st=strat, c=cfg: st.run(x, s, act, c)
+                                                   for s in stores])
+                        except Exception as e:  # a config that fails to compile/launch is skipped
+                            cands[name] = None
+                            if log:
+                                log(f"{key} M={m} {name}: {type(e).__name__}: {str(e)[:200]}")
+                pm.timings.setdefault(key, {})[str(m)] = cands
+                ok = [(us, c) for c, us in cands.items() if us is not None]
+                if ok and m in pm.buckets:
+                    us, c = min(ok)
+                    name, cfg = parse_candidate(c)
+                    pm.set(key, m, Choice(name, cfg, us))
+                if progress is not None:
+                    progress.update(1)
+            del stores
+            torch.cuda.empty_cache()
+    return pm
+
+
+def best_of(pm: PolicyMap, key: str, m: int, allowed: Callable[[str], bool]) -> float | None:
+    cands = pm.timings.get(key, {}).get(str(m), {})
+    vals = [us for c, us in cands.items() if us is not None and allowed(parse_candidate(c)[0])]
+    return min(vals) if vals else None
+
+
+def ablations(pm: PolicyMap, shapes, layers: int, mode: str, group: int = 128, m_list=None) -> dict:
+    """Per M: summed us per model step for the map, each static strategy, ADAngel-R, map minus one."""
+    fmt_group = group if MODE_FORMATS[mode] == "int4" else 0
+    keys = [type_key(mode, fmt_group, n, k) for _, n, k in shapes]
+    m_list = m_list or sorted({int(m) for key in keys for m in pm.timings.get(key, {})})
+    names = sorted({parse_candidate(c)[0] for key in keys for per in pm.timings.get(key, {}).values() for c in per})
+    out: dict = {}
+    for m in m_list:
+        row: dict[str, float | None] = {}
+
+        def total(allowed):
+            vals = [best_of(pm, key, m, allowed) for key in keys]
+            return None if any(v is None for v in vals) else layers * sum(vals)
+
+        row["map"] = total(lambda s: True)
+        for s in names:
+            row[f"only:{s}"] = total(lambda t, s=s: t == s)
+            row[f"without:{s}"] = total(lambda t, s=s: t != s)
+        rule = rule_strategies(mode, m)
+        row["adangel_r"] = None if not rule else total(lambda t, r=tuple(rule): t in r)
+        out[str(m)] = {k: (None if v is None else round(v, 2)) for k, v in row.items()}
+    return out
+
+
+__all__ = ["PRESETS", "profile", "ablations", "model_shapes", "random_store", "time_us", "STRATEGIES"]

@@ -1,0 +1,238 @@
+"""The strategy registry: every kernel the dispatcher may pick, with its DPR bit partition.
+
+A strategy serves one or more mode keys (`mode_key(store, act)`), says whether it can run a
+given (store, act, config), lists the tile configs worth profiling at a given M, and runs.
+All strategies compute the reference's function (`linear_reference`) up to accumulation order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from gearshift.kernels.config import TileConfig, block_m_for
+from gearshift.kernels.dpr import DPRPartition
+from gearshift.kernels.reference import linear_reference
+from gearshift.quant.activations import ActQuantSpec
+from gearshift.quant.base import DenseWeight, WeightFormat
+from gearshift.quant.int4 import Int4Weight
+from gearshift.quant.int8 import Int8Weight
+
+
+def mode_key(store: WeightFormat, act: ActQuantSpec | None) -> str:
+    """'w4a16', 'w4a8', 'w4a8fp8', 'w4a4', 'w8a16', 'w8a8', 'w16a16', ... from the store and act."""
+    w = store.weight_bits
+    if act is None:
+        return f"w{w}a16"
+    if act.group_size is not None:
+        return f"w{w}a{act.bits}{act.dtype}g{act.group_size}"  # no kernel: reference only
+    return f"w{w}a8fp8" if act.dtype == "fp8" else f"w{w}a{act.bits}"
+
+
+def group_of(store: WeightFormat) -> int:
+    return int(getattr(store, "group_size", 0) or 0)
+
+
+@dataclass
+class Strategy:
+    name: str
+    dpr: DPRPartition
+    modes: tuple[str, ...]
+    run: Callable[[torch.Tensor, WeightFormat, ActQuantSpec | None, TileConfig | None], torch.Tensor]
+    configs: Callable[[int], list[TileConfig | None]] = field(default=lambda m: [None])
+    supports: Callable[[WeightFormat, ActQuantSpec | None, TileConfig | None], bool] = field(
+        default=lambda s, a, c: True)
+    gpu_only: bool = True
+
+
+STRATEGIES: dict[str, Strategy] = {}
+
+
+def register(s: Strategy) -> Strategy:
+    STRATEGIES[s.name] = s
+    return s
+
+
+def strategies_for(mode: str) -> list[Strategy]:
+    return [s for s in STRATEGIES.values() if mode in s.modes]
+
+
+# --- tile-config sweeps (small, fixed lists: the profiler times each) --------------------------
+
+def a16_configs(m: int) -> list[TileConfig]:
+    """Swap-AB configs for bf16 MMA: split-K GEMV-like tiles at small M, big tiles at large M."""
+    if m <= 16:
+        return [TileConfig(16, bn, bk, sk, w, 4, True, j)
+                for bn, bk, sk, w, j in ((32, 512, 4, 4, True), (32, 256, 8, 4, True), (64, 256, 4, 4, True),
+                                         (64, 512, 2, 8, True), (64, 128, 4, 4, True), (32, 512, 8, 4, True),
+                                         (128, 256, 2, 8, True), (64, 128, 4, 4, False), (16, 512, 8, 4, True))]
+    bm = block_m_for(m, 64)
+    if m <= 64:
+        return [TileConfig(bm, bn, bk, sk, w, 4, sa, True) for bn, bk, sk, w in
+                ((64, 256, 2, 4), (64, 256, 4, 4), (128, 128, 2, 8), (64, 128, 1, 4)) for sa in (True, False)]
+    return [TileConfig(bm2, bn, bk, sk, w, 3, sa, True)
+            for bm2 in sorted({block_m_for(m, 64), block_m_for(m, 128)})
+            for bn, bk, w, sk in ((128, 64, 4, 1), (128, 128, 8, 1), (256, 64, 8, 1), (64, 128, 4, 2))
+            for sa in (False, True)]
+
+
+def a8_configs(m: int) -> list[TileConfig]:
+    """int8/fp8 MMA tiles: BK >= 64 (32 per nibble half)."""
+    if m <= 16:
+        return [TileConfig(16, bn, bk, sk, w, 4, True, j)
+                for bn, bk, sk, w, j in ((32, 512, 4, 4, True), (64, 256, 4, 4, True), (64, 512, 2, 8, True),
+                                         (32, 256, 8, 4, True), (128, 256, 2, 8, True), (64, 256, 4, 4, False),
+                                         (16, 512, 8, 4, True))]
+    if m <= 128:
+        return [TileConfig(block_m_for(m, 128), bn, bk, sk, w, 4, True, True)
+                for bn, bk, sk, w in ((64, 256, 2, 4), (128, 128, 1, 4), (128, 128, 2, 8), (64, 256, 4, 4),
+                                      (128, 256, 1, 8))]
+    bm = block_m_for(m, 64)
+    return [TileConfig(bm2, bn, bk, 1, w, 3, True, True)
+            for bm2 in sorted({bm, block_m_for(m, 128)})
+            for bn, bk, w in ((128, 128, 4), (128, 128, 8), (256, 128, 8))]
+
+
+def few_a8_configs(m: int) -> list[TileConfig]:
+    """Split/Bitwise variants do 2-4x the MMA work: profile a handful of tiles only."""
+    c = a8_configs(m)
+    return c[:3]
+
+
+def w8_configs(m: int) -> list[TileConfig]:
+    if m <= 16:
+        return [TileConfig(16, bn, bk, sk, 4, 4) for bn, bk, sk in
+                ((32, 256, 4), (64, 256, 4), (64, 128, 4), (32, 512, 8), (128, 128, 2))]
+    return [TileConfig(block_m_for(m, bmcap), bn, bk, sk, w, 3) for bmcap, bn, bk, sk, w in
+            ((64, 64, 128, 1, 4), (64, 128, 128, 2, 4), (128, 128, 64, 1, 8), (128, 256, 64, 1, 8))]
+
+
+# --- runners ------------------------------------------------------------------------------------
+
+def _run_w4a16(x2, store, act, cfg):
+    from gearshift.kernels.w4a16 import w4a16_linear
+
+    return w4a16_linear(x2, store, cfg)
+
+
+def _run_w4a16_gemv(x2, store, act, cfg):
+    from gearshift.kernels.w4a16 import w4a16_gemv
+
+    return w4a16_gemv(x2, store, cfg)
+
+
+def gemv_configs(m: int) -> list[TileConfig]:
+    """CUDA-core GEMV: only for M <= 4 (bm is the row cap)."""
+    if m > 4:
+        return []
+    bm = 1 if m == 1 else (2 if m == 2 else 4)
+    return [TileConfig(bm, bn, bk, sk, w, st) for bn, bk, sk, w, st in
+            ((16, 512, 1, 4, 3), (32, 512, 1, 4, 3), (16, 256, 2, 4, 4), (32, 256, 4, 4, 4), (64, 256, 2, 8, 3),
+             (8, 1024, 1, 4, 3), (32, 512, 2, 8, 3))]
+
+
+def _sup_w4a16(store, act, cfg):
+    from gearshift.kernels.w4a16 import supports
+
+    return isinstance(store, Int4Weight) and act is None and supports(store, cfg)
+
+
+def _w4a8_runner(w_parts: int, a_parts: int):
+    def run(x2, store, act, cfg):
+        from gearshift.kernels.w4a8 import w4a8_linear
+
+        return w4a8_linear(x2, store, act, cfg, w_parts=w_parts, a_parts=a_parts)
+
+    return run
+
+
+def _sup_w4a8(fp8: bool):
+    def sup(store, act, cfg):
+        from gearshift.kernels.w4a8 import supports
+
+        return (isinstance(store, Int4Weight) and act is not None and (act.dtype == "fp8") == fp8
+                and supports(store, act, cfg))
+
+    return sup
+
+
+def _run_w8(x2, store, act, cfg):
+    from gearshift.kernels.w8 import w8_linear
+
+    return w8_linear(x2, store, act, cfg)
+
+
+def _sup_w8(store, act, cfg):
+    from gearshift.kernels.w8 import supports
+
+    return isinstance(store, Int8Weight) and supports(store, act, cfg)
+
+
+def _run_dequant_cublas(x2, store, act, cfg):
+    from gearshift.kernels.library import dequant_cublas_linear
+
+    return dequant_cublas_linear(x2, store, act)
+
+
+def _run_cublas_dense(x2, store, act, cfg):
+    return F.linear(x2, store.weight.to(x2.dtype))
+
+
+def _run_reference(x2, store, act, cfg):
+    return linear_reference(x2, store, act)
+
+
+_INT4_MODES = ("w4a16", "w4a8", "w4a8fp8", "w4a4")
+_INT8_MODES = ("w8a16", "w8a8", "w8a4")
+
+register(Strategy("w4a16_tc", DPRPartition((4,), (16,), "bf16", "padding"), ("w4a16",), _run_w4a16,
+                  a16_configs, _sup_w4a16))
+register(Strategy("w4a16_gemv", DPRPartition((4,), (16,), "fp32-fma", "padding"), ("w4a16",), _run_w4a16_gemv,
+                  gemv_configs, _sup_w4a16))
+register(Strategy("w4a8_pad", DPRPartition((4,), (8,), "int8", "padding"), ("w4a8", "w4a4"),
+                  _w4a8_runner(1, 1), a8_configs, _sup_w4a8(False)))
+register(Strategy("w4a8_split", DPRPartition((4,), (4, 4), "int8", "split"), ("w4a8",),
+                  _w4a8_runner(1, 2), few_a8_configs, _sup_w4a8(False)))
+register(Strategy("w4a8_bit2", DPRPartition((2, 2), (8,), "int8", "bitwise"), ("w4a8", "w4a4"),
+                  _w4a8_runner(2, 1), few_a8_configs, _sup_w4a8(False)))
+register(Strategy("w4a8_bitwise", DPRPartition((1, 1, 1, 1), (8,), "int8", "bitwise"), ("w4a8", "w4a4"),
+                  _w4a8_runner(4, 1), few_a8_configs, _sup_w4a8(False)))
+register(Strategy("w4a8_fp8", DPRPartition((4,), (8,), "fp8", "padding"), ("w4a8fp8",),
+                  _w4a8_runner(1, 1), a8_configs, _sup_w4a8(True)))
+register(Strategy("w8a16_tc", DPRPartition((8,), (16,), "bf16", "padding"), ("w8a16",), _run_w8,
+                  w8_configs, lambda s, a, c: a is None and _sup_w8(s, a, c)))
+register(Strategy("w8a8_tc", DPRPartition((8,), (8,), "int8", "padding"), ("w8a8", "w8a4"), _run_w8,
+                  w8_configs, lambda s, a, c: a is not None and _sup_w8(s, a, c)))
+register(Strategy("dequant_cublas", DPRPartition((4,), (16,), "bf16", "library"), _INT4_MODES + _INT8_MODES,
+                  _run_dequant_cublas, supports=lambda s, a, c: isinstance(s, (Int4Weight, Int8Weight))))
+register(Strategy("cublas", DPRPartition((16,), (16,), "bf16", "library"), ("w16a16",), _run_cublas_dense,
+                  supports=lambda s, a, c: isinstance(s, DenseWeight) and a is None))
+register(Strategy("reference", DPRPartition((), (), "any", "library"), (), _run_reference, gpu_only=False))
+
+#: ADAngel-R (the paper's static rule, section 6): M <= 8 Bitwise, 8 < M <= 64 Split, else Padding,
+#: mapped per mode onto the strategies that exist for it (first available wins).
+RULE_FAMILIES = {"bitwise": 8, "split": 64, "padding": 1 << 62}
+RULE_NAMES = {
+    "w4a8": {"bitwise": ["w4a8_bitwise"], "split": ["w4a8_split"], "padding": ["w4a8_pad"]},
+    "w4a4": {"bitwise": ["w4a8_bitwise"], "split": ["w4a8_bit2"], "padding": ["w4a8_pad"]},
+    "w4a16": {"bitwise": ["w4a16_gemv", "w4a16_tc"], "split": ["w4a16_tc"], "padding": ["dequant_cublas"]},
+}
+
+
+def rule_strategies(mode: str, m: int) -> list[str]:
+    """The strategies ADAngel-R allows at this M (a family may map to several of ours)."""
+    names = RULE_NAMES.get(mode)
+    if names is None:
+        return []
+    for fam, hi in RULE_FAMILIES.items():
+        if m <= hi:
+            return list(names[fam])
+    return []
+
+
+def rule_strategy(mode: str, m: int) -> str | None:
+    r = rule_strategies(mode, m)
+    return r[0] if r else None

@@ -1,0 +1,39 @@
+"""Tile configurations shared by the Triton GEMM families (the profiler sweeps these)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+
+@dataclass(frozen=True)
+class TileConfig:
+    """One launch shape. Kernels run swap-AB: the weight tile [BN, BK] is the MMA's A operand
+    (dequantized in registers), the activations [BK, BM] are B, so M may be as small as 16."""
+
+    bm: int = 16
+    bn: int = 64
+    bk: int = 128
+    split_k: int = 1  # >1: K split over programs, fp32 atomics into a zeroed buffer
+    warps: int = 4
+    stages: int = 3
+    scale_after: bool = True  # int4: scale/min applied to the per-tile partial sum, not per weight
+    join: bool = True  # int4: interleave the two nibbles in registers, load x [BK, BM] contiguous along K
+
+    def key(self) -> str:
+        return (f"m{self.bm}n{self.bn}k{self.bk}s{self.split_k}w{self.warps}p{self.stages}"
+                f"{'a' if self.scale_after else 'b'}{'j' if self.join else 's'}")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "TileConfig":
+        return cls(**d)
+
+
+def block_m_for(m: int, cap: int) -> int:
+    """Smallest power of two >= m (min 16: the MMA's minimum), at most cap."""
+    b = 16
+    while b < m and b < cap:
+        b *= 2
+    return b

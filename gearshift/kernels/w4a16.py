@@ -1,0 +1,173 @@
+"""W4A16 on the group-wise `Int4Weight` store: int4 dequantized in registers, bf16/fp16 MMA.
+
+Layout: the store's own [N, K//2] bytes (column 2j low nibble, 2j+1 high); no second copy.
+The kernel runs swap-AB (y^T = W x^T): the weight tile [BN, BK/2] per nibble half is the
+MMA's A operand, the activations' even / odd columns [BK/2, BM] are B, so one dot per half
+covers both nibbles with no register shuffle. Two inner schemes (a config flag):
+
+* scale_after (small M): dot the raw codes q (exact in bf16) with x, then per K-tile
+  acc += part * scale + min * sum(x over the tile). Per-weight work is mask/shift/convert only;
+  the scale costs BN x BM per tile instead of BN x BK. Needs BK | group_size.
+* dequant-first (large M): w = q*scale + min per weight, then the dot (cheaper when BM > BK).
+
+Small M uses split-K (fp32 atomics into a zeroed buffer) to fill the SMs. DPR: P_W=(4),
+P_X=(16) on bf16 tensor cores (Padding of the weight to the activation type).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from gearshift.kernels._triton import HAS_TRITON, tl, triton
+from gearshift.kernels.config import TileConfig
+from gearshift.kernels.reference import linear_reference
+from gearshift.quant.int4 import Int4Weight
+
+if HAS_TRITON:
+
+    @triton.jit
+    def _w4a16_kernel(x_ptr, qw_ptr, s_ptr, mn_ptr, y_ptr, M, N, K, stride_xm, stride_ym,
+                      G: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                      SPLIT_K: tl.constexpr, SCALE_AFTER: tl.constexpr, ATOMIC: tl.constexpr,
+                      JOIN: tl.constexpr):
+        pid_n = tl.program_id(0)
+        pid_m = tl.program_id(1)
+        pid_k = tl.program_id(2)
+        offs_n = pid_n * BN + tl.arange(0, BN)
+        offs_m = pid_m * BM + tl.arange(0, BM)
+        offs_h = tl.arange(0, BK // 2)
+        n_mask = offs_n < N
+        m_mask = offs_m < M
+        n_groups = K // G
+        kt = K // BK
+        tps = tl.cdiv(kt, SPLIT_K)
+        t0 = pid_k * tps
+        t1 = tl.minimum(t0 + tps, kt)
+        w_ptrs = qw_ptr + offs_n[:, None] * (K // 2) + offs_h[None, :]
+        x_ptrs = x_ptr + offs_m[None, :] * stride_xm + 2 * offs_h[:, None]
+        xk_ptrs = x_ptr + offs_m[None, :] * stride_xm + tl.arange(0, BK)[:, None]
+        sc_ptrs = s_ptr + offs_n * n_groups
+        mn_ptrs = mn_ptr + offs_n * n_groups
+        acc = tl.zeros([BN, BM], dtype=tl.float32)
+        for t in range(t0, t1):
+            k0 = t * BK
+            qw = tl.load(w_ptrs + k0 // 2, mask=n_mask[:, None], other=0)
+            g = k0 // G
+            sc = tl.load(sc_ptrs + g, mask=n_mask, other=0.0).to(tl.float32)
+            mn = tl.load(mn_ptrs + g, mask=n_mask, other=0.0).to(tl.float32)
+            lo = qw & 0xF
+            hi = qw >> 4
+            if JOIN:  # [BN, BK] codes in column order; x tile loaded contiguous along K
+                xk = tl.load(xk_ptrs + k0, mask=m_mask[None, :], other=0.0)
+                q = tl.reshape(tl.join(lo, hi), (BN, BK))
+                if SCALE_AFTER:
+                    part = tl.dot(q.to(xk.dtype), xk)
+                    xsum = tl.sum(xk.to(tl.float32), 0)
+                    acc += part * sc[:, None] + mn[:, None] * xsum[None, :]
+                else:
+                    w = (q.to(tl.float32) * sc[:, None] + mn[:, None]).to(xk.dtype)
+                    acc = tl.dot(w, xk, acc)
+            else:  # even / odd columns of x against the low / high nibbles: two dots, no shuffle
+                xe = tl.load(x_ptrs + k0, mask=m_mask[None, :], other=0.0)
+                xo = tl.load(x_ptrs + k0 + 1, mask=m_mask[None, :], other=0.0)
+                if SCALE_AFTER:
+                    part = tl.dot(lo.to(xe.dtype), xe)
+                    part = tl.dot(hi.to(xe.dtype), xo, part)
+                    xsum = tl.sum(xe.to(tl.float32), 0) + tl.sum(xo.to(tl.float32), 0)
+                    acc += part * sc[:, None] + mn[:, None] * xsum[None, :]
+                else:
+                    wl = (lo.to(tl.float32) * sc[:, None] + mn[:, None]).to(xe.dtype)
+                    wh = (hi.to(tl.float32) * sc[:, None] + mn[:, None]).to(xe.dtype)
+                    acc = tl.dot(wl, xe, acc)
+                    acc = tl.dot(wh, xo, acc)
+        y_ptrs = y_ptr + offs_m[None, :] * stride_ym + offs_n[:, None]
+        mask = n_mask[:, None] & m_mask[None, :]
+        if ATOMIC:
+            tl.atomic_add(y_ptrs, acc, mask=mask)
+        else:
+            tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+    @triton.jit
+    def _w4a16_gemv_kernel(x_ptr, qw_ptr, s_ptr, mn_ptr, y_ptr, M, N, K, stride_xm, stride_ym,
+                           G: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                           SPLIT_K: tl.constexpr, ATOMIC: tl.constexpr):
+        """M <= BM <= 4: CUDA-core FMAs, no MMA padding to 16 rows; scale applied per tile."""
+        pid_n = tl.program_id(0)
+        pid_k = tl.program_id(1)
+        offs_n = pid_n * BN + tl.arange(0, BN)
+        offs_h = tl.arange(0, BK // 2)
+        n_mask = offs_n < N
+        n_groups = K // G
+        kt = K // BK
+        tps = tl.cdiv(kt, SPLIT_K)
+        t0 = pid_k * tps
+        t1 = tl.minimum(t0 + tps, kt)
+        w_ptrs = qw_ptr + offs_n[:, None] * (K // 2) + offs_h[None, :]
+        for mi in tl.static_range(BM):
+            if mi < M:
+                acc = tl.zeros([BN], dtype=tl.float32)
+                for t in range(t0, t1):
+                    k0 = t * BK
+                    qw = tl.load(w_ptrs + k0 // 2, mask=n_mask[:, None], other=0)
+                    xe = tl.load(x_ptr + mi * stride_xm + k0 + 2 * offs_h).to(tl.float32)
+                    xo = tl.load(x_ptr + mi * stride_xm + k0 + 2 * offs_h + 1).to(tl.float32)
+                    g = k0 // G
+                    sc = tl.load(s_ptr + offs_n * n_groups + g, mask=n_mask, other=0.0).to(tl.float32)
+                    mn = tl.load(mn_ptr + offs_n * n_groups + g, mask=n_mask, other=0.0).to(tl.float32)
+                    d = tl.sum((qw & 0xF).to(tl.float32) * xe[None, :] + (qw >> 4).to(tl.float32) * xo[None, :], 1)
+                    acc += d * sc + mn * (tl.sum(xe, 0) + tl.sum(xo, 0))
+                if ATOMIC:
+                    tl.atomic_add(y_ptr + mi * stride_ym + offs_n, acc, mask=n_mask)
+                else:
+                    tl.store(y_ptr + mi * stride_ym + offs_n, acc.to(y_ptr.dtype.element_ty), mask=n_mask)
+
+
+def w4a16_gemv(x2: torch.Tensor, store: Int4Weight, cfg: TileConfig) -> torch.Tensor:
+    """GEMV-style W4A16 for M <= 4 (cfg.bm is the row cap, cfg.bn/bk/split_k the tiling)."""
+    m, k = x2.shape
+    if m > cfg.bm:
+        raise ValueError(f"gemv config covers M <= {cfg.bm}, got {m}")
+    n = store.out_features
+    bk = effective_bk(store, cfg)
+    y = _out(x2, n, cfg.split_k)
+    grid = (triton.cdiv(n, cfg.bn), cfg.split_k)
+    _w4a16_gemv_kernel[grid](x2, store.qweight, store.scales, store.mins, y, m, n, k, x2.stride(0), y.stride(0),
+                             G=store.group_size, BM=cfg.bm, BN=cfg.bn, BK=bk, SPLIT_K=cfg.split_k,
+                             ATOMIC=cfg.split_k > 1, num_warps=cfg.warps, num_stages=cfg.stages)
+    return y if cfg.split_k == 1 else y.to(x2.dtype)
+
+
+def supports(store: Int4Weight, cfg: TileConfig) -> bool:
+    k, g = store.in_features, store.group_size
+    bk = effective_bk(store, cfg)
+    return k % bk == 0 and g % bk == 0 and bk >= 32
+
+
+def effective_bk(store: Int4Weight, cfg: TileConfig) -> int:
+    """BK may not straddle a scale group; a smaller group shrinks the tile."""
+    return min(cfg.bk, store.group_size)
+
+
+def _out(x2: torch.Tensor, n: int, split_k: int) -> torch.Tensor:
+    if split_k > 1:
+        return torch.zeros((x2.shape[0], n), device=x2.device, dtype=torch.float32)
+    return torch.empty((x2.shape[0], n), device=x2.device, dtype=x2.dtype)
+
+
+def w4a16_linear(x2: torch.Tensor, store: Int4Weight, cfg: TileConfig) -> torch.Tensor:
+    """x2 [M, K] (bf16/fp16, unit stride along K) -> [M, N] in x2's dtype."""
+    m, k = x2.shape
+    n = store.out_features
+    bk = effective_bk(store, cfg)
+    y = _out(x2, n, cfg.split_k)
+    grid = (triton.cdiv(n, cfg.bn), triton.cdiv(m, cfg.bm), cfg.split_k)
+    _w4a16_kernel[grid](x2, store.qweight, store.scales, store.mins, y, m, n, k, x2.stride(0), y.stride(0),
+                        G=store.group_size, BM=cfg.bm, BN=cfg.bn, BK=bk, SPLIT_K=cfg.split_k,
+                        SCALE_AFTER=cfg.scale_after, ATOMIC=cfg.split_k > 1, JOIN=cfg.join,
+                        num_warps=cfg.warps, num_stages=cfg.stages)
+    return y if cfg.split_k == 1 else y.to(x2.dtype)
+
+
+def w4a16_reference(x2: torch.Tensor, store: Int4Weight) -> torch.Tensor:
+    return linear_reference(x2, store, None)

@@ -1,0 +1,150 @@
+"""W4A8 on the int4 store: activations quantized per token, int4 widened in registers,
+int8 (or fp8) tensor-core dots with int32 accumulators, dequant fused in the epilogue.
+
+Per K-tile (never straddling a scale group) and output element:
+    part = sum_k q[n,k] * xq[m,k]                    (int32, exact; fp32 for fp8)
+    acc += part * scale[n,g] + min[n,g] * sum_k xq[m,k]
+and y = acc * xscale[m]. The int32 partial never reaches memory.
+
+The DPR partition is a pair of compile-time constants (ADAngel sections 4.2-4.3):
+* W_PARTS=1, A_PARTS=1: Padding, P_W=(4) promoted to int8, P_X=(8): one int8 MMA.
+* A_PARTS=2: Split, P_X=(4,4): x = 16*hi + lo, both halves promoted to int8 (Hopper has no
+  int4 MMA), two int8 MMAs, reconstructed with a shift. Exact, but twice the MMA work here.
+* W_PARTS=2 / 4: Bitwise-style, P_W=(2,2) or (1,1,1,1): weight bit-planes, each an int8 MMA,
+  reconstructed with shifts (the paper's BMMA has no Hopper equivalent).
+* FP8: P_W=(4) promoted to fp8 e4m3 (0..15 are exact), P_X=(8) as fp8: one fp8 MMA.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from gearshift.kernels._triton import HAS_TRITON, tl, triton
+from gearshift.kernels.act_quant import quantize_act_triton
+from gearshift.kernels.config import TileConfig
+from gearshift.kernels.reference import linear_reference
+from gearshift.quant.activations import ActQuantSpec
+from gearshift.quant.int4 import Int4Weight
+
+if HAS_TRITON:
+
+    @triton.jit
+    def _dpr_int8(q, x, BN: tl.constexpr, BM: tl.constexpr, W_PARTS: tl.constexpr, WB: tl.constexpr,
+                  A_PARTS: tl.constexpr):
+        """Decompose codes q (0..15) into W_PARTS planes of WB bits and int8 x into A_PARTS parts,
+        one int8 MMA per pair, reconstructed with shifts (DPR equation 7). Exact in int32."""
+        pi = tl.zeros([BN, BM], dtype=tl.int32)
+        for wp in tl.static_range(W_PARTS):
+            wq = ((q >> (wp * WB)) & ((1 << WB) - 1)).to(tl.int8)
+            for ap in tl.static_range(A_PARTS):
+                if A_PARTS == 1:
+                    pi += tl.dot(wq, x, out_dtype=tl.int32) << (wp * WB)
+                elif ap == 0:  # low nibble of x, 0..15
+                    pi += tl.dot(wq, x & 15, out_dtype=tl.int32) << (wp * WB)
+                else:  # signed high nibble of x, -8..7
+                    pi += tl.dot(wq, x >> 4, out_dtype=tl.int32) << (wp * WB + 4)
+        return pi
+
+    @triton.jit
+    def _w4a8_kernel(xq_ptr, xs_ptr, qw_ptr, s_ptr, mn_ptr, y_ptr, M, N, K, stride_xm, stride_ym,
+                     G: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                     SPLIT_K: tl.constexpr, FP8: tl.constexpr, W_PARTS: tl.constexpr, WB: tl.constexpr,
+                     A_PARTS: tl.constexpr, ATOMIC: tl.constexpr, JOIN: tl.constexpr):
+        pid_n = tl.program_id(0)
+        pid_m = tl.program_id(1)
+        pid_k = tl.program_id(2)
+        offs_n = pid_n * BN + tl.arange(0, BN)
+        offs_m = pid_m * BM + tl.arange(0, BM)
+        offs_h = tl.arange(0, BK // 2)
+        n_mask = offs_n < N
+        m_mask = offs_m < M
+        n_groups = K // G
+        kt = K // BK
+        tps = tl.cdiv(kt, SPLIT_K)
+        t0 = pid_k * tps
+        t1 = tl.minimum(t0 + tps, kt)
+        w_ptrs = qw_ptr + offs_n[:, None] * (K // 2) + offs_h[None, :]
+        x_ptrs = xq_ptr + offs_m[None, :] * stride_xm + 2 * offs_h[:, None]
+        xk_ptrs = xq_ptr + offs_m[None, :] * stride_xm + tl.arange(0, BK)[:, None]
+        sc_ptrs = s_ptr + offs_n * n_groups
+        mn_ptrs = mn_ptr + offs_n * n_groups
+        acc = tl.zeros([BN, BM], dtype=tl.float32)
+        for t in range(t0, t1):
+            k0 = t * BK
+            qw = tl.load(w_ptrs + k0 // 2, mask=n_mask[:, None], other=0)
+            g = k0 // G
+            sc = tl.load(sc_ptrs + g, mask=n_mask, other=0.0).to(tl.float32)
+            mn = tl.load(mn_ptrs + g, mask=n_mask, other=0.0).to(tl.float32)
+            if JOIN:  # one [BN, BK] code tile against x [BK, BM] loaded contiguous along K
+                qa = tl.reshape(tl.join(qw & 0xF, qw >> 4), (BN, BK))
+                xa = tl.load(xk_ptrs + k0, mask=m_mask[None, :], other=0)
+                qb = qa
+                xb = xa
+            else:  # low nibbles x even columns + high nibbles x odd columns
+                qa = qw & 0xF
+                qb = qw >> 4
+                xa = tl.load(x_ptrs + k0, mask=m_mask[None, :], other=0)
+                xb = tl.load(x_ptrs + k0 + 1, mask=m_mask[None, :], other=0)
+            if FP8:  # codes arrive as raw bytes; 0..15 are exact in e4m3
+                fa = xa.to(tl.float8e4nv, bitcast=True)
+                part = tl.dot(qa.to(tl.float16).to(tl.float8e4nv), fa)
+                xsum = tl.sum(fa.to(tl.float32), 0)
+                if not JOIN:
+                    fb = xb.to(tl.float8e4nv, bitcast=True)
+                    part = tl.dot(qb.to(tl.float16).to(tl.float8e4nv), fb, part)
+                    xsum += tl.sum(fb.to(tl.float32), 0)
+            else:
+                pi = _dpr_int8(qa, xa, BN, BM, W_PARTS, WB, A_PARTS)
+                xsum = tl.sum(xa.to(tl.int32), 0).to(tl.float32)
+                if not JOIN:
+                    pi += _dpr_int8(qb, xb, BN, BM, W_PARTS, WB, A_PARTS)
+                    xsum += tl.sum(xb.to(tl.int32), 0).to(tl.float32)
+                part = pi.to(tl.float32)
+            acc += part * sc[:, None] + mn[:, None] * xsum[None, :]
+        xs = tl.load(xs_ptr + offs_m, mask=m_mask, other=0.0)
+        acc = acc * xs[None, :]
+        y_ptrs = y_ptr + offs_m[None, :] * stride_ym + offs_n[:, None]
+        mask = n_mask[:, None] & m_mask[None, :]
+        if ATOMIC:
+            tl.atomic_add(y_ptrs, acc, mask=mask)
+        else:
+            tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+def supports(store: Int4Weight, act: ActQuantSpec, cfg: TileConfig) -> bool:
+    bk = min(cfg.bk, store.group_size)
+    return (act.group_size is None and store.in_features % bk == 0 and store.group_size % bk == 0
+            and bk >= 64)
+
+
+def w4a8_linear(x2: torch.Tensor, store: Int4Weight, act: ActQuantSpec, cfg: TileConfig,
+                w_parts: int = 1, a_parts: int = 1) -> torch.Tensor:
+    """Quantize x2 [M, K] per token (Triton), then the fused int8/fp8 GEMM. -> [M, N] in x2's dtype."""
+    xq, xs = quantize_act_triton(x2, act)
+    return w4a8_from_codes(xq, xs, store, cfg, x2.dtype, fp8=act.dtype == "fp8", w_parts=w_parts, a_parts=a_parts)
+
+
+def w4a8_from_codes(xq: torch.Tensor, xs: torch.Tensor, store: Int4Weight, cfg: TileConfig, out_dtype: torch.dtype,
+                    fp8: bool = False, w_parts: int = 1, a_parts: int = 1) -> torch.Tensor:
+    m, k = xq.shape
+    n = store.out_features
+    bk = min(cfg.bk, store.group_size)
+    if fp8 and (w_parts != 1 or a_parts != 1):
+        raise ValueError("the fp8 path has only the trivial partition")
+    if w_parts not in (1, 2, 4) or a_parts not in (1, 2):
+        raise ValueError(f"unsupported partition W_PARTS={w_parts} A_PARTS={a_parts}")
+    atomic = cfg.split_k > 1
+    y = (torch.zeros((m, n), device=xq.device, dtype=torch.float32) if atomic
+         else torch.empty((m, n), device=xq.device, dtype=out_dtype))
+    grid = (triton.cdiv(n, cfg.bn), triton.cdiv(m, cfg.bm), cfg.split_k)
+    if fp8:
+        xq = xq.view(torch.uint8)
+    _w4a8_kernel[grid](xq, xs, store.qweight, store.scales, store.mins, y, m, n, k, xq.stride(0), y.stride(0),
+                       G=store.group_size, BM=cfg.bm, BN=cfg.bn, BK=bk, SPLIT_K=cfg.split_k, FP8=fp8,
+                       W_PARTS=w_parts, WB=4 // w_parts, A_PARTS=a_parts, ATOMIC=atomic, JOIN=cfg.join,
+                       num_warps=cfg.warps, num_stages=cfg.stages)
+    return y if not atomic else y.to(out_dtype)
+
+
+def w4a8_reference(x2: torch.Tensor, store: Int4Weight, act: ActQuantSpec) -> torch.Tensor:
+    return linear_reference(x2, store, act)

@@ -1,0 +1,152 @@
+"""Dispatcher, strategy registry and policy map: CPU-only (no timing, no GPU)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from gearshift.dispatch import AdaptiveDispatcher, Dispatcher, PolicyMap, get_dispatcher, run_linear, set_dispatcher
+from gearshift.dispatch.policy import M_BUCKETS, Choice, candidate_name, load_policy_for_device, type_key
+from gearshift.dispatch.profiler import ablations, model_shapes, shapes_from_config
+from gearshift.dispatch.strategies import STRATEGIES, mode_key, rule_strategy, strategies_for
+from gearshift.kernels.config import TileConfig
+from gearshift.kernels.reference import linear_reference
+from gearshift.quant.activations import ActQuantSpec
+from gearshift.quant.int4 import quantize_int4
+from gearshift.quant.int8 import quantize_int8
+
+
+def test_cpu_path_is_reference():
+    torch.manual_seed(0)
+    st = quantize_int4(torch.randn(32, 128), 64)
+    x = torch.randn(2, 3, 128)
+    for act in (None, ActQuantSpec("int8"), ActQuantSpec("int4", 32)):
+        assert torch.equal(run_linear(x, st, act), linear_reference(x, st, act))
+    assert isinstance(get_dispatcher(), AdaptiveDispatcher)
+
+
+def test_unknown_act_object_falls_back():
+    class OutlierQuant:  # another engineer's activation quantizer (not an ActQuantSpec)
+        pass
+
+    st = quantize_int8(torch.randn(16, 64))
+    x = torch.randn(4, 64)
+    d = AdaptiveDispatcher(PolicyMap("x"), autoload=False)
+    called = {}
+
+    import gearshift.dispatch.dispatcher as dm
+
+    orig = dm.linear_reference
+
+    def spy(*a, **k):
+        called["yes"] = True
+        return orig(x, st, None)
+
+    dm.linear_reference = spy
+    try:
+        d.linear(x, st, OutlierQuant())
+    finally:
+        dm.linear_reference = orig
+    assert called
+
+
+def test_mode_keys_and_registry():
+    st4 = quantize_int4(torch.randn(8, 64), 32)
+    st8 = quantize_int8(torch.randn(8, 64))
+    assert mode_key(st4, None) == "w4a16"
+    assert mode_key(st4, ActQuantSpec("int8")) == "w4a8"
+    assert mode_key(st4, ActQuantSpec("fp8")) == "w4a8fp8"
+    assert mode_key(st4, ActQuantSpec("int4")) == "w4a4"
+    assert mode_key(st8, ActQuantSpec("int8")) == "w8a8"
+    names = {s.name for s in strategies_for("w4a8")}
+    assert {"w4a8_pad", "w4a8_split", "w4a8_bitwise", "dequant_cublas"} <= names
+    for s in STRATEGIES.values():
+        assert s.dpr.family in ("padding", "split", "bitwise", "library")
+    assert rule_strategy("w4a8", 1) == "w4a8_bitwise"
+    assert rule_strategy("w4a8", 32) == "w4a8_split"
+    assert rule_strategy("w4a8", 65) == "w4a8_pad"
+
+
+def _toy_map():
+    pm = PolicyMap("Toy GPU")
+    key = type_key("w4a16", 128, 4096, 4096)
+    cfg = TileConfig(16, 64, 256, 4)
+    pm.set(key, 1, Choice("w4a16_tc", cfg, 5.0))
+    pm.set(key, 16, Choice("w4a16_tc", cfg, 6.0))
+    pm.set(key, 4096, Choice("dequant_cublas", None, 900.0))
+    pm.timings[key] = {"1": {candidate_name("w4a16_tc", cfg): 5.0, "dequant_cublas": 40.0},
+                       "4096": {candidate_name("w4a16_tc", cfg): 1000.0, "dequant_cublas": 900.0}}
+    return pm, key
+
+
+def test_policy_lookup_buckets_and_roundtrip(tmp_path):
+    pm, key = _toy_map()
+    assert pm.lookup(key, 1).strategy == "w4a16_tc"
+    assert pm.lookup(key, 9).us == 6.0  # rounds up to bucket 16
+    assert pm.lookup(key, 3000).strategy == "dequant_cublas"  # bucket 4096
+    assert pm.lookup(key, 100000).strategy == "dequant_cublas"  # clipped to the largest
+    assert pm.lookup(key, 200).strategy in ("w4a16_tc", "dequant_cublas")  # nearest filled bucket
+    assert pm.lookup("w4a8:g128:1x1", 1) is None
+    p = pm.save(tmp_path / "p.json")
+    pm2 = PolicyMap.load(p)
+    assert pm2.lookup(key, 16).config == TileConfig(16, 64, 256, 4)
+    assert json.loads(p.read_text())["device"] == "Toy GPU"
+    assert pm.without("w4a16_tc").lookup(key, 1).strategy == "dequant_cublas"
+
+
+def test_load_policy_for_device(tmp_path, monkeypatch):
+    pm, _ = _toy_map()
+    monkeypatch.setenv("GEARSHIFT_CACHE", str(tmp_path / "cache"))
+    assert load_policy_for_device("Toy GPU") is None
+    pm.save(tmp_path / "cache" / "policy" / "Toy_GPU.json")
+    assert load_policy_for_device("Toy GPU").device == "Toy GPU"
+    assert load_policy_for_device("Other GPU") is None
+    model = tmp_path / "model"
+    PolicyMap("Toy GPU", meta={"beside": True}).save(model / "policy" / "Toy_GPU.json")
+    assert load_policy_for_device("Toy GPU", model).meta == {"beside": True}
+
+
+def test_ablations_from_timings():
+    pm, key = _toy_map()
+    shapes = [("o", 4096, 4096)]
+    ab = ablations(pm, shapes, 2, "w4a16", m_list=[1, 4096])
+    assert ab["1"]["map"] == 10.0 and ab["1"]["only:dequant_cublas"] == 80.0
+    assert ab["4096"]["map"] == 1800.0 and ab["4096"]["without:dequant_cublas"] == 2000.0
+    assert ab["4096"]["adangel_r"] == 1800.0
+
+
+def test_model_shapes():
+    shapes, layers = model_shapes("llama3-8b")
+    assert layers == 32 and ("down", 4096, 14336) in shapes
+    cfg = {"hidden_size": 4096, "num_attention_heads": 32, "num_key_value_heads": 8, "intermediate_size": 14336}
+    assert shapes_from_config(cfg)[0] == ("qkv", 6144, 4096)
+
+
+def test_static_dispatcher_choice():
+    st = quantize_int4(torch.randn(64, 256), 128)
+    d = AdaptiveDispatcher(None, autoload=False, static="w4a8_split")
+    c = d.choose(st, ActQuantSpec("int8"), 4)
+    assert c.strategy == "w4a8_split" and c.config is not None
+    assert d.choose(st, None, 4) is None  # not a w4a16 strategy
+
+
+def test_set_dispatcher_roundtrip():
+    old = get_dispatcher()
+    try:
+        set_dispatcher(Dispatcher())
+        assert get_dispatcher().name == "reference"
+    finally:
+        set_dispatcher(old)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_gpu_dispatch_matches_reference():
+    st = quantize_int4(torch.randn(256, 512), 128).cuda()
+    for m in (1, 40, 300):
+        x = torch.randn(m, 512, device="cuda", dtype=torch.bfloat16)
+        for act in (None, ActQuantSpec("int8")):
+            y = run_linear(x, st, act)
+            ref = linear_reference(x.float(), st, act)
+            assert ((y.float() - ref).norm() / ref.norm()).item() < 1e-2

@@ -1,0 +1,148 @@
+"""Triton kernels vs their torch references on CPU (TRITON_INTERPRET=1), small random shapes.
+
+Bounds are ||out - ref|| / ||ref||. The interpreter runs fp16 (its bf16 dot is broken on CPU in
+triton 3.9; bf16 and fp8 are checked on the GPU by benchmarks/kernels.py --stages check):
+  fp16 activations (W4A16, W8A16): 2e-3 (fp16 output rounding is ~3e-4)
+  int8 activations (W4A8, W8A8): 2e-3 vs the fake-quantized reference (round ties may differ)
+  int4 activations (W4A4): 3e-2 (a tie moves a code by 1/7 of the scale)
+The DPR partitions (Split, bit-planes) are exact in int32, so they must equal Padding bit for bit.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+triton = pytest.importorskip("triton")
+
+from gearshift.kernels.config import TileConfig  # noqa: E402
+from gearshift.quant.activations import ActQuantSpec, quantize_activations  # noqa: E402
+from gearshift.quant.int4 import quantize_int4  # noqa: E402
+from gearshift.quant.int8 import quantize_int8  # noqa: E402
+
+if os.environ.get("TRITON_INTERPRET", "0") in ("", "0") and not torch.cuda.is_available():
+    pytest.skip("needs TRITON_INTERPRET=1 or a GPU", allow_module_level=True)
+
+DEV = "cpu" if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0") else "cuda"
+
+
+def rel(a, b):
+    return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+
+def _store(n, k, g, sym=False, seed=0):
+    torch.manual_seed(seed)
+    return quantize_int4(torch.randn(n, k), g, symmetric=sym).to(DEV)
+
+
+CFGS16 = [TileConfig(16, 32, 128, 1, 4, 2, True, True), TileConfig(16, 32, 64, 2, 4, 2, True, False),
+          TileConfig(32, 64, 128, 1, 4, 2, False, True), TileConfig(16, 32, 128, 3, 4, 2, False, False)]
+
+
+@pytest.mark.parametrize("cfg", CFGS16, ids=lambda c: c.key())
+@pytest.mark.parametrize("g", [64, 128, 512])
+def test_w4a16_matches_reference(cfg, g):
+    from gearshift.kernels.w4a16 import supports, w4a16_linear, w4a16_reference
+
+    st = _store(80, 512, g, seed=g)
+    if not supports(st, cfg):
+        pytest.skip("tile straddles a group")
+    for m in (1, 7, 33):
+        x = torch.randn(m, 512, device=DEV).half()
+        y = w4a16_linear(x, st, cfg)
+        assert y.shape == (m, 80) and y.dtype == torch.float16 and not torch.isnan(y).any()
+        assert rel(y, w4a16_reference(x.float(), st)) < 2e-3
+
+
+def test_w4a16_per_row_store():
+    """GEARBX low gear: G = K, symmetric (mins = -8*scale)."""
+    from gearshift.kernels.w4a16 import w4a16_linear, w4a16_reference
+
+    st = _store(48, 256, 256, sym=True)
+    x = torch.randn(3, 256, device=DEV).half()
+    assert rel(w4a16_linear(x, st, TileConfig(16, 16, 128, 2, 4, 2)), w4a16_reference(x.float(), st)) < 2e-3
+
+
+@pytest.mark.parametrize("parts", [(1, 1), (1, 2), (2, 1), (4, 1)], ids=["pad", "split", "bit2", "bitwise"])
+@pytest.mark.parametrize("join", [True, False])
+def test_w4a8_partitions(parts, join):
+    from gearshift.kernels.w4a8 import w4a8_linear, w4a8_reference
+
+    st = _store(64, 512, 128, seed=3)
+    act = ActQuantSpec("int8")
+    x = torch.randn(9, 512, device=DEV).half()
+    cfg = TileConfig(16, 32, 128, 2, 4, 2, True, join)
+    y = w4a8_linear(x, st, act, cfg, *parts)
+    assert rel(y, w4a8_reference(x.float(), st, act)) < 2e-3
+    y_pad = w4a8_linear(x, st, act, cfg, 1, 1)
+    assert torch.equal(y, y_pad), "DPR partitions are exact in int32: must equal Padding"
+
+
+def test_w4a4_int4_activations():
+    from gearshift.kernels.w4a8 import w4a8_linear, w4a8_reference
+
+    st = _store(32, 256, 128, seed=4)
+    act = ActQuantSpec("int4")
+    x = torch.randn(5, 256, device=DEV).half()
+    assert rel(w4a8_linear(x, st, act, TileConfig(16, 32, 128, 1, 4, 2)), w4a8_reference(x.float(), st, act)) < 3e-2
+
+
+@pytest.mark.parametrize("act", [None, ActQuantSpec("int8")], ids=["w8a16", "w8a8"])
+def test_w8(act):
+    from gearshift.kernels.w8 import w8_linear, w8_reference
+
+    torch.manual_seed(5)
+    st = quantize_int8(torch.randn(72, 256)).to(DEV)
+    for cfg in (TileConfig(16, 32, 64, 1, 4, 2), TileConfig(32, 64, 128, 2, 4, 2)):
+        x = torch.randn(6, 256, device=DEV).half()
+        assert rel(w8_linear(x, st, act, cfg), w8_reference(x.float(), st, act)) < 2e-3
+
+
+def test_act_quant_matches_reference():
+    from gearshift.kernels.act_quant import quantize_act_triton
+
+    x = torch.randn(7, 300, device=DEV).half()
+    for spec in (ActQuantSpec("int8"), ActQuantSpec("int4")):
+        q, s = quantize_act_triton(x, spec)
+        q2, s2 = quantize_activations(x, spec)
+        assert (q.int() - q2.int()).abs().max() <= 1
+        assert (q != q2).float().mean() < 1e-3
+        assert torch.allclose(s, s2.reshape(-1), rtol=1e-6)
+
+
+def test_dequant_kernel():
+    from gearshift.kernels.dequant import dequant_int4_reference, dequant_int4_triton
+
+    for g in (64, 256):
+        st = _store(40, 512, g, seed=g)
+        assert torch.equal(dequant_int4_triton(st, torch.float16), dequant_int4_reference(st, torch.float16))
+
+
+def test_tinygemm_conversion_formula():
+    """z = min + 8*scale makes tinygemm's (q-8)*s+z equal our q*s+min (checked without the kernel)."""
+    st = _store(16, 256, 128)
+    q = st.unpacked().float().reshape(16, 2, 128)
+    s, mn = st.scales.float()[..., None], st.mins.float()[..., None]
+    z = mn + 8 * s
+    assert torch.allclose(((q - 8) * s + z).reshape(16, 256), st.dequantize(torch.float32), atol=1e-5)
+
+
+def test_dpr_partition_metadata():
+    from gearshift.kernels.dpr import DPRPartition, shifts
+
+    assert shifts((4, 4)) == (0, 4) and shifts((1, 1, 1, 1)) == (0, 1, 2, 3)
+    p = DPRPartition((4,), (4, 4), "int8", "split")
+    assert p.partial_products == 2 and "P_X=(4,4)" in p.describe()
+
+
+def test_w4a16_gemv():
+    from gearshift.kernels.w4a16 import w4a16_gemv, w4a16_reference
+
+    st = _store(40, 512, 128, seed=7)
+    for m, cfg in ((1, TileConfig(1, 16, 256, 1, 4, 2)), (3, TileConfig(4, 32, 128, 2, 4, 2))):
+        x = torch.randn(m, 512, device=DEV).half()
+        assert rel(w4a16_gemv(x, st, cfg), w4a16_reference(x.float(), st)) < 2e-3
