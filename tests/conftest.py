@@ -3,6 +3,11 @@ import os
 import pytest
 import torch
 
+if not torch.cuda.is_available():
+    # Triton decorates kernels at import time; the interpreter must be chosen before any test
+    # module imports gearshift.kernels (the engine itself never runs Triton on CPU tensors).
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 torch.set_num_threads(min(4, os.cpu_count() or 1))
 
 
