@@ -1,0 +1,239 @@
+"""QSPEC: draft with a low-precision activation mode, verify with W4A16, of ONE quantized model.
+
+One cycle for the active batch (paper section 3.1):
+
+1. *Draft*: gamma forwards with T = 1 in the draft mode (default w4a4). Row b feeds its last
+   token, then each drafted token; the draft K/V land in the shared cache at the row's next
+   positions. Rows draft fewer tokens near the end of their budget (never past max_new_tokens
+   or the cache) and stop drafting right after a drafted stop token.
+2. *Verify*: ONE forward of [last token, d_1..d_g] per row in the verify mode (default w4a16),
+   started at the position of the last token, so its K/V **overwrite** the draft entries
+   (QSPEC's KV overwrite) and give the verify distributions p_1..p_{g+1}.
+3. *Accept*: a prefix d_1..d_n per row (rows accept different counts in the same cycle), then
+   one verify-mode token: the correction at the first rejection, or the bonus token p_{g+1}.
+   Rejected positions are truncated from the cache.
+
+Acceptance: greedy rows (temperature 0) accept d_i iff it is the verify mode's first argmax,
+so greedy QSPEC is token-for-token greedy autoregressive decoding in the verify mode. Sampled
+rows use the rejection rule of Leviathan et al. (2023): accept d_i ~ q_i with probability
+min(1, p_i(d_i) / q_i(d_i)), else sample from norm(max(0, p_i - q_i)); p and q are both
+`filtered_logprobs` of the request's SamplingParams, so the output follows the verify mode's
+sampling distribution exactly. `acceptance="greedy"` is the paper's evaluation setting: every
+request decodes greedily (draft argmax, accept on top-1 match), whatever its temperature.
+
+Memory: the draft and verify forwards call the same QuantLinear stores and write the same
+KVCache; nothing of model or cache size is allocated. `kv_overwrite=False` is the ablation in
+which accepted positions keep the draft mode's K/V: the verify pass still computes its own K/V
+for its window (it needs them for its attention), and afterwards the draft entries of that
+window (at most gamma positions per row, backed up before the verify) are written back.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from gearshift.decode.base import DecodePolicy, Sequence
+from gearshift.decode.sampling import filtered_logprobs
+from gearshift.errors import GearshiftError
+from gearshift.quant.modes import get_mode
+
+ACCEPTANCE_RULES = ("auto", "greedy")
+
+
+class QSpecPolicy(DecodePolicy):
+    name = "qspec"
+
+    def __init__(self, model, draft_mode: str = "w4a4", verify_mode: str = "w4a16", gamma: int = 3,
+                 kv_overwrite: bool = True, acceptance: str = "auto"):
+        super().__init__(model, verify_mode)
+        dm, vm = get_mode(draft_mode), get_mode(verify_mode)
+        if int(gamma) < 1:
+            raise GearshiftError(f"gamma (draft length) must be >= 1, got {gamma}")
+        if acceptance not in ACCEPTANCE_RULES:
+            raise GearshiftError(f"unknown acceptance rule {acceptance!r}; choose one of {', '.join(ACCEPTANCE_RULES)}")
+        if dm.weight_bits != vm.weight_bits:
+            raise GearshiftError(f"draft mode {dm.name} and verify mode {vm.name} read different weight widths "
+                                 f"({dm.weight_bits} vs {vm.weight_bits} bits); QSPEC shares one weight store")
+        self.draft_mode, self.verify_mode = dm.name, vm.name
+        self.gamma = int(gamma)
+        self.lookahead = self.gamma
+        self.kv_overwrite = bool(kv_overwrite)
+        self.acceptance = acceptance
+        eos = model.config.eos_token_id
+        self._model_eos = set(eos if isinstance(eos, (list, tuple)) else ([] if eos is None else [eos]))
+        for k in ("cycles", "draft_forwards", "verify_forwards", "drafted", "accepted", "seq_cycles", "emitted"):
+            self.counters[k] = 0
+
+    # -- helpers -------------------------------------------------------------------------------
+    def prefill_mode(self) -> str:
+        return self.verify_mode
+
+    def _greedy(self, s: Sequence) -> bool:
+        return self.acceptance == "greedy" or s.params.greedy
+
+    def _stops(self, s: Sequence) -> set[int]:
+        p = s.params
+        if p.stop_token_ids is not None:
+            return set(p.stop_token_ids)
+        return set() if p.ignore_eos else self._model_eos
+
+    def _budget(self, s: Sequence) -> int:
+        """Tokens this row may draft this cycle: the cycle emits at most budget + 1 tokens."""
+        remaining = s.params.max_new_tokens - len(s.output)
+        room = self.cache.capacity - self.cache.lengths[s.slot] - 1  # the verify writes budget + 1 positions
+        return max(0, min(self.gamma, remaining - 1, room))
+
+    @staticmethod
+    def _draw(probs: torch.Tensor, generator) -> int:
+        return int(torch.multinomial(probs, 1, generator=generator).item())
+
+    @staticmethod
+    def _uniform(generator) -> float:
+        return float(torch.rand((), generator=generator).item())
+
+    # -- one cycle -----------------------------------------------------------------------------
+    def step(self, seqs: list[Sequence], sample) -> None:
+        cache = self.cache
+        base = {s.slot: cache.lengths[s.slot] for s in seqs}
+        for s in seqs:
+            if base[s.slot] != s.n_tokens - 1:
+                raise GearshiftError(f"slot {s.slot}: cache holds {base[s.slot]} tokens, expected {s.n_tokens - 1}")
+        budget = {s.slot: self._budget(s) for s in seqs}
+        drafts: dict[int, list[int]] = {s.slot: [] for s in seqs}
+        qprobs: dict[int, list[torch.Tensor]] = {s.slot: [] for s in seqs}  # sampled rows only, host [V]
+        drafting = [s for s in seqs if budget[s.slot] > 0]
+
+        with self.timer("draft"):
+            while drafting:
+                rows = {s.slot: [drafts[s.slot][-1] if drafts[s.slot] else s.last_token] for s in drafting}
+                tokens, start, n_new = self.batch_tokens(drafting, rows)
+                logits = self.model(tokens, cache, start, n_new, mode=self.draft_mode, logits="last")[:, 0]
+                self.counters["draft_forwards"] += 1
+                picked = self._pick_drafts(logits, drafting, qprobs)
+                still = []
+                for s, tok in zip(drafting, picked):
+                    drafts[s.slot].append(tok)
+                    if len(drafts[s.slot]) < budget[s.slot] and tok not in self._stops(s):
+                        still.append(s)
+                drafting = still
+
+        # the verify pass re-runs every drafted position from the row's last token
+        for s in seqs:
+            cache.truncate(s.slot, base[s.slot])
+        backup = None if self.kv_overwrite else self._backup(seqs, base, drafts)
+        rows = {s.slot: [s.last_token] + drafts[s.slot] for s in seqs}
+        with self.timer("verify"):
+            tokens, start, n_new = self.batch_tokens(seqs, rows)
+            logits = self.model(tokens, cache, start, n_new, mode=self.verify_mode, logits="all")
+            self.counters["verify_forwards"] += 1
+            results = self._accept(logits, seqs, drafts, qprobs)
+        if backup is not None:
+            self._restore(backup)
+
+        self.counters["cycles"] += 1
+        for s, (n_acc, extra) in zip(seqs, results):
+            g = len(drafts[s.slot])
+            s.output.extend(drafts[s.slot][:n_acc])
+            s.output.append(extra)
+            cache.truncate(s.slot, base[s.slot] + n_acc + 1)  # the cache holds all but the new last token
+            self.counters["drafted"] += g
+            self.counters["accepted"] += n_acc
+            self.counters["seq_cycles"] += 1
+            self.counters["emitted"] += n_acc + 1
+            st = s.stats
+            st["qspec_cycles"] = st.get("qspec_cycles", 0) + 1
+            st["drafted"] = st.get("drafted", 0) + g
+            st["accepted"] = st.get("accepted", 0) + n_acc
+            st["acceptance_rate"] = round(st["accepted"] / st["drafted"], 4) if st["drafted"] else None
+            st["mean_accepted_length"] = round((st["accepted"] + st["qspec_cycles"]) / st["qspec_cycles"], 4)
+
+    def _pick_drafts(self, logits: torch.Tensor, seqs: list[Sequence], qprobs) -> list[int]:
+        out = [0] * len(seqs)
+        greedy = [i for i, s in enumerate(seqs) if self._greedy(s)]
+        if greedy:
+            idx = torch.tensor([seqs[i].slot for i in greedy], device=logits.device)
+            for i, tok in zip(greedy, logits[idx].argmax(-1).tolist()):
+                out[i] = tok
+        sampled = [i for i, s in enumerate(seqs) if not self._greedy(s)]
+        if sampled:
+            host = logits[[seqs[i].slot for i in sampled]].float().cpu()
+            for j, i in enumerate(sampled):
+                s = seqs[i]
+                q = filtered_logprobs(host[j], s.params).exp()
+                qprobs[s.slot].append(q)
+                out[i] = self._draw(q, s.generator)
+        return out
+
+    def _accept(self, logits: torch.Tensor, seqs: list[Sequence], drafts, qprobs) -> list[tuple[int, int]]:
+        """(accepted draft count, verify-mode token to append) per sequence."""
+        res: list[tuple[int, int]] = [(0, 0)] * len(seqs)
+        greedy = [i for i, s in enumerate(seqs) if self._greedy(s)]
+        if greedy:
+            idx = torch.tensor([seqs[i].slot for i in greedy], device=logits.device)
+            top = logits[idx].argmax(-1).tolist()  # [rows, T]
+            for i, row in zip(greedy, top):
+                d = drafts[seqs[i].slot]
+                n = 0
+                while n < len(d) and d[n] == row[n]:
+                    n += 1
+                res[i] = (n, row[n])
+        sampled = [i for i, s in enumerate(seqs) if not self._greedy(s)]
+        if sampled:
+            host = logits[[seqs[i].slot for i in sampled]].float().cpu()
+            for j, i in enumerate(sampled):
+                s = seqs[i]
+                g = len(drafts[s.slot])
+                p = filtered_logprobs(host[j, : g + 1], s.params).exp()
+                res[i] = self.accept_sampled(p, qprobs[s.slot], drafts[s.slot], s.generator)
+        return res
+
+    def accept_sampled(self, p: torch.Tensor, q: list[torch.Tensor], d: list[int], generator) -> tuple[int, int]:
+        """Leviathan et al.'s rule. p: [g+1, V] verify probs; q[i]: [V] draft probs of d[i]."""
+        for i, tok in enumerate(d):
+            pi, qi = p[i], q[i]
+            ratio = float(pi[tok]) / float(qi[tok])  # q_i(d_i) > 0: d_i was drawn from q_i
+            if ratio >= 1.0 or self._uniform(generator) < ratio:
+                continue
+            resid = (pi - qi).clamp_min(0)
+            if float(resid.sum()) <= 0:  # p == q up to rounding: nothing to correct
+                resid = pi
+            return i, self._draw(resid / resid.sum(), generator)
+        return len(d), self._draw(p[len(d)], generator)
+
+    # -- the no-overwrite ablation --------------------------------------------------------------
+    def _backup(self, seqs, base, drafts):
+        """Draft K/V of the positions the verify pass will rewrite (<= gamma per row)."""
+        saved = []
+        for s in seqs:
+            g = len(drafts[s.slot])
+            if g:
+                lo = base[s.slot]
+                saved.append((s.slot, lo, self.cache.k[:, s.slot, :, lo:lo + g].clone(),
+                              self.cache.v[:, s.slot, :, lo:lo + g].clone()))
+        return saved
+
+    def _restore(self, saved) -> None:
+        for slot, lo, k, v in saved:
+            g = k.shape[2]
+            self.cache.k[:, slot, :, lo:lo + g] = k
+            self.cache.v[:, slot, :, lo:lo + g] = v
+
+    # -- statistics -----------------------------------------------------------------------------
+    def stats(self) -> dict:
+        out = super().stats()
+        c = self.counters
+        out.update({
+            "draft_mode": self.draft_mode, "verify_mode": self.verify_mode, "gamma": self.gamma,
+            "kv_overwrite": self.kv_overwrite, "acceptance": self.acceptance,
+            # accepted / drafted drafts
+            "acceptance_rate": round(c["accepted"] / c["drafted"], 4) if c["drafted"] else None,
+            # tokens a sequence gains per cycle: accepted drafts + the verify-mode correction/bonus
+            "mean_accepted_length": round(c["emitted"] / c["seq_cycles"], 4) if c["seq_cycles"] else None,
+        })
+        t = self.timer.totals
+        if c["emitted"]:  # the paper's Figure 4: per-token latency split into draft and verify
+            out["draft_s_per_token"] = round(t.get("draft", 0.0) / c["emitted"], 9)
+            out["verify_s_per_token"] = round(t.get("verify", 0.0) / c["emitted"], 9)
+        out.setdefault("draft_s", 0.0)
+        out.setdefault("verify_s", 0.0)
+        return out
