@@ -19,6 +19,8 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default: cuda if available)")
     p.add_argument("--dtype", default="auto", choices=sorted(DTYPES),
                    help="compute dtype (default: bfloat16 on GPU, float32 on CPU)")
+    p.add_argument("--no-cuda-graphs", dest="cuda_graphs", action="store_false",
+                   help="on GPU, run every forward eagerly instead of replaying captured CUDA graphs")
 
 
 def resolve_device(name: str) -> str:
@@ -38,7 +40,8 @@ def load_for_modes(args, modes: list[str]):
 
     device = resolve_device(args.device)
     group = getattr(args, "group_size", 128)
-    loaded = load_model(args.model, dtype=DTYPES[args.dtype], device=device, progress=True)
+    loaded = load_model(args.model, dtype=DTYPES[args.dtype], device=device, progress=True,
+                        cuda_graphs=getattr(args, "cuda_graphs", True))
     want = getattr(args, "quantize", "auto")
     if want == "auto":
         have = {lin.store.weight_bits for name, lin in loaded.model.linear_layers() if name != "lm_head"}

@@ -240,8 +240,12 @@ def _attach_act_quantizers(model: Transformer, tensors: dict[str, torch.Tensor],
 
 
 def load_model(path: str | Path | None = None, *, dtype: torch.dtype | None = None, device: str = "cpu",
-               quantize: str | None = None, group_size: int = 128, progress: bool = True) -> LoadedModel:
-    """Load `path` (HF folder, gearshift checkpoint or .gguf; None = embedded SmolLM2)."""
+               quantize: str | None = None, group_size: int = 128, progress: bool = True,
+               cuda_graphs: bool = True) -> LoadedModel:
+    """Load `path` (HF folder, gearshift checkpoint or .gguf; None = embedded SmolLM2).
+
+    On CUDA, decode-sized forwards replay captured CUDA graphs unless `cuda_graphs=False`.
+    """
     dtype = dtype or default_dtype(device)
     if path is None:
         from gearshift.model.gguf_loader import smollm2_path
@@ -286,6 +290,7 @@ def load_model(path: str | Path | None = None, *, dtype: torch.dtype | None = No
     if torch.device(device).type == "cuda":
         from gearshift.dispatch import install_policy
 
+        model.use_cuda_graphs = cuda_graphs
         d = install_policy(p.parent if p.is_file() else p)
         info["policy_map"] = getattr(d.policy, "path", "given") if d.policy is not None else "built-in rules (run 'gearshift profile')"
     return LoadedModel(model, tokenizer, config, str(p), info)
