@@ -2,7 +2,7 @@
 
 A decode step of an 8B model launches hundreds of small kernels; from Python that is
 host-bound at small batch. Each distinct (batch, tokens, mode, logits, attention bucket,
-weight stores, cache) gets one captured graph whose inputs are static device buffers: the
+addresses of the weight stores and of the cache) gets one captured graph whose inputs are static device buffers: the
 step copies its token ids, positions and lengths in, replays, and clones the logits out.
 Attention length is rounded up to a bucket (masked keys contribute nothing), so a handful of
 graphs serve a whole generation. Swapping a layer's store (a GEARBX gear shift) changes the
@@ -71,14 +71,16 @@ class GraphRunner:
         v = store_version()
         if v != self._version:
             self._version = v
-            self._signature = tuple(id(lin.store) for _, lin in model.linear_layers()) + tuple(
-                id(q) for _, lin in model.linear_layers() for q in lin.act_overrides.values())
+            # graphs hold device addresses: key on the tensors' addresses, not on module identity
+            # (a store moved to host and back is the same module with new tensors)
+            self._signature = tuple(t.data_ptr() for _, lin in model.linear_layers() for t in lin.buffers())
         return self._signature
 
     def run(self, model, tokens, cache, start, n_new, upto, mode, logits) -> torch.Tensor:
         b, t = tokens.shape
         bucket = min(_bucket(upto), cache.capacity)
-        key = (b, t, bucket, str(mode), logits, id(cache), self._stores(model))
+        key = (b, t, bucket, str(mode), logits, cache.k.data_ptr(), cache.v.data_ptr(), tuple(cache.k.shape),
+               self._stores(model))
         g = self.graphs.get(key)
         if g is None:
             if self.pool is None:

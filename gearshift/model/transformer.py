@@ -106,8 +106,11 @@ class Transformer(nn.Module):
 
     def _apply(self, fn, *args, **kwargs):
         """Keep a tied lm_head sharing the embedding tensor across .to()/.cuda() moves."""
+        from gearshift.model.quant_linear import _STORE_VERSION
+
         tied = self.tied
         out = super()._apply(fn, *args, **kwargs)
+        _STORE_VERSION[0] += 1  # tensors moved: captured CUDA graphs must not be reused
         if tied:
             self.lm_head.store._buffers["weight"] = self.model.embed_tokens.weight.data
         return out
