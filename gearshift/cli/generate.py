@@ -53,30 +53,30 @@ def build(args, loaded):
 def register(sub) -> None:
     p = sub.add_parser("generate", help="generate text from one or more prompts",
                        description="Generate text. Prompts are wrapped in the model's chat template when it has one "
-                                   "(use --no-chat for raw completion).",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                   "(use --no-chat for raw completion). Output streams to the terminal for one "
+                                   "prompt; --json prints one machine-readable object instead.")
     add_model_args(p)
     p.add_argument("--prompt", action="append", default=[], help="a prompt (repeat for a batch)")
     p.add_argument("--prompt-file", help="file with one prompt per line")
     p.add_argument("--policy", default="ar", choices=list(POLICY_MODULES),
-                   help="decode policy: ar (autoregressive), qspec (draft low-precision, verify w4a16), "
+                   help="decode policy: ar (autoregressive, default), qspec (draft low-precision, verify w4a16), "
                         "gearbox (entropy-routed gears)")
-    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--max-new-tokens", type=int, default=128, help="tokens to generate per prompt (default: 128)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     p.add_argument("--top-k", type=int, default=0, help="0 = off")
     p.add_argument("--top-p", type=float, default=1.0, help="1 = off")
     p.add_argument("--min-p", type=float, default=0.0, help="0 = off")
-    p.add_argument("--seed", type=int, default=None, help="seed for sampling (each prompt gets this seed)")
+    p.add_argument("--seed", type=int, default=None, help="seed for sampling (each prompt gets this seed; default: random)")
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--ignore-eos", action="store_true", help="keep generating past end-of-sequence tokens")
     chat = p.add_mutually_exclusive_group()
     chat.add_argument("--chat", dest="chat", action="store_true", default=None, help="force the chat template")
     chat.add_argument("--no-chat", dest="chat", action="store_false", help="raw completion, no chat template")
     p.add_argument("--system", default=None, help="system message for the chat template")
-    p.add_argument("--batch-size", type=int, default=8, help="sequences decoded together (continuous batching)")
+    p.add_argument("--batch-size", type=int, default=8, help="sequences decoded together; more prompts join as slots free up (default: 8)")
     p.add_argument("--quantize", default="auto", choices=["auto", "none", "int4", "int4-sym", "int8"],
                    help="round-to-nearest quantization of a dense model's linears; auto = only if the mode needs it")
-    p.add_argument("--group-size", type=int, default=128, help="int4 group size when quantizing")
+    p.add_argument("--group-size", type=int, default=128, help="int4 group size when quantizing (default: 128)")
     p.add_argument("--json", action="store_true",
                    help='print one JSON object {"outputs": [{"text", "token_ids", ...}], "stats": {...}}')
     for name in available_policies():
