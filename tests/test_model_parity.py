@@ -82,3 +82,14 @@ def test_int4_model_close_to_dense(model_dir):
     assert (q - dense).norm() / dense.norm() < 0.2
     with pytest.raises(Exception, match="needs 16-bit weights"):
         lm.model(ids, lm.model.new_cache(1, 32), [0], [16], mode="w16a16")
+
+
+def test_sharded_checkpoint_loads_like_single(model_dir, tmp_path):
+    from gearshift.model.tiny import write_random_model
+
+    sharded = write_random_model(tmp_path / "sharded", "tiny", shard_bytes=200_000)
+    assert (sharded / "model.safetensors.index.json").exists()
+    ids = torch.randint(0, 500, (1, 8))
+    a = load_model(sharded, progress=False).model
+    b = load_model(model_dir("tiny"), progress=False).model
+    assert torch.equal(a(ids, a.new_cache(1, 16), [0], [8], mode="w16a16"), b(ids, b.new_cache(1, 16), [0], [8], mode="w16a16"))

@@ -10,14 +10,12 @@ interrupted run leaves nothing half-written.
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import torch
 
 from gearshift.errors import GearshiftError
+from gearshift.model.atomic import atomic_dir
 from gearshift.model.loader import CHECKPOINT_MANIFEST, LoadedModel
 from gearshift.quant.activations import ActQuantSpec
 
@@ -78,18 +76,10 @@ def save_checkpoint(loaded: LoadedModel, out: str | Path, extra_meta: dict | Non
     manifest = {"format_version": FORMAT_VERSION, "layers": layers,
                 "quantization": {**loaded.info.get("quantization", {}), **(extra_meta or {})},
                 "source": loaded.source, "source_format": loaded.info.get("source_format")}
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
+    with atomic_dir(out) as tmp:
         save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt", "gearshift": "1"})
         (tmp / "config.json").write_text(json.dumps(_hf_config(loaded), indent=2))
         (tmp / CHECKPOINT_MANIFEST).write_text(json.dumps(manifest, indent=2))
         if loaded.tokenizer is not None:
             loaded.tokenizer.save_pretrained(str(tmp))
-        if out.exists():
-            out.rmdir()
-        os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return out

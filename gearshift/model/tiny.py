@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Iterator
 
 import torch
 
 from gearshift.errors import GearshiftError
+from gearshift.model.atomic import atomic_dir
 
 _LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                 "original_max_position_embeddings": 8192}
@@ -170,41 +169,38 @@ def write_random_model(out: str | Path, preset: str = "tiny", seed: int = 0, dty
     cfg["bos_token_id"] = tokenizer.convert_tokens_to_ids("<|begin_of_text|>")
     cfg["eos_token_id"] = tokenizer.convert_tokens_to_ids("<|im_end|>")
     cfg["torch_dtype"] = dtype
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
-        shards: list[dict[str, torch.Tensor]] = [{}]
-        size = 0
+    with atomic_dir(out) as tmp:
         it = random_tensors(cfg, seed, tdtype)
         if progress:
             from tqdm import tqdm
 
             it = tqdm(it, total=sum(1 for _ in tensor_shapes(cfg)), desc="random weights", leave=False, disable=None)
-        weight_map = {}
+        # shards are written as they fill, so a real-size model never sits in memory whole
+        names: list[list[str]] = [[]]
+        shard: dict[str, torch.Tensor] = {}
+        size = total = 0
         for name, t in it:
             nbytes = t.numel() * t.element_size()
             if size and size + nbytes > shard_bytes:
-                shards.append({})
-                size = 0
-            shards[-1][name] = t
+                save_file(shard, str(tmp / f"shard-{len(names) - 1}.safetensors"), metadata={"format": "pt"})
+                names.append([])
+                shard, size = {}, 0
+            shard[name] = t
+            names[-1].append(name)
             size += nbytes
-        n = len(shards)
-        for i, shard in enumerate(shards):
+            total += nbytes
+        save_file(shard, str(tmp / f"shard-{len(names) - 1}.safetensors"), metadata={"format": "pt"})
+        n = len(names)
+        weight_map = {}
+        for i, group in enumerate(names):
             fname = "model.safetensors" if n == 1 else f"model-{i + 1:05d}-of-{n:05d}.safetensors"
-            save_file(shard, str(tmp / fname), metadata={"format": "pt"})
-            weight_map.update({k: fname for k in shard})
+            os.replace(tmp / f"shard-{i}.safetensors", tmp / fname)
+            weight_map.update({k: fname for k in group})
         if n > 1:
-            total = sum(t.numel() * t.element_size() for s in shards for t in s.values())
             (tmp / "model.safetensors.index.json").write_text(
                 json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=1))
         (tmp / "config.json").write_text(json.dumps(cfg, indent=2))
         tokenizer.save_pretrained(str(tmp))
-        if out.exists():
-            out.rmdir()
-        os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return out
 
 
