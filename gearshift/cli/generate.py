@@ -7,6 +7,7 @@ import importlib
 import json
 import sys
 
+from gearshift.cli.act_options import add_act_quant_args, apply_act_quant
 from gearshift.cli.common import add_model_args, load_for_modes
 from gearshift.errors import GearshiftError
 
@@ -79,6 +80,7 @@ def register(sub) -> None:
     p.add_argument("--group-size", type=int, default=128, help="int4 group size when quantizing (default: 128)")
     p.add_argument("--json", action="store_true",
                    help='print one JSON object {"outputs": [{"text", "token_ids", ...}], "stats": {...}}')
+    add_act_quant_args(p)
     for name in available_policies():
         if name != "ar":
             _policy_module(name).add_arguments(p)
@@ -112,6 +114,7 @@ def run(args) -> int:
     for m in pol.modes(args):
         get_mode(m)  # fail fast on an unknown mode, before loading anything
     loaded = load_for_modes(args, pol.modes(args))
+    apply_act_quant(args, loaded)
     engine = Engine(loaded, max_batch=args.batch_size)
     requests = []
     for text in prompts:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from gearshift.cli.act_options import add_act_quant_args, apply_act_quant
 from gearshift.cli.common import DTYPES
 
 
@@ -19,6 +20,7 @@ def register(sub) -> None:
                    help="format for dense linears (int4 = group-wise asymmetric with zero points)")
     p.add_argument("--group-size", type=int, default=128, help="int4 group size")
     p.add_argument("--dtype", default="auto", choices=sorted(DTYPES), help="dtype of the dense tensors kept")
+    add_act_quant_args(p)
     p.set_defaults(handler=run)
 
 
@@ -28,6 +30,7 @@ def run(args) -> int:
 
     loaded = load_model(args.src, dtype=DTYPES[args.dtype], device="cpu", progress=True)
     n = quantize_linears(loaded, args.weights, args.group_size) if args.weights != "none" else 0
+    apply_act_quant(args, loaded)  # calibrated activation quantizers (e.g. W4A4 outliers), if asked
     out = save_checkpoint(loaded, args.out)
     print(f"{out}: {n} linears quantized, formats {loaded.weight_summary()}")
     return 0

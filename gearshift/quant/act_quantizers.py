@@ -180,8 +180,8 @@ def _hadamard_cached(n: int) -> torch.Tensor | None:
 def hadamard_matrix(n: int) -> torch.Tensor | None:
     """An unnormalised n x n Hadamard matrix (entries +-1, H H^T = n I), or None if not built here.
 
-    Built from Sylvester doubling over Paley-I cores (orders 1, 4, 8, 12, 20, 24, 28, 32, 44, 48,
-    60, 72, ...): covers every power of two and, e.g., 576 = 8 * 72 and 1536 = 32 * 48.
+    Built from Sylvester doubling over Paley-I cores (orders 1, 4, 8, 12, 20, 24, 32, 44, 48,
+    60, 72, ...; q + 1 for a prime q = 3 mod 4): covers every power of two and, e.g., 576 = 8 * 72 and 1536 = 32 * 48.
     """
     h = _hadamard_cached(int(n))
     return None if h is None else h.clone()
