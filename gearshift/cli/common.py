@@ -53,3 +53,15 @@ def load_for_modes(args, modes: list[str]):
     if want and want != "none":
         quantize_linears(loaded, want, group)
     return loaded
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Shows an option's default unless its help already says it or there is nothing to show."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        flag = isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction))
+        if "default" in text or flag or action.default is None or action.default is argparse.SUPPRESS \
+                or not action.option_strings:
+            return text
+        return f"{text} (default: {action.default})"

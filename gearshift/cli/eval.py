@@ -10,6 +10,7 @@ import argparse
 import json
 import sys
 
+from gearshift.cli.common import HelpFormatter
 from gearshift.cli.act_options import act_quant_requested, add_act_quant_args, apply_act_quant
 from gearshift.cli.common import add_model_args, load_for_modes
 from gearshift.errors import GearshiftError
@@ -24,7 +25,7 @@ def register(sub) -> None:
                     "through one forward pass per mode and the argmax at each continuation position is compared "
                     "with W4A16's. Expected tokens per QSPEC cycle: (1 - a^(gamma+1)) / (1 - a) (i.i.d. "
                     "acceptance, Leviathan et al. 2023), plus a simulation over the actual match sequences.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        formatter_class=HelpFormatter)
     add_model_args(a)
     a.add_argument("--prompts", default=None,
                    help="prompt set: a .json/.jsonl file of {text, tag} records or a text file (one prompt per "

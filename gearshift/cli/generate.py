@@ -8,7 +8,7 @@ import json
 import sys
 
 from gearshift.cli.act_options import add_act_quant_args, apply_act_quant
-from gearshift.cli.common import add_model_args, load_for_modes
+from gearshift.cli.common import HelpFormatter, add_model_args, load_for_modes
 from gearshift.errors import GearshiftError
 
 #: policy name -> module providing add_arguments(parser), modes(args) and build(args, loaded)
@@ -55,7 +55,8 @@ def register(sub) -> None:
     p = sub.add_parser("generate", help="generate text from one or more prompts",
                        description="Generate text. Prompts are wrapped in the model's chat template when it has one "
                                    "(use --no-chat for raw completion). Output streams to the terminal for one "
-                                   "prompt; --json prints one machine-readable object instead.")
+                                   "prompt; --json prints one machine-readable object instead.",
+                       formatter_class=HelpFormatter)
     add_model_args(p)
     p.add_argument("--prompt", action="append", default=[], help="a prompt (repeat for a batch)")
     p.add_argument("--prompt-file", help="file with one prompt per line")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from gearshift.cli.common import HelpFormatter
 from gearshift.cli.act_options import add_act_quant_args, apply_act_quant
 from gearshift.cli.common import DTYPES
 
@@ -13,7 +14,7 @@ def register(sub) -> None:
                        description="Quantize the linear layers of an HF folder or GGUF file (round-to-nearest) and "
                                    "write a checkpoint. Weights a GGUF already holds in an exact int4 form (Q4_0, "
                                    "Q4_1) are kept as they are, never re-quantized.",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                       formatter_class=HelpFormatter)
     p.add_argument("src", help="HF model folder or .gguf file")
     p.add_argument("out", help="output folder (must not exist)")
     p.add_argument("--weights", default="int4", choices=["int4", "int4-sym", "int8", "none"],

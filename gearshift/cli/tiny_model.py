@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from gearshift.cli.common import HelpFormatter
 from gearshift.model.tiny import PRESETS
 
 
@@ -11,7 +12,7 @@ def register(sub) -> None:
     p = sub.add_parser("tiny-model", help="write a random-weight model (HF layout, with tokenizer)",
                        description="Write a random-weight Llama-family model folder that transformers and gearshift "
                                    "both load: for tests, demos and benchmarks at real shapes without downloads.",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                       formatter_class=HelpFormatter)
     p.add_argument("out", help="output folder (must not exist or be empty)")
     p.add_argument("--config", default="tiny", help=f"preset ({', '.join(PRESETS)}) or a config.json path")
     p.add_argument("--layers", type=int, default=None, help="override num_hidden_layers")

@@ -15,6 +15,7 @@ import json
 import sys
 from pathlib import Path
 
+from gearshift.cli.common import HelpFormatter
 from gearshift.errors import GearshiftError
 
 GEAR_LEVEL = {"low": 0, "mid": 1, "high": 2}
@@ -102,7 +103,7 @@ def register(sub) -> None:
     p = sub.add_parser("trace", help="render a GEARBX entropy/gear trace as a PNG (paper Figure 5)",
                        description="Render the per-token entropy and gear trace of 'generate --policy gearbox --json' "
                                    "output as a PNG, or run the generation first with --generate ARGS.",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                       formatter_class=HelpFormatter)
     p.add_argument("input", nargs="?", help="JSON file from 'gearshift generate --policy gearbox --json' ('-' = stdin)")
     p.add_argument("--out", default="gearbox_trace.png", help="PNG to write")
     p.add_argument("--request", type=int, action="append", default=None, help="request index to plot (repeatable)")
