@@ -12,7 +12,8 @@ from __future__ import annotations
 import torch
 
 from gearshift.dispatch.policy import Choice, PolicyMap, load_policy_for_device, type_key
-from gearshift.dispatch.strategies import STRATEGIES, group_of, mode_key
+from gearshift.dispatch.strategies import STRATEGIES, group_of, mode_key, rowgemv_config
+from gearshift.quant.int4 import Int4Weight
 from gearshift.kernels._triton import HAS_TRITON
 from gearshift.kernels.config import TileConfig, block_m_for
 from gearshift.kernels.reference import linear_reference
@@ -100,11 +101,25 @@ class AdaptiveDispatcher(Dispatcher):
             cfg = cfgs[0]
             return Choice(self.static, cfg)
         pm = self._policy()
+        if mode == "w4a16" and m == 1 and isinstance(store, Int4Weight) and not self._profiled_rowgemv(pm):
+            # single-token GEMV: 26% less time than every other Triton W4A16 strategy at M = 1 on the
+            # H100 (benchmarks/results/rowgemv_*.json); maps profiled before it existed don't know it
+            cfg = rowgemv_config(n, k, group_of(store))
+            if STRATEGIES["w4a16_rowgemv"].supports(store, act, cfg):
+                return Choice("w4a16_rowgemv", cfg)
         if pm is not None:
             c = pm.lookup(type_key(mode, group_of(store), n, k), m)
             if c is not None:
                 return c
         return default_choice(mode, m, n)
+
+    def _profiled_rowgemv(self, pm: PolicyMap | None) -> bool:
+        """Whether the map timed the single-token GEMV (then the map decides at M = 1 too)."""
+        if getattr(self, "_rowgemv_pm", ()) != (id(pm),):
+            self._rowgemv_pm = (id(pm),)
+            self._rowgemv_known = pm is not None and any(
+                "w4a16_rowgemv" in str(c) for cands in pm.timings.values() for per_m in cands.values() for c in per_m)
+        return self._rowgemv_known
 
     def linear(self, x: torch.Tensor, store: WeightFormat, act: ActQuantSpec | None,
                bias: torch.Tensor | None = None) -> torch.Tensor:

@@ -124,6 +124,32 @@ def _run_w4a16_gemv(x2, store, act, cfg):
     return w4a16_gemv(x2, store, cfg)
 
 
+def _run_w4a16_rowgemv(x2, store, act, cfg):
+    from gearshift.kernels.w4a16_rowgemv import w4a16_rowgemv
+
+    return w4a16_rowgemv(x2, store, cfg.bn, cfg.bk, cfg.warps, cfg.stages)
+
+
+def rowgemv_configs(m: int) -> list[TileConfig]:
+    """Single-token GEMV tiles (the sweep in benchmarks/rowgemv.py found BK 1024-2048 best)."""
+    if m != 1:
+        return []
+    return [TileConfig(1, bn, bk, 1, w, st) for bn, bk, w, st in
+            ((16, 1024, 4, 3), (8, 1024, 4, 3), (8, 2048, 4, 4), (16, 2048, 8, 3), (4, 1024, 4, 3), (16, 512, 4, 3))]
+
+
+def rowgemv_config(n: int, k: int, group: int) -> TileConfig:
+    """The measured-best tile family on the H100 at M = 1 (benchmarks/results/rowgemv_*.json)."""
+    bk = 2048 if k >= 8192 and k % 2048 == 0 and (2048 % group == 0 or group % 2048 == 0) else 1024
+    return TileConfig(1, 8 if n <= 4096 else 16, bk, 1, 4, 4 if bk == 2048 else 3)
+
+
+def _sup_rowgemv(store, act, cfg):
+    from gearshift.kernels.w4a16_rowgemv import rowgemv_supports
+
+    return act is None and isinstance(store, Int4Weight) and cfg is not None and rowgemv_supports(store, cfg.bk)
+
+
 def gemv_configs(m: int) -> list[TileConfig]:
     """CUDA-core GEMV: only for M <= 4 (bm is the row cap)."""
     if m > 4:
@@ -192,6 +218,8 @@ register(Strategy("w4a16_tc", DPRPartition((4,), (16,), "bf16", "padding"), ("w4
                   a16_configs, _sup_w4a16))
 register(Strategy("w4a16_gemv", DPRPartition((4,), (16,), "fp32-fma", "padding"), ("w4a16",), _run_w4a16_gemv,
                   gemv_configs, _sup_w4a16))
+register(Strategy("w4a16_rowgemv", DPRPartition((4,), (16,), "fp32-fma", "padding"), ("w4a16",),
+                  _run_w4a16_rowgemv, rowgemv_configs, _sup_rowgemv))
 register(Strategy("w4a8_pad", DPRPartition((4,), (8,), "int8", "padding"), ("w4a8", "w4a4"),
                   _w4a8_runner(1, 1), a8_configs, _sup_w4a8(False)))
 register(Strategy("w4a8_split", DPRPartition((4,), (4, 4), "int8", "split"), ("w4a8",),
