@@ -26,3 +26,22 @@ def model_dir(tmp_path_factory):
         return cache[key]
 
     return make
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Toy shapes: one intra-op thread is fastest and immune to oversubscribed CI cores."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def tiny_int4(model_dir):
+    """The tiny random model with its linears in group-32 int4 (W4A16/W4A8/W4A4 all run on it)."""
+    from gearshift.model.loader import load_model, quantize_linears
+
+    loaded = load_model(model_dir("tiny"), progress=False)
+    quantize_linears(loaded, "int4", 32, progress=False)
+    return loaded

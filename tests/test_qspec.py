@@ -15,27 +15,18 @@ from gearshift.decode.autoregressive import AutoregressivePolicy
 from gearshift.decode.qspec import QSpecPolicy
 from gearshift.decode.sampling import SamplingParams
 from gearshift.engine.engine import Engine, Request
-from gearshift.model.loader import load_model, quantize_linears
 
 PROMPTS = [[5, 6, 7, 8, 9], [10, 11], [12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22], [3], [40, 41, 42]]
 NEW = 14
 TIE_REL = 1e-5  # a top-2 logit gap below this (relative to |top-1 logit|) is a floating-point tie
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Toy shapes: one intra-op thread is fastest and immune to oversubscribed CI cores."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
-def lm(model_dir):
-    loaded = load_model(model_dir("tiny"), progress=False)
-    quantize_linears(loaded, "int4", 32, progress=False)
-    return loaded
+def lm(tiny_int4):
+    return tiny_int4
 
 
 def generate(lm, policy, params, prompts=PROMPTS, batch=8):

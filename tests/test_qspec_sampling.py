@@ -29,19 +29,12 @@ def params(seed):
     return SamplingParams(temperature=1.0, top_k=4, seed=seed, max_new_tokens=3, ignore_eos=True)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
-def lm(model_dir):
-    loaded = load_model(model_dir("tiny"), progress=False)
-    quantize_linears(loaded, "int4", 32, progress=False)
-    return loaded
+def lm(tiny_int4):
+    return tiny_int4
 
 
 def next_probs(lm, context, mode):
