@@ -40,7 +40,12 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, default=32)
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--out", default="benchmarks/results")
+    ap.add_argument("--no-fused", action="store_true", help="torch RMSNorm/RoPE instead of the Triton kernels")
+    ap.add_argument("--tag", default="", help="suffix of the result file name")
     args = ap.parse_args()
+    from gearshift.model.transformer import set_fused_kernels
+
+    set_fused_kernels(not args.no_fused)
 
     from gearshift.decode.autoregressive import AutoregressivePolicy
     from gearshift.decode.sampling import SamplingParams
@@ -93,11 +98,12 @@ def main() -> None:
         model.use_cuda_graphs = False
     doc = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "preset": args.preset,
            "copy_bandwidth_GBps": bw / 1e9, "dispatcher": type(get_dispatcher()).__name__,
-           "prompt_len": args.prompt_len, "new_tokens": args.new_tokens, "rows": rows}
+           "prompt_len": args.prompt_len, "new_tokens": args.new_tokens, "fused_norm_rope": not args.no_fused,
+           "rows": rows}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     name = doc["device"].replace(" ", "_")
-    (out / f"e2e_{name}.json").write_text(json.dumps(doc, indent=1))
+    (out / f"e2e_{name}{args.tag}.json").write_text(json.dumps(doc, indent=1))
     print(f"\n{'mode':8} {'batch':>5} {'graphs':>6} {'ms/step':>8} {'tok/s':>9} {'x floor':>8} same")
     for r in rows:
         print(f"{r['mode']:8} {r['batch']:5d} {str(r['cuda_graphs']):>6} {r['ms_per_step']:8.2f} "

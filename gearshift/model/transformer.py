@@ -13,10 +13,25 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from gearshift.kernels._triton import HAS_TRITON
+from gearshift.kernels.rmsnorm import rms_norm_reference, rms_norm_triton
+from gearshift.kernels.rope import rope_triton
 from gearshift.model.config import ModelConfig
 from gearshift.model.kv_cache import KVCache
 from gearshift.model.quant_linear import QuantLinear
 from gearshift.model.rope import Rotary, apply_rotary
+
+
+_FUSED = {"enabled": True}
+
+
+def fused_kernels_enabled() -> bool:
+    """Triton RMSNorm and RoPE on CUDA tensors (set_fused_kernels(False) restores the torch ops)."""
+    return HAS_TRITON and _FUSED["enabled"]
+
+
+def set_fused_kernels(enabled: bool) -> None:
+    _FUSED["enabled"] = bool(enabled)
 
 
 class RMSNorm(nn.Module):
@@ -26,10 +41,9 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * h.to(dtype)
+        if x.is_cuda and fused_kernels_enabled():
+            return rms_norm_triton(x, self.weight, self.eps)
+        return rms_norm_reference(x, self.weight, self.eps)
 
 
 class Attention(nn.Module):
@@ -50,8 +64,12 @@ class Attention(nn.Module):
         v = qkv[..., kv_end:].view(b, t, self.n_kv, self.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        if x.is_cuda and fused_kernels_enabled():  # one launch per tensor instead of five
+            q, k = rope_triton(q, cos, sin), rope_triton(k, cos, sin)
+            q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        else:
+            q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+            q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         cache.write(layer, k, v, positions, valid)
         keys, values = cache.view(layer, upto)
         out = F.scaled_dot_product_attention(q, keys.to(q.dtype), values.to(q.dtype), attn_mask=mask,

@@ -1,0 +1,50 @@
+"""RMSNorm as one Triton kernel (GPU), with its torch reference.
+
+The torch form launches about eight kernels (upcast, square, mean, rsqrt, scale, downcast,
+weight multiply); in a CUDA-graphed decode step of an 8B model the 65 norms alone cost over a
+millisecond of launches. This kernel does the same arithmetic in one pass: fp32 statistics,
+the normalized row rounded to the input dtype, then the weight multiply rounded again (the
+order HF Llama uses).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from gearshift.kernels._triton import HAS_TRITON, tl, triton
+
+
+def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    dtype = x.dtype
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(dtype)
+
+
+if HAS_TRITON:
+
+    @triton.jit
+    def _rms_norm_kernel(x_ptr, w_ptr, y_ptr, D, stride_x, stride_y, eps, BD: tl.constexpr):
+        row = tl.program_id(0)
+        offs = tl.arange(0, BD)
+        mask = offs < D
+        x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0)
+        xf = x.to(tl.float32)
+        var = tl.sum(xf * xf, 0) / D
+        h = (xf * (1.0 / tl.sqrt(var + eps))).to(x.dtype)
+        w = tl.load(w_ptr + offs, mask=mask, other=0.0)
+        y = w.to(tl.float32) * h.to(tl.float32)
+        tl.store(y_ptr + row * stride_y + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    d = x.shape[-1]
+    x2 = x.reshape(-1, d)
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    out_dtype = torch.promote_types(weight.dtype, x.dtype)
+    y = torch.empty((x2.shape[0], d), device=x.device, dtype=out_dtype)
+    bd = triton.next_power_of_2(d)
+    _rms_norm_kernel[(x2.shape[0],)](x2, weight, y, d, x2.stride(0), y.stride(0), eps, BD=bd,
+                                     num_warps=4 if bd <= 4096 else 8)
+    return y.reshape(*x.shape[:-1], d)

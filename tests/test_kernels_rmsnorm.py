@@ -1,0 +1,28 @@
+"""The one-kernel RMSNorm vs its torch reference (TRITON_INTERPRET=1 on CPU, or the GPU)."""
+
+import os
+
+import pytest
+import torch
+
+from gearshift.kernels._triton import HAS_TRITON
+
+if not HAS_TRITON or (os.environ.get("TRITON_INTERPRET", "0") in ("", "0") and not torch.cuda.is_available()):
+    pytest.skip("needs triton with TRITON_INTERPRET=1 or a GPU", allow_module_level=True)
+
+from gearshift.kernels.rmsnorm import rms_norm_reference, rms_norm_triton  # noqa: E402
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@pytest.mark.parametrize("shape,dtype", [((3, 5, 64), torch.float32), ((7, 576), torch.float32),
+                                         ((2, 96), torch.float16), ((4, 3, 32), torch.float16)])
+def test_rms_norm_matches_reference(shape, dtype):
+    g = torch.Generator().manual_seed(shape[-1])
+    x = (torch.randn(shape, generator=g) * 3).to(DEV, dtype)
+    w = (1 + 0.1 * torch.randn(shape[-1], generator=g)).to(DEV, dtype)
+    y = rms_norm_triton(x, w, 1e-5)
+    ref = rms_norm_reference(x, w, 1e-5)
+    assert y.dtype == ref.dtype and y.shape == ref.shape
+    tol = 1e-5 if dtype == torch.float32 else 2e-3
+    assert torch.allclose(y.float(), ref.float(), rtol=tol, atol=tol)
