@@ -25,6 +25,13 @@ def modes(args) -> list[str]:
 
 def build(args, loaded):
     from gearshift.decode.qspec import QSpecPolicy
+    from gearshift.model.loader import note
+
+    calibrated = any(args.draft_mode in lin.act_overrides for _, lin in loaded.model.linear_layers())
+    if args.draft_mode == "w4a4" and not calibrated:
+        note("the w4a4 draft uses plain per-token int4 activations, which agree with w4a16 on few tokens of small "
+             "models (SmolLM2: 7%); output is still exact, but for speed calibrate it (--act-quant g16+o64,down:a8) "
+             "or draft with --draft-mode w4a8")
 
     return QSpecPolicy(loaded.model, draft_mode=args.draft_mode, verify_mode=args.verify_mode, gamma=args.gamma,
                        kv_overwrite=getattr(args, "kv_overwrite", True), acceptance=args.acceptance)
