@@ -12,7 +12,7 @@ from gguf.quants import dequantize as gguf_dequantize, quantize as gguf_quantize
 
 from gearshift.errors import GearshiftError  # noqa: E402
 from gearshift.model.gguf_loader import (  # noqa: E402
-    GGUFModel, gguf_to_hf_name, hf_to_gguf_name, is_linear_name, load_gguf, permute_rows, read_gguf,
+    GGUFModel, byte_level_chars, gguf_to_hf_name, hf_to_gguf_name, is_linear_name, load_gguf, permute_rows, read_gguf,
     smollm2_path, unpermute_rows)
 from gearshift.quant.int4 import Int4Weight  # noqa: E402
 
@@ -24,15 +24,7 @@ TEMPLATE = "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] 
 
 
 def _byte_chars() -> list[str]:
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return [chr(c) for c in cs]
+    return byte_level_chars()
 
 
 MERGES = ["Ġ t", "h e", "Ġt he", "l l", "he ll"]

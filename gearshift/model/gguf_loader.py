@@ -455,7 +455,8 @@ _IGNORE_MERGES = {"llama3", "llama-v3", "llama-bpe", "smaug-bpe"}
 _GPT2_PRES = {"default", "gpt2", "gpt-2", "smollm"}
 
 
-def _byte_alphabet() -> set[str]:
+def byte_level_chars() -> list[str]:
+    """The 256 characters GPT-2's byte-level BPE uses for the bytes 0..255, in byte order."""
     bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
     cs = bs[:]
     n = 0
@@ -464,7 +465,11 @@ def _byte_alphabet() -> set[str]:
             bs.append(b)
             cs.append(256 + n)
             n += 1
-    return {chr(c) for c in cs}
+    return [chr(c) for c in cs]
+
+
+def _byte_alphabet() -> set[str]:
+    return set(byte_level_chars())
 
 
 def _byte_level_tokenizer(meta: dict):
