@@ -150,3 +150,30 @@ def test_gpu_dispatch_matches_reference():
             y = run_linear(x, st, act)
             ref = linear_reference(x.float(), st, act)
             assert ((y.float() - ref).norm() / ref.norm()).item() < 1e-2
+
+
+def test_small_m_choices_prefer_the_fragment_kernels():
+    d = AdaptiveDispatcher(None, autoload=False)
+    st = quantize_int4(torch.randn(256, 1024), 128)
+    for m in (1, 7, 16):
+        assert d.choose(st, None, m).strategy == "w4a16_mma"
+        for act in (ActQuantSpec("int8"), ActQuantSpec("int4"), ActQuantSpec("fp8")):
+            assert d.choose(st, act, m).strategy == "w4a8_mma"
+    assert d.choose(st, None, 17).strategy != "w4a16_mma"
+    assert d.choose(st, ActQuantSpec("int8", 32), 1) is None or d.choose(st, ActQuantSpec("int8", 32), 1).strategy != "w4a8_mma"
+    gguf_like = quantize_int4(torch.randn(64, 256), 32)  # groups of 32: no fragment kernel
+    c = d.choose(gguf_like, None, 1)
+    assert c.strategy == "w4a16_fma" and c.config.bk == 32
+    assert d.choose(gguf_like, None, 4).strategy == "w4a16_tc"
+
+
+def test_stale_map_does_not_override_small_m():
+    st = quantize_int4(torch.randn(256, 1024), 128)
+    key = type_key("w4a16", 128, 256, 1024)
+    tc = candidate_name("w4a16_tc", TileConfig(16, 64, 256, 4, 4, 4))
+    old = PolicyMap("dev", timings={key: {str(m): {tc: 10.0} for m in M_BUCKETS}}).without("-")  # entries from timings
+    assert AdaptiveDispatcher(old, autoload=False).choose(st, None, 1).strategy == "w4a16_mma"
+    assert AdaptiveDispatcher(old, autoload=False).choose(st, None, 64).strategy == "w4a16_tc"
+    mma = candidate_name("w4a16_mma", TileConfig(16, 0, 128, 2, 4, 1))
+    new = PolicyMap("dev", timings={key: {str(m): {tc: 10.0, mma: 20.0} for m in M_BUCKETS}}).without("-")
+    assert AdaptiveDispatcher(new, autoload=False).choose(st, None, 1).strategy == "w4a16_tc"  # the map decides

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from gearshift.dispatch.policy import Choice, PolicyMap, load_policy_for_device, type_key
-from gearshift.dispatch.strategies import STRATEGIES, group_of, mode_key, rowgemv_config
+from gearshift.dispatch.strategies import MAX_TOKENS, STRATEGIES, group_of, mode_key
 from gearshift.quant.int4 import Int4Weight
 from gearshift.kernels._triton import HAS_TRITON
 from gearshift.kernels.config import TileConfig, block_m_for
@@ -29,6 +29,20 @@ class Dispatcher:
     def linear(self, x: torch.Tensor, store: WeightFormat, act: ActQuantSpec | None,
                bias: torch.Tensor | None = None) -> torch.Tensor:
         return linear_reference(x, store, act, bias)
+
+
+def small_m_choices(mode: str, m: int, n: int, k: int) -> list[Choice]:
+    """Un-profiled small-M picks, best first (each is used only where it supports the store):
+    the register-fragment MMA kernel up to 16 tokens, then the CUDA-core GEMV at one token."""
+    if m > 16 or mode not in ("w4a16", "w4a8", "w4a4", "w4a8fp8"):
+        return []
+    from gearshift.kernels.int4_mma_gemv import mma_config
+
+    out = [Choice("w4a16_mma" if mode == "w4a16" else "w4a8_mma", mma_config(n, k, m))]
+    if mode == "w4a16" and m == 1:
+        out.append(Choice("w4a16_fma", TileConfig(1, 32, 128, 4, 2, 2)))
+        out.append(Choice("w4a16_fma", TileConfig(1, 32, 32, 4, 2, 2)))
+    return out
 
 
 def default_choice(mode: str, m: int, n: int) -> Choice | None:
@@ -101,25 +115,29 @@ class AdaptiveDispatcher(Dispatcher):
             cfg = cfgs[0]
             return Choice(self.static, cfg)
         pm = self._policy()
-        if mode == "w4a16" and m == 1 and isinstance(store, Int4Weight) and not self._profiled_rowgemv(pm):
-            # single-token GEMV: 26% less time than every other Triton W4A16 strategy at M = 1 on the
-            # H100 (benchmarks/results/rowgemv_*.json); maps profiled before it existed don't know it
-            cfg = rowgemv_config(n, k, group_of(store))
-            if STRATEGIES["w4a16_rowgemv"].supports(store, act, cfg):
-                return Choice("w4a16_rowgemv", cfg)
         if pm is not None:
             c = pm.lookup(type_key(mode, group_of(store), n, k), m)
-            if c is not None:
+            if c is not None and self._serves(c, store, act, m) and not self._stale_small_m(pm, mode, m):
+                return c
+        for c in small_m_choices(mode, m, n, k):
+            if self._serves(c, store, act, m):
                 return c
         return default_choice(mode, m, n)
 
-    def _profiled_rowgemv(self, pm: PolicyMap | None) -> bool:
-        """Whether the map timed the single-token GEMV (then the map decides at M = 1 too)."""
-        if getattr(self, "_rowgemv_pm", ()) != (id(pm),):
-            self._rowgemv_pm = (id(pm),)
-            self._rowgemv_known = pm is not None and any(
-                "w4a16_rowgemv" in str(c) for cands in pm.timings.values() for per_m in cands.values() for c in per_m)
-        return self._rowgemv_known
+    @staticmethod
+    def _serves(c: Choice, store: WeightFormat, act: ActQuantSpec | None, m: int) -> bool:
+        s = STRATEGIES.get(c.strategy)
+        return s is not None and m <= MAX_TOKENS.get(c.strategy, 1 << 62) and s.supports(store, act, c.config)
+
+    def _stale_small_m(self, pm: PolicyMap, mode: str, m: int) -> bool:
+        """A map profiled before the small-M kernels existed must not override them at M <= 16."""
+        if m > 16 or mode not in ("w4a16", "w4a8", "w4a4", "w4a8fp8"):
+            return False
+        if getattr(self, "_known_pm", ()) != (id(pm),):
+            self._known_pm = (id(pm),)
+            self._knows_mma = any("_mma" in str(c) for cands in pm.timings.values() for per_m in cands.values()
+                                  for c in per_m)
+        return not self._knows_mma
 
     def linear(self, x: torch.Tensor, store: WeightFormat, act: ActQuantSpec | None,
                bias: torch.Tensor | None = None) -> torch.Tensor:

@@ -150,6 +150,65 @@ def _sup_rowgemv(store, act, cfg):
     return act is None and isinstance(store, Int4Weight) and cfg is not None and rowgemv_supports(store, cfg.bk)
 
 
+def mma_configs(m: int) -> list[TileConfig]:
+    """Register-fragment tensor-core tiles for 1..16 tokens: rows per warp (bm 8/16), K split, warps."""
+    if m > 16:
+        return []
+    return [TileConfig(rows, 0, 128, sk, w, 1, prefetch=pf) for rows, sk, w, pf in
+            ((16, 1, 4, False), (16, 2, 4, False), (16, 4, 4, False), (16, 8, 4, False), (16, 16, 4, False),
+             (16, 2, 2, False), (16, 8, 2, False), (8, 4, 4, False), (8, 8, 4, False), (8, 8, 1, False),
+             (16, 2, 4, True), (16, 4, 4, True))]
+
+
+def _run_w4a16_mma(x2, store, act, cfg):
+    from gearshift.kernels.int4_mma_gemv import mma_gemv
+
+    return mma_gemv(x2, store, cfg)
+
+
+def _run_w4a8_mma(x2, store, act, cfg):
+    from gearshift.kernels.int4_mma_gemv import mma_gemv_quantized
+
+    return mma_gemv_quantized(x2, store, act, cfg)
+
+
+def _sup_mma(quantized: bool):
+    def sup(store, act, cfg):
+        from gearshift.kernels.int4_mma_gemv import mma_gemv_supports
+
+        if not isinstance(store, Int4Weight) or cfg is None or (act is None) == quantized:
+            return False
+        if act is not None and (not isinstance(act, ActQuantSpec) or act.group_size is not None):
+            return False
+        return mma_gemv_supports(store, cfg)
+
+    return sup
+
+
+def fma_gemv_configs(m: int) -> list[TileConfig]:
+    """CUDA-core single-token GEMV (int4_gemv): the fallback when groups are not a multiple of 128."""
+    if m != 1:
+        return []
+    return [TileConfig(1, bn, bk, sk, w, 2) for bn, bk, sk, w in
+            ((32, 128, 4, 2), (32, 128, 8, 2), (16, 128, 4, 1), (32, 64, 4, 2), (32, 32, 4, 2), (64, 128, 2, 2))]
+
+
+def _run_w4a16_fma(x2, store, act, cfg):
+    from gearshift.kernels.int4_gemv import int4_gemv
+
+    return int4_gemv(x2, store, cfg)
+
+
+def _sup_fma(store, act, cfg):
+    from gearshift.kernels.int4_gemv import int4_gemv_supports
+
+    return act is None and isinstance(store, Int4Weight) and cfg is not None and int4_gemv_supports(store, cfg)
+
+
+#: strategies that serve at most this many tokens per call (the dispatcher never sends more)
+MAX_TOKENS = {"w4a16_mma": 16, "w4a8_mma": 16, "w4a16_fma": 1, "w4a16_rowgemv": 1}
+
+
 def gemv_configs(m: int) -> list[TileConfig]:
     """CUDA-core GEMV: only for M <= 4 (bm is the row cap)."""
     if m > 4:
@@ -220,6 +279,12 @@ register(Strategy("w4a16_gemv", DPRPartition((4,), (16,), "fp32-fma", "padding")
                   gemv_configs, _sup_w4a16))
 register(Strategy("w4a16_rowgemv", DPRPartition((4,), (16,), "fp32-fma", "padding"), ("w4a16",),
                   _run_w4a16_rowgemv, rowgemv_configs, _sup_rowgemv))
+register(Strategy("w4a16_mma", DPRPartition((4,), (16,), "bf16-mma.sync", "padding"), ("w4a16",),
+                  _run_w4a16_mma, mma_configs, _sup_mma(False)))
+register(Strategy("w4a16_fma", DPRPartition((4,), (16,), "fp32-fma", "padding"), ("w4a16",), _run_w4a16_fma,
+                  fma_gemv_configs, _sup_fma))
+register(Strategy("w4a8_mma", DPRPartition((4,), (8,), "bf16-mma.sync", "padding"), ("w4a8", "w4a4", "w4a8fp8"),
+                  _run_w4a8_mma, mma_configs, _sup_mma(True)))
 register(Strategy("w4a8_pad", DPRPartition((4,), (8,), "int8", "padding"), ("w4a8", "w4a4"),
                   _w4a8_runner(1, 1), a8_configs, _sup_w4a8(False)))
 register(Strategy("w4a8_split", DPRPartition((4,), (4, 4), "int8", "split"), ("w4a8",),

@@ -39,13 +39,18 @@ if HAS_TRITON:
         tl.store(s_ptr + row, scale)
 
 
-def quantize_act_triton(x2: torch.Tensor, spec: ActQuantSpec) -> tuple[torch.Tensor, torch.Tensor]:
-    """x2 [M, K] -> codes [M, K] (int8 or float8_e4m3fn) and fp32 scales [M]."""
+def quantize_act_triton(x2: torch.Tensor, spec: ActQuantSpec,
+                        codes_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """x2 [M, K] -> codes [M, K] (int8 or float8_e4m3fn) and fp32 scales [M].
+
+    codes_dtype=torch.bfloat16/float16 stores the same codes as 16-bit floats (every int8, int4 and
+    e4m3 code is exact there), for kernels that feed them to 16-bit tensor cores."""
     if spec.group_size is not None:
         raise ValueError("the Triton activation quantizer is per token only")
     m, k = x2.shape
     fp8 = spec.dtype == "fp8"
-    q = torch.empty((m, k), device=x2.device, dtype=torch.float8_e4m3fn if fp8 else torch.int8)
+    q = torch.empty((m, k), device=x2.device,
+                    dtype=codes_dtype or (torch.float8_e4m3fn if fp8 else torch.int8))
     s = torch.empty((m,), device=x2.device, dtype=torch.float32)
     block = min(4096, triton.next_power_of_2(k))
     _act_quant_kernel[(m,)](x2, q, s, k, x2.stride(0), q.stride(0), QMAX=_QMAX[spec.dtype], FP8=fp8,

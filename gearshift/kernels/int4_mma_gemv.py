@@ -1,0 +1,286 @@
+"""W4A16 (and W4A8/W4A4 via exact codes) for 1..16 tokens on tensor cores through `mma.sync` fragments built in registers.
+
+Why: a CUDA-core GEMV spends >= 3 instructions per int4 weight (unpack, convert, FMA) and tops
+out near 2x the weight-read floor on the H100; Triton's `tl.dot` routes both operands through
+shared memory, which costs more than the math at M <= 16. Here each lane turns its own int4
+words straight into the A fragment of `mma.m16n8k16` (bf16/fp16) and its token's inputs into the
+B fragment, so a weight costs ~1 instruction (SHF/LOP3 on two nibbles at once) and the tensor
+core does the multiply-add.
+
+Fragment plan (lane = 4*g + t, g = 0..7, t = 0..3; one warp owns 8 weight rows):
+* lane (g, t) of warp w holds words 4t..4t+3 of a 128-column block of row 8w + g (one 16-byte
+  load, prefetched a block ahead); every index comes from the lane's own %tid.x, so the plan does
+  not depend on how Triton lays out its tensors (one element per thread);
+* A rows 0..7 = weight rows: a word's nibbles (0,4), (1,5), (2,6), (3,7) become bf16 pairs with
+  one AND/OR each: (w >> 4i) & 0x000F000F | 0x4300_4300 reads as (128 + q_a, 128 + q_b)
+  (0x6400 / 1024 for fp16); the MMA's k-order is a permutation of the block's columns and the B
+  fragment uses the same one (PRMT of the token's 8 inputs per word);
+* A rows 8..15 = 1.0, so D rows 8..15 = sum(x) over the block: the min term and the +128 offset
+  need it, and it lands in the same lane as the row's dot product;
+* B column n = g is token g (M <= 8; lanes of absent tokens load token M-1, and those columns are
+  never stored): D[g, 2t + e] for e = 0, 1 is row g x token 2t + e.
+Per block and row: y += s * (D - 128 X) + m * X = s * D + (m - 128 s) * X (fp32, scale-after, a
+block never straddles a scale group). Split-K over programs with the deterministic one-launch
+reduction of `splitk.py`. DPR: P_W = (4) padded to bf16, P_X = (16), bf16 tensor cores.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from gearshift.kernels._triton import HAS_TRITON, tl, triton
+from gearshift.kernels.config import TileConfig
+from gearshift.kernels.reference import linear_reference
+from gearshift.kernels.splitk import counters
+from gearshift.quant.int4 import Int4Weight
+
+BLOCK_COLS = 128  # columns per fragment call: 4 lanes x 4 words x 8 nibbles
+MAX_TOKENS = 16  # MMA n = 8 tokens per tile; more tiles re-read the weights (from L2 at best)
+
+
+def _mma_asm(dt: str, magic: int, two_rows: bool) -> str:
+    """PTX for one 128-column block of one warp, run once per lane (pack 1).
+
+    one row per lane: outputs $0..$3 = D[g,2t], D[g,2t+1], X[2t], X[2t+1] (A rows 8..15 are 1.0,
+    so D rows 8..15 are X); inputs $4..$7 = the lane's 4 words, $8 = pointer to its token's inputs
+    for the first of them.
+    two rows per lane: outputs $0..$5 = D[a,2t], D[a,2t+1], D[b,2t], D[b,2t+1], X[2t], X[2t+1]
+    (a second MMA with A = 1.0 gives X); inputs $6..$9 / $10..$13 = words of rows a / b, $14 = x.
+    """
+    mm = f"0x{magic:04X}{magic:04X}"
+    one = "0x3F803F80" if dt == "bf16" else "0x3C003C00"
+    mma = f"mma.sync.aligned.m16n8k16.row.col.f32.{dt}.{dt}.f32"
+    lines = ["{", ".reg .b32 a0, a1, a2, a3, one, b0, b1, t;",
+             ".reg .f32 d0, d1, d2, d3, e0, e1, e2, e3;", f"mov.b32 one, {one};"]
+    lines += [f"mov.f32 {r}, 0f00000000;" for r in ("d0", "d1", "d2", "d3", "e0", "e1", "e2", "e3")]
+    wa0, wb0, xp = (6, 10, 14) if two_rows else (4, None, 8)
+
+    def pair(reg: str, word: str, shift: int) -> None:
+        src = word
+        if shift:
+            lines.append(f"shr.b32 t, {word}, {shift};")
+            src = "t"
+        lines.append(f"and.b32 {reg}, {src}, 0x000F000F;")
+        lines.append(f"or.b32 {reg}, {reg}, {mm};")
+
+    lines.append(".reg .b32 x<16>;")  # all of the block's inputs first: one L1 round trip, not four
+    for j in range(4):
+        lines.append(f"ld.global.v4.b32 {{x{4 * j}, x{4 * j + 1}, x{4 * j + 2}, x{4 * j + 3}}}, [${xp}+{16 * j}];")
+    for j in range(4):
+        p01, p23, p45, p67 = (f"x{4 * j + i}" for i in range(4))
+        for half, (lo, hi) in enumerate(((p01, p45), (p23, p67))):
+            pair("a0", f"${wa0 + j}", 8 * half)
+            pair("a2", f"${wa0 + j}", 8 * half + 4)
+            if two_rows:
+                pair("a1", f"${wb0 + j}", 8 * half)
+                pair("a3", f"${wb0 + j}", 8 * half + 4)
+            lines.append(f"prmt.b32 b0, {lo}, {hi}, 0x5410;")
+            lines.append(f"prmt.b32 b1, {lo}, {hi}, 0x7632;")
+            if two_rows:
+                lines.append(f"{mma} {{d0, d1, d2, d3}}, {{a0, a1, a2, a3}}, {{b0, b1}}, {{d0, d1, d2, d3}};")
+                lines.append(f"{mma} {{e0, e1, e2, e3}}, {{one, one, one, one}}, {{b0, b1}}, {{e0, e1, e2, e3}};")
+            else:
+                lines.append(f"{mma} {{d0, d1, d2, d3}}, {{a0, one, a2, one}}, {{b0, b1}}, {{d0, d1, d2, d3}};")
+    outs = ["d0", "d1", "d2", "d3", "e0", "e1"] if two_rows else ["d0", "d1", "d2", "d3"]
+    lines += [f"mov.b32 ${i}, {v};" for i, v in enumerate(outs)]
+    lines.append("}")
+    return "\n".join(lines)
+
+
+MMA_ASM = {(dt, two): _mma_asm(dt, magic, two) for dt, magic in (("bf16", 0x4300), ("f16", 0x6400))
+           for two in (False, True)}
+OFFSET = {"bf16": 128.0, "f16": 1024.0}
+CONSTRAINTS = {False: ",".join(["=r"] * 4 + ["r"] * 4 + ["l"]), True: ",".join(["=r"] * 6 + ["r"] * 8 + ["l"])}
+
+if HAS_TRITON:
+    from gearshift.kernels.splitk import splitk_finish
+
+    @triton.jit
+    def _thread_id(like):
+        """%tid.x of the thread holding each element (not pure: never rematerialized elsewhere)."""
+        return tl.inline_asm_elementwise("mov.u32 $0, %tid.x;", "=r,r", [like], dtype=tl.int32, is_pure=False,
+                                         pack=1)
+
+
+    @triton.jit
+    def _load16(ptr):
+        """The 4 int32 words at ptr (16 bytes) in the calling thread's registers."""
+        return tl.inline_asm_elementwise("ld.global.nc.L1::no_allocate.v4.b32 {$0, $1, $2, $3}, [$4];", "=r,=r,=r,=r,l", [ptr],
+                                         dtype=(tl.int32, tl.int32, tl.int32, tl.int32), is_pure=False, pack=1)
+
+
+    @triton.jit
+    def _load_scales(s_ptr, mn_ptr, sa_off, sb_off, g, TWO_ROWS: tl.constexpr):
+        sa = tl.load(s_ptr + sa_off + g)
+        ma = tl.load(mn_ptr + sa_off + g)
+        if TWO_ROWS:
+            return sa, ma, tl.load(s_ptr + sb_off + g), tl.load(mn_ptr + sb_off + g)
+        return sa, ma, sa, ma
+
+
+    @triton.jit
+    def _load_rows(wa_ptr, wb_ptr, kw, TWO_ROWS: tl.constexpr):
+        a0, a1, a2, a3 = _load16(wa_ptr + kw)
+        if TWO_ROWS:
+            b0, b1, b2, b3 = _load16(wb_ptr + kw)
+            return a0, a1, a2, a3, b0, b1, b2, b3
+        return a0, a1, a2, a3, a0, a1, a2, a3
+
+
+    @triton.jit
+    def _block(ASM: tl.constexpr, CONSTRAINTS: tl.constexpr, TWO_ROWS: tl.constexpr, OFFSET: tl.constexpr,
+               a0, a1, a2, a3, b0, b1, b2, b3, xp, sc, acc_a0, acc_a1, acc_b0, acc_b1):
+        """One 128-column block: the fragment MMAs, then scale-after into the fp32 accumulators."""
+        s_a, m_a, s_b, m_b = sc
+        sa = s_a.to(tl.float32)
+        ma = m_a.to(tl.float32) - OFFSET * sa
+        if TWO_ROWS:
+            d0, d1, d2, d3, e0, e1 = tl.inline_asm_elementwise(ASM, CONSTRAINTS, [a0, a1, a2, a3, b0, b1, b2, b3, xp],
+                                                               dtype=(tl.float32,) * 6, is_pure=True, pack=1)
+            sb = s_b.to(tl.float32)
+            mb = m_b.to(tl.float32) - OFFSET * sb
+            acc_b0 += sb * d2 + mb * e0
+            acc_b1 += sb * d3 + mb * e1
+        else:
+            d0, d1, e0, e1 = tl.inline_asm_elementwise(ASM, CONSTRAINTS, [a0, a1, a2, a3, xp],
+                                                       dtype=(tl.float32,) * 4, is_pure=True, pack=1)
+        acc_a0 += sa * d0 + ma * e0
+        acc_a1 += sa * d1 + ma * e1
+        return acc_a0, acc_a1, acc_b0, acc_b1
+
+
+    @triton.jit
+    def _mma_gemv_kernel(x_ptr, qw_ptr, s_ptr, mn_ptr, y_ptr, ws_ptr, cnt_ptr, xs_ptr, M, N, K, stride_xm, stride_ym,
+                         G: tl.constexpr, WARPS: tl.constexpr, SPLIT_K: tl.constexpr, ASM: tl.constexpr,
+                         CONSTRAINTS: tl.constexpr, TWO_ROWS: tl.constexpr, OFFSET: tl.constexpr,
+                         U: tl.constexpr, HAS_XS: tl.constexpr):
+        # Every per-lane quantity comes from the lane's own %tid.x, so the fragment plan holds
+        # whatever layout Triton picks for these [32 * WARPS] tensors (one element per thread).
+        RPW: tl.constexpr = 16 if TWO_ROWS else 8
+        BN: tl.constexpr = RPW * WARPS
+        pid_n = tl.program_id(0)
+        pid_k = tl.program_id(1)
+        m0_tok = tl.program_id(2) * 8  # token tile: B columns are tokens m0_tok .. m0_tok + 7
+        tid = _thread_id(tl.zeros([32 * WARPS], dtype=tl.int32))
+        lane = tid % 32
+        g = lane // 4
+        t = lane % 4
+        row_a = pid_n * BN + (tid // 32) * RPW + g
+        row_b = row_a + 8
+        KW = tl.multiple_of(K // 8, 16 * SPLIT_K * U)
+        kws = KW // SPLIT_K
+        n_groups = K // G
+        tok = tl.minimum(m0_tok + g, M - 1)  # B column g = token g of the tile; absent ones repeat the last
+        qw32 = qw_ptr.to(tl.pointer_type(tl.int32))
+        wa_ptr = qw32 + tl.minimum(row_a, N - 1).to(tl.int64) * KW + 4 * t  # clamped rows: never stored
+        wb_ptr = qw32 + tl.minimum(row_b, N - 1).to(tl.int64) * KW + 4 * t
+        x_lane = x_ptr + tok * stride_xm + 32 * t
+        sa_ptr = tl.minimum(row_a, N - 1) * n_groups
+        sb_ptr = tl.minimum(row_b, N - 1) * n_groups
+        zero = tl.zeros([32 * WARPS], dtype=tl.float32)
+        acc_a0, acc_a1, acc_b0, acc_b1 = zero, zero, zero, zero
+        k_lo = pid_k * kws
+        k_last = k_lo + kws - 16 * U
+        # U blocks per step, the next step's weights and scales loaded before this step's math:
+        # 16*U bytes per lane and row in flight (registers bound occupancy, so bytes per warp decide
+        # how much DRAM latency hides). Past the slice's end the last step re-reads itself (L2 hit).
+        a0, a1, a2, a3, b0, b1, b2, b3 = _load_rows(wa_ptr, wb_ptr, k_lo, TWO_ROWS)
+        sc = _load_scales(s_ptr, mn_ptr, sa_ptr, sb_ptr, (k_lo * 8) // G, TWO_ROWS)
+        c0, c1, c2, c3, f0, f1, f2, f3 = a0, a1, a2, a3, b0, b1, b2, b3
+        sc2 = sc
+        if U == 2:
+            c0, c1, c2, c3, f0, f1, f2, f3 = _load_rows(wa_ptr, wb_ptr, k_lo + 16, TWO_ROWS)
+            sc2 = _load_scales(s_ptr, mn_ptr, sa_ptr, sb_ptr, ((k_lo + 16) * 8) // G, TWO_ROWS)
+        for kw0 in range(k_lo, k_lo + kws, 16 * U):
+            nxt = tl.minimum(kw0 + 16 * U, k_last)
+            n0, n1, n2, n3, m0, m1, m2, m3 = _load_rows(wa_ptr, wb_ptr, nxt, TWO_ROWS)
+            sn = _load_scales(s_ptr, mn_ptr, sa_ptr, sb_ptr, (nxt * 8) // G, TWO_ROWS)
+            if U == 2:
+                p0, p1, p2, p3, q0, q1, q2, q3 = _load_rows(wa_ptr, wb_ptr, nxt + 16, TWO_ROWS)
+                sn2 = _load_scales(s_ptr, mn_ptr, sa_ptr, sb_ptr, ((nxt + 16) * 8) // G, TWO_ROWS)
+            acc_a0, acc_a1, acc_b0, acc_b1 = _block(ASM, CONSTRAINTS, TWO_ROWS, OFFSET, a0, a1, a2, a3, b0, b1, b2, b3,
+                                                    x_lane + kw0 * 8, sc, acc_a0, acc_a1, acc_b0, acc_b1)
+            a0, a1, a2, a3, b0, b1, b2, b3 = n0, n1, n2, n3, m0, m1, m2, m3
+            sc = sn
+            if U == 2:
+                acc_a0, acc_a1, acc_b0, acc_b1 = _block(ASM, CONSTRAINTS, TWO_ROWS, OFFSET, c0, c1, c2, c3, f0, f1,
+                                                        f2, f3, x_lane + (kw0 + 16) * 8, sc2, acc_a0, acc_a1,
+                                                        acc_b0, acc_b1)
+                c0, c1, c2, c3, f0, f1, f2, f3 = p0, p1, p2, p3, q0, q1, q2, q3
+                sc2 = sn2
+        # element (lane, e): row a (and b), token 2t + e
+        col = m0_tok + 2 * t[:, None] + tl.arange(0, 2)[None, :]
+        if TWO_ROWS:
+            acc = tl.reshape(tl.join(tl.join(acc_a0, acc_a1), tl.join(acc_b0, acc_b1)), (32 * WARPS, 4))
+            col = tl.reshape(tl.join(col, col), (32 * WARPS, 4))
+            row = tl.reshape(tl.join(tl.join(row_a, row_a), tl.join(row_b, row_b)), (32 * WARPS, 4))
+        else:
+            acc = tl.join(acc_a0, acc_a1)
+            row = tl.join(row_a, row_a)
+        mask = (row < N) & (col < M)
+        if HAS_XS:  # activation codes in, real outputs out: one scale per token
+            acc = acc * tl.load(xs_ptr + col, mask=col < M, other=0.0)
+        tile = tl.program_id(2) * tl.num_programs(0) + pid_n  # one arrival counter per (token, row) tile
+        splitk_finish(acc, y_ptr + col * stride_ym + row, ws_ptr, cnt_ptr, col * N + row, mask, tile, pid_k,
+                      M * N, SPLIT_K)
+
+
+def mma_gemv_supports(store: Int4Weight, cfg: TileConfig, m: int = 1, dtype=torch.bfloat16) -> bool:
+    k, g = store.in_features, store.group_size
+    return (1 <= m <= MAX_TOKENS and g % BLOCK_COLS == 0 and k % (BLOCK_COLS * cfg.split_k * (2 if cfg.prefetch else 1)) == 0
+            and dtype in (torch.bfloat16, torch.float16) and store.qweight.is_contiguous())
+
+
+def mma_gemv(x: torch.Tensor, store: Int4Weight, cfg: TileConfig, token_scales: torch.Tensor | None = None,
+             out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """y [M, N] = x [M, K] @ dequant(W).T for 1 <= M <= 16 (cfg: bm = 8 or 16 weight rows per warp,
+    warps, split_k, prefetch = 2 blocks per step). With token_scales [M] (fp32), x holds activation
+    codes and y = token_scales[:, None] * (x @ dequant(W).T)."""
+    x2 = x.reshape(-1, x.shape[-1])
+    m = x2.shape[0]
+    if not mma_gemv_supports(store, cfg, m, x2.dtype):
+        raise ValueError(f"mma_gemv serves 1..{MAX_TOKENS} bf16/fp16 tokens with groups of a multiple of "
+                         f"{BLOCK_COLS}; got M={m}, {x2.dtype}, group {store.group_size}, K={store.in_features}, "
+                         f"tile {cfg.key()}")
+    if x2.stride(-1) != 1 or (x2.stride(0) * x2.element_size()) % 16 or x2.data_ptr() % 16:
+        x2 = x2.contiguous()
+    n = store.out_features
+    y = torch.empty((m, n), device=x2.device, dtype=out_dtype or x2.dtype)
+    two = cfg.bm == 16  # TileConfig.bm: weight rows per warp (8: A rows 8..15 give sum(x); 16: an extra MMA does)
+    bn = (16 if two else 8) * cfg.warps
+    grid = (triton.cdiv(n, bn), cfg.split_k, triton.cdiv(m, 8))
+    ws = torch.empty((cfg.split_k, m * n), device=x2.device, dtype=torch.float32) if cfg.split_k > 1 else y
+    cnt = counters(x2.device, grid[0] * grid[2]) if cfg.split_k > 1 else y
+    xs = token_scales if token_scales is not None else y
+    dt = "bf16" if x2.dtype == torch.bfloat16 else "f16"
+    _mma_gemv_kernel[grid](x2, store.qweight, store.scales, store.mins, y, ws, cnt, xs, m, n, store.in_features,
+                           x2.stride(0), y.stride(0), G=store.group_size, WARPS=cfg.warps, SPLIT_K=cfg.split_k,
+                           ASM=MMA_ASM[(dt, two)], CONSTRAINTS=CONSTRAINTS[two], TWO_ROWS=two, OFFSET=OFFSET[dt],
+                           U=2 if cfg.prefetch else 1, HAS_XS=token_scales is not None, num_warps=cfg.warps,
+                           num_stages=1)
+    return y.reshape(*x.shape[:-1], n)
+
+
+def mma_gemv_quantized(x2: torch.Tensor, store: Int4Weight, act, cfg: TileConfig) -> torch.Tensor:
+    """W4A8 / W4A4 / W4A8-fp8 for 1..16 tokens: the activations are quantized per token (Triton),
+    their codes stored as exact 16-bit floats and run through the same bf16/fp16 fragments; with
+    integer codes every product and per-block sum is an exact integer in fp32, so this computes
+    what an int8 MMA would (DPR padding: P_X = (8) padded to 16 bits)."""
+    from gearshift.kernels.act_quant import quantize_act_triton
+
+    codes, scales = quantize_act_triton(x2, act, codes_dtype=x2.dtype)
+    return mma_gemv(codes, store, cfg, token_scales=scales, out_dtype=x2.dtype)
+
+
+def mma_config(n: int, k: int, m: int = 1) -> TileConfig:
+    """The tile family measured best on the H100 (benchmarks/results/int4_gemv_*.json): 16 rows per
+    warp, 4 warps, K split until there are ~600 programs (at most 8 slices, each >= 2 blocks)."""
+    progs = max(1, -(-n // 64))
+    split = 1
+    while split < 8 and progs * split < 600 and k % (BLOCK_COLS * split * 2) == 0 and k // (split * 2) >= 256:
+        split *= 2
+    return TileConfig(16, 0, BLOCK_COLS, split, 4, 1)
+
+
+def mma_gemv_reference(x: torch.Tensor, store: Int4Weight) -> torch.Tensor:
+    return linear_reference(x, store, None)

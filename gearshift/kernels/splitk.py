@@ -1,0 +1,50 @@
+"""Deterministic split-K in one launch: partials to a workspace, the last program sums them.
+
+Each (n-tile, k-slice) program stores its fp32 partial row block to `ws[slice, n]`, then
+increments the n-tile's arrival counter. The program that arrives last reads the S partials in
+slice order (fixed order: the result is bit-reproducible run to run, unlike fp32 atomics), writes
+the output in its dtype and resets the counter to 0, so the counters stay zero between launches
+and need no memset launch. Launches on one stream run one after another, so consecutive kernels
+share one counter buffer per device; kernels on concurrent streams would not (not used here).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from gearshift.kernels._triton import HAS_TRITON, tl, triton
+
+_COUNTERS: dict[tuple[str, int | None], torch.Tensor] = {}
+MAX_TILES = 1 << 16
+
+
+def counters(device: torch.device, n_tiles: int) -> torch.Tensor:
+    """The device's zeroed arrival counters (allocated once; kernels leave them at zero)."""
+    if n_tiles > MAX_TILES:
+        raise ValueError(f"split-K reduction supports at most {MAX_TILES} output tiles, got {n_tiles}")
+    key = (device.type, device.index)
+    c = _COUNTERS.get(key)
+    if c is None:
+        c = torch.zeros(MAX_TILES, dtype=torch.int32, device=device)
+        _COUNTERS[key] = c
+    return c
+
+
+if HAS_TRITON:
+
+    @triton.jit
+    def splitk_finish(acc, y_ptrs, ws_ptr, cnt_ptr, offs, mask, pid_t, pid_k, n_out, SPLIT_K: tl.constexpr):
+        """acc: this program's fp32 partial for output elements `offs` (flat index into one [M*N]
+        slice of ws); y_ptrs/mask address the same elements of the output."""
+        if SPLIT_K == 1:
+            tl.store(y_ptrs, acc.to(y_ptrs.dtype.element_ty), mask=mask)
+        else:
+            tl.store(ws_ptr + pid_k * n_out + offs, acc, mask=mask)
+            tl.debug_barrier()  # every thread's partial is written before the counter moves
+            arrived = tl.atomic_add(cnt_ptr + pid_t, 1, sem="acq_rel", scope="gpu")
+            if arrived == SPLIT_K - 1:
+                tot = tl.zeros_like(acc)
+                for s in tl.static_range(SPLIT_K):
+                    tot += tl.load(ws_ptr + s * n_out + offs, mask=mask, other=0.0, cache_modifier=".cg")
+                tl.store(y_ptrs, tot.to(y_ptrs.dtype.element_ty), mask=mask)
+                tl.atomic_xchg(cnt_ptr + pid_t, 0, sem="relaxed", scope="gpu")

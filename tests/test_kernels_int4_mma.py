@@ -1,0 +1,103 @@
+"""The register-fragment W4A16/W4A8 tensor-core kernel (kernels/int4_mma_gemv.py).
+
+Its PTX cannot run in the Triton interpreter, so on CPU a torch model of the fragment plan (lanes,
+nibble pairs, B-fragment permutation, the +128 offset folded into the min term, the 1.0 rows that
+yield sum(x)) is checked against the reference linear; on a GPU the kernel itself is checked."""
+
+import pytest
+import torch
+
+from gearshift.kernels.config import TileConfig
+from gearshift.kernels.int4_mma_gemv import BLOCK_COLS, MMA_ASM, OFFSET, mma_config, mma_gemv_supports
+from gearshift.kernels.reference import linear_reference
+from gearshift.quant.activations import ActQuantSpec, quantize_activations
+from gearshift.quant.int4 import quantize_int4
+
+# nibble pairs per MMA: (low half, high half) of a0 and a2; MMA 1 covers (0,4),(1,5), MMA 2 (2,6),(3,7)
+PAIRS = (((0, 4), (1, 5)), ((2, 6), (3, 7)))
+
+
+def emulate(x: torch.Tensor, store) -> torch.Tensor:
+    """fp32 torch model of one warp's math per 128-column block, rows in tiles of 8 (one-row plan)."""
+    q = store.unpacked().long()  # [N, K]
+    n, k = q.shape
+    m = x.shape[0]
+    y = torch.zeros(m, n, dtype=torch.float64)
+    for c0 in range(0, k, BLOCK_COLS):
+        g = c0 // store.group_size
+        for r0 in range(0, n, 8):
+            rows = torch.arange(r0, min(r0 + 8, n))
+            a = torch.ones(16, 16 * 8, dtype=torch.float64)  # A: 16 rows x (8 MMAs x 16 k-slots)
+            b = torch.zeros(16 * 8, 8, dtype=torch.float64)  # B: k-slots x 8 token columns
+            slot = 0
+            for j in range(4):  # word j of every lane
+                for pairs in PAIRS:
+                    for lane_t in range(4):
+                        word = c0 // 8 + 4 * lane_t + j
+                        for half, (lo, hi) in enumerate(pairs):
+                            ks = slot + 2 * lane_t + 8 * half  # a0 -> k 2t..2t+1, a2 -> k 2t+8..2t+9
+                            for e, nib in enumerate((lo, hi)):
+                                col = 8 * word + nib
+                                a[: len(rows), ks + e] = (OFFSET["bf16"] + q[rows, col]).double()
+                                for tok in range(8):
+                                    b[ks + e, tok] = x[min(tok, m - 1), col].double()
+                    slot += 16
+            d = a @ b  # rows 0..7: (128 + q) . x ; rows 8..15: sum(x)
+            s = store.scales[rows, g].double()[:, None]
+            mn = store.mins[rows, g].double()[:, None]
+            part = s * d[: len(rows)] + (mn - OFFSET["bf16"] * s) * d[8:9]
+            y[:, rows] += part[:, :m].T
+    return y
+
+
+@pytest.mark.parametrize("n,k,group,m", [(16, 256, 128, 1), (24, 384, 128, 3), (8, 512, 256, 8)])
+def test_fragment_plan_matches_reference(n, k, group, m):
+    g = torch.Generator().manual_seed(n * k + m)
+    store = quantize_int4(torch.randn(n, k, generator=g), group)
+    x = torch.randn(m, k, generator=g).to(torch.bfloat16).float()
+    ref = linear_reference(x, store, None).double()
+    assert ((emulate(x, store) - ref).norm() / ref.norm()).item() < 1e-6  # fp32 reference rounding only
+
+
+def test_ptx_matches_the_plan():
+    """The PTX string builds exactly the pairs the CPU model assumes."""
+    asm = MMA_ASM[("bf16", False)]
+    assert asm.count("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32") == 8
+    for shift in (4, 8, 12):
+        assert f"shr.b32 t, $4, {shift};" in asm
+    for a, b in (("x0", "x2"), ("x1", "x3")):  # word 0: (x0, x4), (x1, x5) then (x2, x6), (x3, x7)
+        assert f"prmt.b32 b0, {a}, {b}, 0x5410;" in asm and f"prmt.b32 b1, {a}, {b}, 0x7632;" in asm
+    assert MMA_ASM[("bf16", True)].count("mma.sync") == 16 and "0x64006400" in MMA_ASM[("f16", False)]
+
+
+def test_supports_and_config():
+    st = quantize_int4(torch.randn(64, 512), 128)
+    assert mma_gemv_supports(st, TileConfig(16, 0, 128, 4, 4, 1), 16)
+    assert not mma_gemv_supports(st, TileConfig(16, 0, 128, 8, 4, 1))  # 512 columns do not split 8 ways
+    assert not mma_gemv_supports(st, TileConfig(16, 0, 128, 1, 4, 1), 17)
+    assert not mma_gemv_supports(quantize_int4(torch.randn(64, 512), 64), TileConfig(16, 0, 128, 1, 4, 1))
+    assert mma_config(28672, 4096).split_k == 2 and mma_config(4096, 14336).split_k == 8
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the PTX needs a CUDA GPU")
+@pytest.mark.parametrize("rows,split,prefetch", [(8, 1, False), (16, 2, False), (16, 4, True), (8, 2, True)])
+def test_gpu_kernel_matches_reference(rows, split, prefetch):
+    from gearshift.kernels.int4_mma_gemv import mma_gemv, mma_gemv_quantized
+
+    torch.manual_seed(rows + split)
+    store = quantize_int4(torch.randn(200, 1024), 128).cuda()
+    cfg = TileConfig(rows, 0, 128, split, 2, 1, prefetch=prefetch)
+    for m in (1, 2, 5, 8, 9, 16):
+        for dt in (torch.bfloat16, torch.float16):
+            x = torch.randn(m, 1024, device="cuda", dtype=dt)
+            y = mma_gemv(x, store, cfg)
+            ref = linear_reference(x.float(), store, None)
+            assert ((y.float() - ref).norm() / ref.norm()).item() < 3e-3, (m, dt)
+            assert torch.equal(mma_gemv(x, store, cfg), y)  # fixed split-K order: reproducible
+        act = ActQuantSpec("int8")
+        x = torch.randn(m, 1024, device="cuda", dtype=torch.bfloat16)
+        y = mma_gemv_quantized(x, store, act, cfg)
+        ref = linear_reference(x.float(), store, act)
+        assert ((y.float() - ref).norm() / ref.norm()).item() < 3e-3
+        codes, scales = quantize_activations(x.float(), act)
+        assert codes.abs().max() <= 127 and scales.shape[0] == m
