@@ -61,13 +61,16 @@ def test_fragment_plan_matches_reference(n, k, group, m):
 
 def test_ptx_matches_the_plan():
     """The PTX string builds exactly the pairs the CPU model assumes."""
-    asm = MMA_ASM[("bf16", False)]
+    asm = MMA_ASM[("bf16", False, 1)]
     assert asm.count("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32") == 8
     for shift in (4, 8, 12):
         assert f"shr.b32 t, $4, {shift};" in asm
     for a, b in (("x0", "x2"), ("x1", "x3")):  # word 0: (x0, x4), (x1, x5) then (x2, x6), (x3, x7)
         assert f"prmt.b32 b0, {a}, {b}, 0x5410;" in asm and f"prmt.b32 b1, {a}, {b}, 0x7632;" in asm
-    assert MMA_ASM[("bf16", True)].count("mma.sync") == 16 and "0x64006400" in MMA_ASM[("f16", False)]
+    assert MMA_ASM[("bf16", True, 1)].count("mma.sync") == 16 and "0x64006400" in MMA_ASM[("f16", False, 1)]
+    two_tiles = MMA_ASM[("bf16", True, 2)]  # 9..16 tokens: the second tile reuses every A fragment
+    assert two_tiles.count("mma.sync") == 32 and two_tiles.count("and.b32 a0") == 8
+    assert "[$21+0]" in two_tiles and "[$20+48]" in two_tiles  # 12 outputs, 8 words, then the 2 pointers
 
 
 def test_supports_and_config():

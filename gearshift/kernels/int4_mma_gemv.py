@@ -35,25 +35,28 @@ from gearshift.kernels.splitk import counters
 from gearshift.quant.int4 import Int4Weight
 
 BLOCK_COLS = 128  # columns per fragment call: 4 lanes x 4 words x 8 nibbles
-MAX_TOKENS = 16  # MMA n = 8 tokens per tile; more tiles re-read the weights (from L2 at best)
+MAX_TOKENS = 16  # MMA n = 8 tokens per tile, two tiles per lane
 
 
-def _mma_asm(dt: str, magic: int, two_rows: bool) -> str:
+def _mma_asm(dt: str, magic: int, two_rows: bool, tiles: int = 1) -> str:
     """PTX for one 128-column block of one warp, run once per lane (pack 1).
 
-    one row per lane: outputs $0..$3 = D[g,2t], D[g,2t+1], X[2t], X[2t+1] (A rows 8..15 are 1.0,
-    so D rows 8..15 are X); inputs $4..$7 = the lane's 4 words, $8 = pointer to its token's inputs
-    for the first of them.
-    two rows per lane: outputs $0..$5 = D[a,2t], D[a,2t+1], D[b,2t], D[b,2t+1], X[2t], X[2t+1]
-    (a second MMA with A = 1.0 gives X); inputs $6..$9 / $10..$13 = words of rows a / b, $14 = x.
+    Inputs: the lane's 4 words of row a (A row g), then of row b (A row g+8) if two_rows, then one
+    pointer per token tile to that tile's token-g inputs for the lane's first word.
+    Outputs per token tile, in order: D[a,2t], D[a,2t+1], (D[b,2t], D[b,2t+1],) X[2t], X[2t+1].
+    One row per lane: A rows 8..15 are 1.0, so D rows 8..15 are X = sum(x) over the block. Two
+    rows per lane: a second MMA with A = 1.0 gives X. Two token tiles share the A fragments.
     """
     mm = f"0x{magic:04X}{magic:04X}"
     one = "0x3F803F80" if dt == "bf16" else "0x3C003C00"
     mma = f"mma.sync.aligned.m16n8k16.row.col.f32.{dt}.{dt}.f32"
-    lines = ["{", ".reg .b32 a0, a1, a2, a3, one, b0, b1, t;",
-             ".reg .f32 d0, d1, d2, d3, e0, e1, e2, e3;", f"mov.b32 one, {one};"]
-    lines += [f"mov.f32 {r}, 0f00000000;" for r in ("d0", "d1", "d2", "d3", "e0", "e1", "e2", "e3")]
-    wa0, wb0, xp = (6, 10, 14) if two_rows else (4, None, 8)
+    n_out = (6 if two_rows else 4) * tiles
+    wa0 = n_out
+    wb0 = wa0 + 4
+    xp0 = wa0 + (8 if two_rows else 4)
+    lines = ["{", ".reg .b32 a0, a1, a2, a3, one, b0, b1, t;", f".reg .b32 x<{16 * tiles}>;",
+             f".reg .f32 d<{4 * tiles}>, e<{4 * tiles}>;", f"mov.b32 one, {one};"]
+    lines += [f"mov.f32 {r}{i}, 0f00000000;" for r in "de" for i in range(4 * tiles)]
 
     def pair(reg: str, word: str, shift: int) -> None:
         src = word
@@ -63,34 +66,43 @@ def _mma_asm(dt: str, magic: int, two_rows: bool) -> str:
         lines.append(f"and.b32 {reg}, {src}, 0x000F000F;")
         lines.append(f"or.b32 {reg}, {reg}, {mm};")
 
-    lines.append(".reg .b32 x<16>;")  # all of the block's inputs first: one L1 round trip, not four
+    for tile in range(tiles):  # all of the block's inputs first: one L1 round trip
+        for j in range(4):
+            x = [f"x{16 * tile + 4 * j + i}" for i in range(4)]
+            lines.append(f"ld.global.v4.b32 {{{', '.join(x)}}}, [${xp0 + tile}+{16 * j}];")
     for j in range(4):
-        lines.append(f"ld.global.v4.b32 {{x{4 * j}, x{4 * j + 1}, x{4 * j + 2}, x{4 * j + 3}}}, [${xp}+{16 * j}];")
-    for j in range(4):
-        p01, p23, p45, p67 = (f"x{4 * j + i}" for i in range(4))
-        for half, (lo, hi) in enumerate(((p01, p45), (p23, p67))):
+        for half in range(2):
             pair("a0", f"${wa0 + j}", 8 * half)
             pair("a2", f"${wa0 + j}", 8 * half + 4)
             if two_rows:
                 pair("a1", f"${wb0 + j}", 8 * half)
                 pair("a3", f"${wb0 + j}", 8 * half + 4)
-            lines.append(f"prmt.b32 b0, {lo}, {hi}, 0x5410;")
-            lines.append(f"prmt.b32 b1, {lo}, {hi}, 0x7632;")
-            if two_rows:
-                lines.append(f"{mma} {{d0, d1, d2, d3}}, {{a0, a1, a2, a3}}, {{b0, b1}}, {{d0, d1, d2, d3}};")
-                lines.append(f"{mma} {{e0, e1, e2, e3}}, {{one, one, one, one}}, {{b0, b1}}, {{e0, e1, e2, e3}};")
-            else:
-                lines.append(f"{mma} {{d0, d1, d2, d3}}, {{a0, one, a2, one}}, {{b0, b1}}, {{d0, d1, d2, d3}};")
-    outs = ["d0", "d1", "d2", "d3", "e0", "e1"] if two_rows else ["d0", "d1", "d2", "d3"]
+            for tile in range(tiles):
+                lo, hi = f"x{16 * tile + 4 * j + half}", f"x{16 * tile + 4 * j + half + 2}"
+                d = ", ".join(f"d{4 * tile + i}" for i in range(4))
+                e = ", ".join(f"e{4 * tile + i}" for i in range(4))
+                lines.append(f"prmt.b32 b0, {lo}, {hi}, 0x5410;")
+                lines.append(f"prmt.b32 b1, {lo}, {hi}, 0x7632;")
+                if two_rows:
+                    lines.append(f"{mma} {{{d}}}, {{a0, a1, a2, a3}}, {{b0, b1}}, {{{d}}};")
+                    lines.append(f"{mma} {{{e}}}, {{one, one, one, one}}, {{b0, b1}}, {{{e}}};")
+                else:
+                    lines.append(f"{mma} {{{d}}}, {{a0, one, a2, one}}, {{b0, b1}}, {{{d}}};")
+    outs = []
+    for tile in range(tiles):
+        o = 4 * tile
+        outs += ([f"d{o}", f"d{o + 1}", f"d{o + 2}", f"d{o + 3}", f"e{o}", f"e{o + 1}"] if two_rows
+                 else [f"d{o}", f"d{o + 1}", f"d{o + 2}", f"d{o + 3}"])
     lines += [f"mov.b32 ${i}, {v};" for i, v in enumerate(outs)]
     lines.append("}")
     return "\n".join(lines)
 
 
-MMA_ASM = {(dt, two): _mma_asm(dt, magic, two) for dt, magic in (("bf16", 0x4300), ("f16", 0x6400))
-           for two in (False, True)}
+MMA_ASM = {(dt, two, tiles): _mma_asm(dt, magic, two, tiles) for dt, magic in (("bf16", 0x4300), ("f16", 0x6400))
+           for two in (False, True) for tiles in (1, 2)}
 OFFSET = {"bf16": 128.0, "f16": 1024.0}
-CONSTRAINTS = {False: ",".join(["=r"] * 4 + ["r"] * 4 + ["l"]), True: ",".join(["=r"] * 6 + ["r"] * 8 + ["l"])}
+CONSTRAINTS = {(two, tiles): ",".join(["=r"] * ((6 if two else 4) * tiles) + ["r"] * (8 if two else 4) + ["l"] * tiles)
+               for two in (False, True) for tiles in (1, 2)}
 
 if HAS_TRITON:
     from gearshift.kernels.splitk import splitk_finish
@@ -128,39 +140,59 @@ if HAS_TRITON:
 
 
     @triton.jit
-    def _block(ASM: tl.constexpr, CONSTRAINTS: tl.constexpr, TWO_ROWS: tl.constexpr, OFFSET: tl.constexpr,
-               a0, a1, a2, a3, b0, b1, b2, b3, xp, sc, acc_a0, acc_a1, acc_b0, acc_b1):
-        """One 128-column block: the fragment MMAs, then scale-after into the fp32 accumulators."""
+    def _fold(d0, d1, e0, e1, sa, ma, acc0, acc1):
+        return acc0 + sa * d0 + ma * e0, acc1 + sa * d1 + ma * e1
+
+
+    @triton.jit
+    def _block(ASM: tl.constexpr, CONSTRAINTS: tl.constexpr, TWO_ROWS: tl.constexpr, TILES: tl.constexpr,
+               OFFSET: tl.constexpr, a0, a1, a2, a3, b0, b1, b2, b3, xp, xp1, sc, acc):
+        """One 128-column block: the fragment MMAs, then scale-after into the fp32 accumulators
+        acc = (row a tok 2t, row a tok 2t+1, row b ..., row b ...) for tile 0, then tile 1."""
         s_a, m_a, s_b, m_b = sc
         sa = s_a.to(tl.float32)
         ma = m_a.to(tl.float32) - OFFSET * sa
+        sb = s_b.to(tl.float32)
+        mb = m_b.to(tl.float32) - OFFSET * sb
+        p0, p1, p2, p3, q0, q1, q2, q3 = acc
         if TWO_ROWS:
-            d0, d1, d2, d3, e0, e1 = tl.inline_asm_elementwise(ASM, CONSTRAINTS, [a0, a1, a2, a3, b0, b1, b2, b3, xp],
-                                                               dtype=(tl.float32,) * 6, is_pure=True, pack=1)
-            sb = s_b.to(tl.float32)
-            mb = m_b.to(tl.float32) - OFFSET * sb
-            acc_b0 += sb * d2 + mb * e0
-            acc_b1 += sb * d3 + mb * e1
+            if TILES == 2:
+                da0, da1, db0, db1, e0, e1, fa0, fa1, fb0, fb1, f0, f1 = tl.inline_asm_elementwise(
+                    ASM, CONSTRAINTS, [a0, a1, a2, a3, b0, b1, b2, b3, xp, xp1],
+                    dtype=(tl.float32,) * 12, is_pure=True, pack=1)
+            else:
+                da0, da1, db0, db1, e0, e1 = tl.inline_asm_elementwise(
+                    ASM, CONSTRAINTS, [a0, a1, a2, a3, b0, b1, b2, b3, xp], dtype=(tl.float32,) * 6, is_pure=True,
+                    pack=1)
+            p0, p1 = _fold(da0, da1, e0, e1, sa, ma, p0, p1)
+            p2, p3 = _fold(db0, db1, e0, e1, sb, mb, p2, p3)
+            if TILES == 2:
+                q0, q1 = _fold(fa0, fa1, f0, f1, sa, ma, q0, q1)
+                q2, q3 = _fold(fb0, fb1, f0, f1, sb, mb, q2, q3)
         else:
-            d0, d1, e0, e1 = tl.inline_asm_elementwise(ASM, CONSTRAINTS, [a0, a1, a2, a3, xp],
-                                                       dtype=(tl.float32,) * 4, is_pure=True, pack=1)
-        acc_a0 += sa * d0 + ma * e0
-        acc_a1 += sa * d1 + ma * e1
-        return acc_a0, acc_a1, acc_b0, acc_b1
+            if TILES == 2:
+                da0, da1, e0, e1, fa0, fa1, f0, f1 = tl.inline_asm_elementwise(
+                    ASM, CONSTRAINTS, [a0, a1, a2, a3, xp, xp1], dtype=(tl.float32,) * 8, is_pure=True, pack=1)
+                q0, q1 = _fold(fa0, fa1, f0, f1, sa, ma, q0, q1)
+            else:
+                da0, da1, e0, e1 = tl.inline_asm_elementwise(ASM, CONSTRAINTS, [a0, a1, a2, a3, xp],
+                                                             dtype=(tl.float32,) * 4, is_pure=True, pack=1)
+            p0, p1 = _fold(da0, da1, e0, e1, sa, ma, p0, p1)
+        return p0, p1, p2, p3, q0, q1, q2, q3
 
 
     @triton.jit
     def _mma_gemv_kernel(x_ptr, qw_ptr, s_ptr, mn_ptr, y_ptr, ws_ptr, cnt_ptr, xs_ptr, M, N, K, stride_xm, stride_ym,
                          G: tl.constexpr, WARPS: tl.constexpr, SPLIT_K: tl.constexpr, ASM: tl.constexpr,
-                         CONSTRAINTS: tl.constexpr, TWO_ROWS: tl.constexpr, OFFSET: tl.constexpr,
-                         U: tl.constexpr, HAS_XS: tl.constexpr):
+                         CONSTRAINTS: tl.constexpr, TWO_ROWS: tl.constexpr, TILES: tl.constexpr,
+                         OFFSET: tl.constexpr, U: tl.constexpr, HAS_XS: tl.constexpr):
         # Every per-lane quantity comes from the lane's own %tid.x, so the fragment plan holds
         # whatever layout Triton picks for these [32 * WARPS] tensors (one element per thread).
         RPW: tl.constexpr = 16 if TWO_ROWS else 8
         BN: tl.constexpr = RPW * WARPS
         pid_n = tl.program_id(0)
         pid_k = tl.program_id(1)
-        m0_tok = tl.program_id(2) * 8  # token tile: B columns are tokens m0_tok .. m0_tok + 7
+        m0_tok = tl.program_id(2) * 8 * TILES  # B columns: tokens m0_tok + g (and m0_tok + 8 + g)
         tid = _thread_id(tl.zeros([32 * WARPS], dtype=tl.int32))
         lane = tid % 32
         g = lane // 4
@@ -170,20 +202,21 @@ if HAS_TRITON:
         KW = tl.multiple_of(K // 8, 16 * SPLIT_K * U)
         kws = KW // SPLIT_K
         n_groups = K // G
-        tok = tl.minimum(m0_tok + g, M - 1)  # B column g = token g of the tile; absent ones repeat the last
+        tok0 = tl.minimum(m0_tok + g, M - 1)  # absent tokens repeat the last one (never stored)
+        tok1 = tl.minimum(m0_tok + 8 + g, M - 1)
         qw32 = qw_ptr.to(tl.pointer_type(tl.int32))
         wa_ptr = qw32 + tl.minimum(row_a, N - 1).to(tl.int64) * KW + 4 * t  # clamped rows: never stored
         wb_ptr = qw32 + tl.minimum(row_b, N - 1).to(tl.int64) * KW + 4 * t
-        x_lane = x_ptr + tok * stride_xm + 32 * t
+        x0 = x_ptr + tok0 * stride_xm + 32 * t
+        x1 = x_ptr + tok1 * stride_xm + 32 * t
         sa_ptr = tl.minimum(row_a, N - 1) * n_groups
         sb_ptr = tl.minimum(row_b, N - 1) * n_groups
         zero = tl.zeros([32 * WARPS], dtype=tl.float32)
-        acc_a0, acc_a1, acc_b0, acc_b1 = zero, zero, zero, zero
+        acc = (zero, zero, zero, zero, zero, zero, zero, zero)
         k_lo = pid_k * kws
         k_last = k_lo + kws - 16 * U
         # U blocks per step, the next step's weights and scales loaded before this step's math:
-        # 16*U bytes per lane and row in flight (registers bound occupancy, so bytes per warp decide
-        # how much DRAM latency hides). Past the slice's end the last step re-reads itself (L2 hit).
+        # 16*U bytes per lane and row in flight. Past the slice's end the last step re-reads itself.
         a0, a1, a2, a3, b0, b1, b2, b3 = _load_rows(wa_ptr, wb_ptr, k_lo, TWO_ROWS)
         sc = _load_scales(s_ptr, mn_ptr, sa_ptr, sb_ptr, (k_lo * 8) // G, TWO_ROWS)
         c0, c1, c2, c3, f0, f1, f2, f3 = a0, a1, a2, a3, b0, b1, b2, b3
@@ -198,31 +231,59 @@ if HAS_TRITON:
             if U == 2:
                 p0, p1, p2, p3, q0, q1, q2, q3 = _load_rows(wa_ptr, wb_ptr, nxt + 16, TWO_ROWS)
                 sn2 = _load_scales(s_ptr, mn_ptr, sa_ptr, sb_ptr, ((nxt + 16) * 8) // G, TWO_ROWS)
-            acc_a0, acc_a1, acc_b0, acc_b1 = _block(ASM, CONSTRAINTS, TWO_ROWS, OFFSET, a0, a1, a2, a3, b0, b1, b2, b3,
-                                                    x_lane + kw0 * 8, sc, acc_a0, acc_a1, acc_b0, acc_b1)
+            acc = _block(ASM, CONSTRAINTS, TWO_ROWS, TILES, OFFSET, a0, a1, a2, a3, b0, b1, b2, b3,
+                         x0 + kw0 * 8, x1 + kw0 * 8, sc, acc)
             a0, a1, a2, a3, b0, b1, b2, b3 = n0, n1, n2, n3, m0, m1, m2, m3
             sc = sn
             if U == 2:
-                acc_a0, acc_a1, acc_b0, acc_b1 = _block(ASM, CONSTRAINTS, TWO_ROWS, OFFSET, c0, c1, c2, c3, f0, f1,
-                                                        f2, f3, x_lane + (kw0 + 16) * 8, sc2, acc_a0, acc_a1,
-                                                        acc_b0, acc_b1)
+                acc = _block(ASM, CONSTRAINTS, TWO_ROWS, TILES, OFFSET, c0, c1, c2, c3, f0, f1, f2, f3,
+                             x0 + (kw0 + 16) * 8, x1 + (kw0 + 16) * 8, sc2, acc)
                 c0, c1, c2, c3, f0, f1, f2, f3 = p0, p1, p2, p3, q0, q1, q2, q3
                 sc2 = sn2
-        # element (lane, e): row a (and b), token 2t + e
-        col = m0_tok + 2 * t[:, None] + tl.arange(0, 2)[None, :]
+        # element (lane, i): accumulator i -> (token tile, row a/b, token 2t + e)
+        e2 = tl.arange(0, 2)[None, :]
+        col0 = m0_tok + 2 * t[:, None] + e2
+        ra = tl.join(row_a, row_a)
+        rb = tl.join(row_b, row_b)
+        p_a = tl.join(acc[0], acc[1])
+        p_b = tl.join(acc[2], acc[3])
+        q_a = tl.join(acc[4], acc[5])
+        q_b = tl.join(acc[6], acc[7])
         if TWO_ROWS:
-            acc = tl.reshape(tl.join(tl.join(acc_a0, acc_a1), tl.join(acc_b0, acc_b1)), (32 * WARPS, 4))
-            col = tl.reshape(tl.join(col, col), (32 * WARPS, 4))
-            row = tl.reshape(tl.join(tl.join(row_a, row_a), tl.join(row_b, row_b)), (32 * WARPS, 4))
+            if TILES == 2:
+                out = _cat4(p_a, p_b, q_a, q_b)
+                row = _cat4(ra, rb, ra, rb)
+                col = _cat4(col0, col0, col0 + 8, col0 + 8)
+            else:
+                out = _cat2(p_a, p_b)
+                row = _cat2(ra, rb)
+                col = _cat2(col0, col0)
         else:
-            acc = tl.join(acc_a0, acc_a1)
-            row = tl.join(row_a, row_a)
+            if TILES == 2:
+                out = _cat2(p_a, q_a)
+                row = _cat2(ra, ra)
+                col = _cat2(col0, col0 + 8)
+            else:
+                out = p_a
+                row = ra
+                col = col0
         mask = (row < N) & (col < M)
         if HAS_XS:  # activation codes in, real outputs out: one scale per token
-            acc = acc * tl.load(xs_ptr + col, mask=col < M, other=0.0)
+            out = out * tl.load(xs_ptr + col, mask=col < M, other=0.0)
         tile = tl.program_id(2) * tl.num_programs(0) + pid_n  # one arrival counter per (token, row) tile
-        splitk_finish(acc, y_ptr + col * stride_ym + row, ws_ptr, cnt_ptr, col * N + row, mask, tile, pid_k,
+        splitk_finish(out, y_ptr + col * stride_ym + row, ws_ptr, cnt_ptr, col * N + row, mask, tile, pid_k,
                       M * N, SPLIT_K)
+
+
+    @triton.jit
+    def _cat2(a, b):
+        """[R, C] x 2 -> [R, 2C]."""
+        return tl.reshape(tl.join(a, b), (a.shape[0], 2 * a.shape[1]))
+
+
+    @triton.jit
+    def _cat4(a, b, c, d):
+        return _cat2(_cat2(a, b), _cat2(c, d))
 
 
 def mma_gemv_supports(store: Int4Weight, cfg: TileConfig, m: int = 1, dtype=torch.bfloat16) -> bool:
@@ -247,15 +308,17 @@ def mma_gemv(x: torch.Tensor, store: Int4Weight, cfg: TileConfig, token_scales: 
     n = store.out_features
     y = torch.empty((m, n), device=x2.device, dtype=out_dtype or x2.dtype)
     two = cfg.bm == 16  # TileConfig.bm: weight rows per warp (8: A rows 8..15 give sum(x); 16: an extra MMA does)
+    tiles = 2 if m > 8 else 1  # 9..16 tokens: both token tiles share each A fragment (weights read once)
     bn = (16 if two else 8) * cfg.warps
-    grid = (triton.cdiv(n, bn), cfg.split_k, triton.cdiv(m, 8))
+    grid = (triton.cdiv(n, bn), cfg.split_k, triton.cdiv(m, 8 * tiles))
     ws = torch.empty((cfg.split_k, m * n), device=x2.device, dtype=torch.float32) if cfg.split_k > 1 else y
     cnt = counters(x2.device, grid[0] * grid[2]) if cfg.split_k > 1 else y
     xs = token_scales if token_scales is not None else y
     dt = "bf16" if x2.dtype == torch.bfloat16 else "f16"
     _mma_gemv_kernel[grid](x2, store.qweight, store.scales, store.mins, y, ws, cnt, xs, m, n, store.in_features,
                            x2.stride(0), y.stride(0), G=store.group_size, WARPS=cfg.warps, SPLIT_K=cfg.split_k,
-                           ASM=MMA_ASM[(dt, two)], CONSTRAINTS=CONSTRAINTS[two], TWO_ROWS=two, OFFSET=OFFSET[dt],
+                           ASM=MMA_ASM[(dt, two, tiles)], CONSTRAINTS=CONSTRAINTS[(two, tiles)], TWO_ROWS=two,
+                           TILES=tiles, OFFSET=OFFSET[dt],
                            U=2 if cfg.prefetch else 1, HAS_XS=token_scales is not None, num_warps=cfg.warps,
                            num_stages=1)
     return y.reshape(*x.shape[:-1], n)
