@@ -177,3 +177,15 @@ def test_stale_map_does_not_override_small_m():
     mma = candidate_name("w4a16_mma", TileConfig(16, 0, 128, 2, 4, 1))
     new = PolicyMap("dev", timings={key: {str(m): {tc: 10.0, mma: 20.0} for m in M_BUCKETS}}).without("-")
     assert AdaptiveDispatcher(new, autoload=False).choose(st, None, 1).strategy == "w4a16_tc"  # the map decides
+
+
+def test_bundled_h100_map_is_found_and_current(tmp_path, monkeypatch):
+    monkeypatch.setenv("GEARSHIFT_CACHE", str(tmp_path))  # empty user cache
+    pm = load_policy_for_device("NVIDIA H100 80GB HBM3")
+    assert pm is not None and "data/policy" in pm.path.replace("\\", "/")
+    assert load_policy_for_device("Some Other GPU") is None
+    st = quantize_int4(torch.randn(6144, 4096), 128)
+    d = AdaptiveDispatcher(pm, autoload=False)
+    c = d.choose(st, None, 1)
+    assert c.strategy == "w4a16_mma" and c.config.split_k >= 1  # a profiled tile, not the heuristic default
+    assert not d._stale_small_m(pm, "w4a16", 1)  # its entries name the fragment kernels

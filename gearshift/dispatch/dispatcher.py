@@ -135,8 +135,10 @@ class AdaptiveDispatcher(Dispatcher):
             return False
         if getattr(self, "_known_pm", ()) != (id(pm),):
             self._known_pm = (id(pm),)
-            self._knows_mma = any("_mma" in str(c) for cands in pm.timings.values() for per_m in cands.values()
-                                  for c in per_m)
+            self._knows_mma = (any("_mma" in str(c) for cands in pm.timings.values() for per_m in cands.values()
+                                   for c in per_m)
+                               or any(c is not None and c.strategy.endswith("_mma")
+                                      for row in pm.entries.values() for c in row))
         return not self._knows_mma
 
     def linear(self, x: torch.Tensor, store: WeightFormat, act: ActQuantSpec | None,

@@ -147,11 +147,18 @@ def policy_paths(device: str, model_dir: str | os.PathLike | None = None) -> lis
         md = Path(model_dir)
         paths += [md / "policy" / f"{slug}.json", md / f"policy_{slug}.json"]
     paths.append(cache_dir() / f"{slug}.json")
+    paths.append(bundled_dir() / f"{slug}.json")  # measured by the project on that GPU (Llama-3-8B shapes)
     return paths
 
 
+def bundled_dir() -> Path:
+    """Maps shipped with the package: profiled by the project on a lent GPU, winners only."""
+    return Path(__file__).resolve().parents[1] / "data" / "policy"
+
+
 def load_policy_for_device(device: str | None = None, model_dir: str | os.PathLike | None = None) -> PolicyMap | None:
-    """The policy map profiled on this GPU (beside the model first, then the user cache), or None."""
+    """The policy map profiled on this GPU (beside the model first, then the user cache, then the
+    one shipped with the package for that GPU), or None."""
     if device is None:
         import torch
 
