@@ -11,6 +11,8 @@ from __future__ import annotations
 import torch
 
 from gearshift.errors import GearshiftError
+from gearshift.kernels.kv_write import kv_write_reference, kv_write_triton
+from gearshift.kernels.switches import fused_kernels_enabled
 
 
 class KVCache:
@@ -42,14 +44,16 @@ class KVCache:
                 raise GearshiftError(
                     f"sequence in slot {b} needs {s + n} positions but the KV cache holds {self.capacity}")
 
-    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor,
-              valid: torch.Tensor) -> None:
-        """Store k, v [B, H, T, D] at `positions` [B, T]; tokens with valid=False go to scratch."""
-        pos = torch.where(valid, positions, torch.full_like(positions, self.scratch))
-        rows = torch.arange(k.shape[0], device=k.device).unsqueeze(1).expand_as(pos)
-        # advanced indices on dims 0 and 2 come first in the result: value shape [B, T, H, D]
-        self.k[layer][rows, :, pos] = k.transpose(1, 2).to(self.k.dtype)
-        self.v[layer][rows, :, pos] = v.transpose(1, 2).to(self.v.dtype)
+    def targets(self, positions: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+        """Where each token's K/V goes: its position, or the scratch slot for padding ([B, T])."""
+        return torch.where(valid, positions, torch.full_like(positions, self.scratch)).contiguous()
+
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, targets: torch.Tensor) -> None:
+        """Store k, v [B, T, H, D] at `targets` [B, T] (from `targets()`, computed once per forward)."""
+        if k.is_cuda and fused_kernels_enabled():  # one launch for k and v instead of two index_put_
+            kv_write_triton(self.k[layer], self.v[layer], k, v, targets)
+        else:
+            kv_write_reference(self.k[layer], self.v[layer], k, v, targets)
 
     def view(self, layer: int, upto: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.k[layer, :, :, :upto], self.v[layer, :, :, :upto]

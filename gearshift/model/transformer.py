@@ -13,25 +13,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from gearshift.kernels._triton import HAS_TRITON
 from gearshift.kernels.rmsnorm import rms_norm_reference, rms_norm_triton
 from gearshift.kernels.rope import rope_triton
 from gearshift.model.config import ModelConfig
 from gearshift.model.kv_cache import KVCache
 from gearshift.model.quant_linear import QuantLinear
 from gearshift.model.rope import Rotary, apply_rotary
-
-
-_FUSED = {"enabled": True}
-
-
-def fused_kernels_enabled() -> bool:
-    """Triton RMSNorm and RoPE on CUDA tensors (set_fused_kernels(False) restores the torch ops)."""
-    return HAS_TRITON and _FUSED["enabled"]
-
-
-def set_fused_kernels(enabled: bool) -> None:
-    _FUSED["enabled"] = bool(enabled)
+from gearshift.kernels.switches import fused_kernels_enabled, set_fused_kernels  # noqa: F401 (re-exported)
 
 
 class RMSNorm(nn.Module):
@@ -54,7 +42,7 @@ class Attention(nn.Module):
         self.qkv_proj, self.o_proj = qkv_proj, o_proj
         self.q_norm, self.k_norm = q_norm, k_norm
 
-    def forward(self, x, cos, sin, cache: KVCache, layer: int, positions, valid, mask, upto, mode):
+    def forward(self, x, cos, sin, cache: KVCache, layer: int, targets, mask, upto, mode):
         b, t, _ = x.shape
         qkv = self.qkv_proj(x, mode)
         q_end = self.n_heads * self.head_dim
@@ -66,11 +54,11 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         if x.is_cuda and fused_kernels_enabled():  # one launch per tensor instead of five
             q, k = rope_triton(q, cos, sin), rope_triton(k, cos, sin)
-            q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         else:
-            q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-            q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-        cache.write(layer, k, v, positions, valid)
+            q = apply_rotary(q.transpose(1, 2), cos, sin).transpose(1, 2)
+            k = apply_rotary(k.transpose(1, 2), cos, sin).transpose(1, 2)
+        cache.write(layer, k, v, targets)
+        q = q.transpose(1, 2)
         keys, values = cache.view(layer, upto)
         out = F.scaled_dot_product_attention(q, keys.to(q.dtype), values.to(q.dtype), attn_mask=mask,
                                              enable_gqa=self.n_kv != self.n_heads)
@@ -93,8 +81,8 @@ class DecoderLayer(nn.Module):
         self.self_attn, self.mlp = attn, mlp
         self.input_layernorm, self.post_attention_layernorm = input_norm, post_norm
 
-    def forward(self, x, cos, sin, cache, layer, positions, valid, mask, upto, mode):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache, layer, positions, valid, mask, upto, mode)
+    def forward(self, x, cos, sin, cache, layer, targets, mask, upto, mode):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache, layer, targets, mask, upto, mode)
         return x + self.mlp(self.post_attention_layernorm(x), mode)
 
 
@@ -189,8 +177,9 @@ class Transformer(nn.Module):
         mask = (torch.arange(upto, device=dev).view(1, 1, 1, upto) <= positions.view(b, 1, t, 1))
         x = self.model.embed_tokens(tokens).to(self.dtype)
         cos, sin = self.rotary(positions, self.dtype)
+        targets = cache.targets(positions, valid)  # KV write positions, once for all layers
         for i, layer in enumerate(self.model.layers):
-            x = layer(x, cos, sin, cache, i, positions, valid, mask, upto, mode)
+            x = layer(x, cos, sin, cache, i, targets, mask, upto, mode)
         if logits == "last":
             last = (n_new - 1).clamp_min(0)
             x = x[torch.arange(b, device=dev), last].unsqueeze(1)
