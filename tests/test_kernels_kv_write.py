@@ -26,12 +26,16 @@ def test_kv_write_matches_reference(b, t, h, d):
     v = qkv[..., 2 * h * d:].view(b, t, h, d)
     positions = torch.randint(0, 12 - t, (b, 1), generator=g).to(DEV) + torch.arange(t, device=DEV)
     valid = torch.rand(b, t, generator=g).to(DEV) > 0.3  # some padding tokens go to the scratch slot
+    valid[:, 0] = True
     tgt = cache.targets(positions, valid)
+    real = slice(0, 12)  # position 12 is the scratch slot: several padding tokens may race there
     kv_write_triton(cache.k[1], cache.v[1], k, v, tgt)
     kv_write_reference(ref.k[1], ref.v[1], k, v, tgt)
-    assert torch.equal(cache.k, ref.k) and torch.equal(cache.v, ref.v)
-    assert torch.equal(cache.k[1][:, :, 12], ref.k[1][:, :, 12])  # scratch written the same way
+    assert torch.equal(cache.k[:, :, :, real], ref.k[:, :, :, real])
+    assert torch.equal(cache.v[:, :, :, real], ref.v[:, :, :, real])
+    assert cache.k[1][:, :, real].abs().sum() > 0 and cache.k[0].abs().sum() == 0  # only layer 1 written
     # overwrite in place (QSPEC's verify pass rewrites draft entries): same positions, new values
     kv_write_triton(cache.k[1], cache.v[1], v, k, tgt)
     kv_write_reference(ref.k[1], ref.v[1], v, k, tgt)
-    assert torch.equal(cache.k, ref.k) and torch.equal(cache.v, ref.v)
+    assert torch.equal(cache.k[:, :, :, real], ref.k[:, :, :, real])
+    assert torch.equal(cache.v[:, :, :, real], ref.v[:, :, :, real])
