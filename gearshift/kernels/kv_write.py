@@ -23,15 +23,12 @@ def kv_write_reference(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Te
 
 
 if HAS_TRITON:
+    from gearshift.kernels.indexing import split_bth
 
     @triton.jit
     def _kv_write_kernel(k_ptr, v_ptr, kc_ptr, vc_ptr, tgt_ptr, T, H, skb, skt, skh, svb, svt, svh,
                          scb, sch, scp, D: tl.constexpr):
-        pid = tl.program_id(0)  # one (b, t, h) row of D values
-        h = pid % H
-        bt = pid // H
-        t = bt % T
-        b = bt // T
+        b, t, h, bt = split_bth(tl.program_id(0), T, H)  # one (b, t, h) row of D values
         offs = tl.arange(0, D)
         p = tl.load(tgt_ptr + bt)
         dst = b * scb + h * sch + p * scp + offs

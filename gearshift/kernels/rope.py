@@ -21,14 +21,12 @@ def rope_reference(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tor
 
 
 if HAS_TRITON:
+    from gearshift.kernels.indexing import split_bth
 
     @triton.jit
     def _rope_kernel(x_ptr, cos_ptr, sin_ptr, y_ptr, T, H, sxb, sxt, sxh, scb, sct, HALF: tl.constexpr):
         pid = tl.program_id(0)  # one (b, t, h) row of D values
-        h = pid % H
-        bt = pid // H
-        t = bt % T
-        b = bt // T
+        b, t, h, _ = split_bth(pid, T, H)
         offs = tl.arange(0, HALF)
         xb = x_ptr + b * sxb + t * sxt + h * sxh
         x1 = tl.load(xb + offs).to(tl.float32)
