@@ -1,4 +1,4 @@
-"""W4A16 (and W4A8/W4A4 via exact codes) for 1..16 tokens on tensor cores through `mma.sync` fragments built in registers.
+"""W4A16 (and W4A8/W4A4 via exact codes) for 1..16 tokens: `mma.sync` fragments built in registers.
 
 Why: a CUDA-core GEMV spends >= 3 instructions per int4 weight (unpack, convert, FMA) and tops
 out near 2x the weight-read floor on the H100; Triton's `tl.dot` routes both operands through
@@ -17,8 +17,9 @@ Fragment plan (lane = 4*g + t, g = 0..7, t = 0..3; one warp owns 8 weight rows):
   fragment uses the same one (PRMT of the token's 8 inputs per word);
 * A rows 8..15 = 1.0, so D rows 8..15 = sum(x) over the block: the min term and the +128 offset
   need it, and it lands in the same lane as the row's dot product;
-* B column n = g is token g (M <= 8; lanes of absent tokens load token M-1, and those columns are
-  never stored): D[g, 2t + e] for e = 0, 1 is row g x token 2t + e.
+* B column n = g is token g of an 8-token tile (lanes of absent tokens load token M-1, and those
+  columns are never stored): D[g, 2t + e] for e = 0, 1 is row g x token 2t + e; 9..16 tokens run
+  a second tile against the same A registers.
 Per block and row: y += s * (D - 128 X) + m * X = s * D + (m - 128 s) * X (fp32, scale-after, a
 block never straddles a scale group). Split-K over programs with the deterministic one-launch
 reduction of `splitk.py`. DPR: P_W = (4) padded to bf16, P_X = (16), bf16 tensor cores.
@@ -117,7 +118,8 @@ if HAS_TRITON:
     @triton.jit
     def _load16(ptr):
         """The 4 int32 words at ptr (16 bytes) in the calling thread's registers."""
-        return tl.inline_asm_elementwise("ld.global.nc.L1::no_allocate.v4.b32 {$0, $1, $2, $3}, [$4];", "=r,=r,=r,=r,l", [ptr],
+        return tl.inline_asm_elementwise("ld.global.nc.L1::no_allocate.v4.b32 {$0, $1, $2, $3}, [$4];",
+                                         "=r,=r,=r,=r,l", [ptr],
                                          dtype=(tl.int32, tl.int32, tl.int32, tl.int32), is_pure=False, pack=1)
 
 
@@ -287,9 +289,13 @@ if HAS_TRITON:
 
 
 def mma_gemv_supports(store: Int4Weight, cfg: TileConfig, m: int = 1, dtype=torch.bfloat16) -> bool:
+    """Groups a multiple of 128 (a block never straddles one), K tiled by the split (and 2-block
+    steps), bf16/fp16 activations, and a contiguous 16-byte aligned qweight (the PTX loads 16 B)."""
     k, g = store.in_features, store.group_size
-    return (1 <= m <= MAX_TOKENS and g % BLOCK_COLS == 0 and k % (BLOCK_COLS * cfg.split_k * (2 if cfg.prefetch else 1)) == 0
-            and dtype in (torch.bfloat16, torch.float16) and store.qweight.is_contiguous())
+    step = BLOCK_COLS * cfg.split_k * (2 if cfg.prefetch else 1)
+    q = store.qweight
+    return (1 <= m <= MAX_TOKENS and g % BLOCK_COLS == 0 and k % step == 0 and dtype in (torch.bfloat16, torch.float16)
+            and q.is_contiguous() and q.data_ptr() % 16 == 0)
 
 
 def mma_gemv(x: torch.Tensor, store: Int4Weight, cfg: TileConfig, token_scales: torch.Tensor | None = None,
