@@ -189,3 +189,18 @@ def test_bundled_h100_map_is_found_and_current(tmp_path, monkeypatch):
     c = d.choose(st, None, 1)
     assert c.strategy == "w4a16_mma" and c.config.split_k >= 1  # a profiled tile, not the heuristic default
     assert not d._stale_small_m(pm, "w4a16", 1)  # its entries name the fragment kernels
+
+
+def test_bundled_maps_name_registered_strategies():
+    """A shipped map must only name strategies (and tile fields) this version still has."""
+    from gearshift.dispatch.policy import bundled_dir
+
+    maps = sorted(bundled_dir().glob("*.json"))
+    assert maps, "the package ships at least the H100 map"
+    for path in maps:
+        pm = PolicyMap.load(path)
+        for key, row in pm.entries.items():
+            for c in row:
+                if c is not None:
+                    assert c.strategy in STRATEGIES, (path.name, key, c.strategy)
+                    assert c.config is None or isinstance(c.config, TileConfig)
