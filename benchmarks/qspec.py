@@ -39,7 +39,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gearshift.decode.autoregressive import AutoregressivePolicy  # noqa: E402
-from gearshift.decode.qspec import QSpecPolicy  # noqa: E402
+from gearshift.decode.qspec import QSpecPolicy, tokens_per_cycle  # noqa: E402
 from gearshift.decode.sampling import SamplingParams  # noqa: E402
 from gearshift.engine.engine import Engine, Request  # noqa: E402
 
@@ -58,12 +58,6 @@ CHAT_PROMPTS = [
     "Translate 'good morning' into Spanish and German.",
 ]
 
-
-def tokens_per_cycle(alpha: float, gamma: int) -> float:
-    """Expected tokens per cycle with i.i.d. per-token acceptance alpha (Leviathan et al., eq. 1)."""
-    if alpha >= 1:
-        return gamma + 1.0
-    return (1 - alpha ** (gamma + 1)) / (1 - alpha)
 
 
 # ---- the GPU stage ---------------------------------------------------------------------------------

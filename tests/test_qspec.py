@@ -372,3 +372,35 @@ def test_cli_generate_qspec_json(model_dir, capsys):
                "--ignore-eos", "--group-size", "32", "--json"])
     st = json.loads(capsys.readouterr().out)["stats"]
     assert st["kv_overwrite"] is False and st["acceptance"] == "greedy"
+
+
+def test_modeled_speedup_from_a_policy_map():
+    """DESIGN.md's formula on the map's kernel times: a draft step as costly as the verify step
+    cannot pay; a draft step 4x cheaper can."""
+    from gearshift.decode.qspec import modeled_speedup, tokens_per_cycle
+    from gearshift.dispatch.policy import Choice, PolicyMap, type_key
+    from gearshift.dispatch.strategies import group_of, mode_key
+    from gearshift.model.tiny import build_random_model
+    from gearshift.quant.modes import get_mode
+
+    model = build_random_model("tiny", weights="int4", group_size=32, device="cpu", dtype=torch.float32)
+    lins = [(n, lin) for n, lin in model.linear_layers() if n != "lm_head"]
+
+    def make_map(draft_us: float) -> PolicyMap:
+        pm = PolicyMap("Toy GPU")
+        for _, lin in lins:
+            st = lin.store
+            for mode, us_of_m in (("w4a16", lambda m: 10.0 + m), ("w4a4", lambda m: draft_us)):
+                key = type_key(mode_key(st, get_mode(mode).act), group_of(st), st.out_features, st.in_features)
+                for m in pm.buckets:
+                    pm.set(key, m, Choice("w4a16_tc", None, us_of_m(m)))
+        return pm
+
+    n = len(lins)
+    slow = modeled_speedup(make_map(11.0), model, "w4a4", "w4a16", 3, 1, 0.9)
+    assert abs(slow["t_ar_ms"] - n * 11.0 / 1e3) < 1e-9 and abs(slow["t_verify_ms"] - n * 14.0 / 1e3) < 1e-9
+    expect = tokens_per_cycle(0.9, 3) * 11.0 / (3 * 11.0 + 14.0)
+    assert abs(slow["speedup"] - expect) < 1e-9 and slow["speedup"] < 1
+    fast = modeled_speedup(make_map(2.75), model, "w4a4", "w4a16", 3, 1, 0.9)
+    assert fast["speedup"] > 1
+    assert modeled_speedup(PolicyMap("Toy GPU"), model, "w4a4", "w4a16", 3, 1, 0.9) is None  # shapes unknown

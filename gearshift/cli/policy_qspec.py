@@ -33,5 +33,26 @@ def build(args, loaded):
              "models (SmolLM2: 7%); output is still exact, but for speed calibrate it (--act-quant g16+o64,down:a8) "
              "or draft with --draft-mode w4a8")
 
+    advise(loaded.model, args.draft_mode, args.verify_mode, args.gamma)
     return QSpecPolicy(loaded.model, draft_mode=args.draft_mode, verify_mode=args.verify_mode, gamma=args.gamma,
                        kv_overwrite=getattr(args, "kv_overwrite", True), acceptance=args.acceptance)
+
+
+def advise(model, draft_mode: str, verify_mode: str, gamma: int, alpha: float = 0.9) -> dict | None:
+    """Say whether speculation can pay on this GPU, from its policy map (DESIGN.md's formula)."""
+    from gearshift.decode.qspec import modeled_speedup
+    from gearshift.dispatch.policy import load_policy_for_device
+    from gearshift.model.loader import note
+
+    pm = load_policy_for_device()  # None without a GPU or a map for it
+    if pm is None:
+        return None
+    est = modeled_speedup(pm, model, draft_mode, verify_mode, gamma, 1, alpha)
+    if est is None:
+        return None
+    verdict = "expect no speed-up" if est["speedup"] < 1 else "speculation can pay"
+    note(f"policy map for {pm.device}: a {draft_mode} draft step of the linears costs {est['t_draft_ms']:.2f} ms, "
+         f"a {verify_mode} step {est['t_ar_ms']:.2f} ms, verifying {gamma + 1} tokens {est['t_verify_ms']:.2f} ms "
+         f"(batch 1); at {alpha:.0%} acceptance QSPEC is modeled at {est['speedup']:.2f}x plain {verify_mode} "
+         f"decoding: {verdict}")
+    return est

@@ -40,6 +40,31 @@ from gearshift.quant.modes import get_mode
 ACCEPTANCE_RULES = ("auto", "greedy")
 
 
+def tokens_per_cycle(alpha: float, gamma: int) -> float:
+    """Expected tokens per cycle with i.i.d. per-token acceptance alpha (Leviathan et al., eq. 1)."""
+    if alpha >= 1:
+        return gamma + 1.0
+    return (1 - alpha ** (gamma + 1)) / (1 - alpha)
+
+
+def modeled_speedup(pm, model, draft_mode: str, verify_mode: str, gamma: int, batch: int,
+                    alpha: float) -> dict | None:
+    """DESIGN.md's speed-up of QSPEC over plain decoding in the verify mode, from the policy map's
+    kernel times of the model's linears: tokens_per_cycle x t_verify(B) / (gamma t_draft(B) +
+    t_verify(B (gamma + 1))). None when the map does not cover the model's shapes."""
+    from gearshift.dispatch.step_cost import linear_step_us
+
+    lins = list(model.linear_layers())
+    t_ar = linear_step_us(pm, lins, verify_mode, batch)
+    t_draft = linear_step_us(pm, lins, draft_mode, batch)
+    t_verify = linear_step_us(pm, lins, verify_mode, batch * (gamma + 1))
+    if None in (t_ar, t_draft, t_verify):
+        return None
+    tpc = tokens_per_cycle(alpha, gamma)
+    return {"batch": batch, "gamma": gamma, "alpha": alpha, "t_draft_ms": t_draft / 1e3, "t_ar_ms": t_ar / 1e3,
+            "t_verify_ms": t_verify / 1e3, "speedup": tpc * t_ar / (gamma * t_draft + t_verify)}
+
+
 class QSpecPolicy(DecodePolicy):
     name = "qspec"
 
