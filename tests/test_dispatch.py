@@ -204,3 +204,19 @@ def test_bundled_maps_name_registered_strategies():
                 if c is not None:
                     assert c.strategy in STRATEGIES, (path.name, key, c.strategy)
                     assert c.config is None or isinstance(c.config, TileConfig)
+
+
+def test_step_cost_sums_the_map_and_proxies_w4a4():
+    from types import SimpleNamespace as NS
+
+    from gearshift.dispatch.step_cost import linear_step_us
+
+    lins = [("a", NS(store=NS(out_features=256, in_features=512, group_size=128, weight_bits=4))),
+            ("b", NS(store=NS(out_features=512, in_features=256, group_size=128, weight_bits=4))),
+            ("lm_head", NS(store=NS(out_features=9, in_features=9, group_size=0, weight_bits=16)))]
+    pm = PolicyMap("Toy GPU")
+    for (n, k), us in (((256, 512), 3.0), ((512, 256), 4.0)):
+        pm.set(type_key("w4a8", 128, n, k), 1, Choice("w4a8_mma", None, us))
+    assert linear_step_us(pm, lins, "w4a8", 1) == 7.0  # lm_head left out
+    assert linear_step_us(pm, lins, "w4a4", 1) == 7.0  # same kernels as w4a8 when w4a4 was not profiled
+    assert linear_step_us(pm, lins, "w4a16", 1) is None

@@ -12,6 +12,10 @@ from gearshift.dispatch.policy import PolicyMap, type_key
 from gearshift.dispatch.strategies import group_of, mode_key
 from gearshift.quant.modes import get_mode
 
+#: modes that run the same kernels as another one (int4 activation codes go through the int8 /
+#: bf16-code paths), used when a map was profiled without them
+SAME_KERNELS = {"w4a4": "w4a8"}
+
 
 def linear_step_us(pm: PolicyMap, linears, mode: str, m: int) -> float | None:
     """Sum of the profiled times (us) of `linears` [(name, QuantLinear)] at M = m tokens, or None
@@ -23,6 +27,9 @@ def linear_step_us(pm: PolicyMap, linears, mode: str, m: int) -> float | None:
             continue
         st = lin.store
         c = pm.lookup(type_key(mode_key(st, act), group_of(st), st.out_features, st.in_features), m)
+        if c is None and mode in SAME_KERNELS:
+            alt = get_mode(SAME_KERNELS[mode]).act
+            c = pm.lookup(type_key(mode_key(st, alt), group_of(st), st.out_features, st.in_features), m)
         if c is None or c.us is None:
             return None
         total += c.us
