@@ -24,37 +24,22 @@ from gearshift.kernels.reference import linear_reference
 from gearshift.quant.int4 import Int4Weight
 
 if HAS_TRITON:
+    from gearshift.kernels.tiles import (int4_tile_pointers, k_tile_range, load_int4_tile, store_tile,
+                                         tile_offsets)
 
     @triton.jit
     def _w4a16_kernel(x_ptr, qw_ptr, s_ptr, mn_ptr, y_ptr, M, N, K, stride_xm, stride_ym,
                       G: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
                       SPLIT_K: tl.constexpr, SCALE_AFTER: tl.constexpr, ATOMIC: tl.constexpr,
                       JOIN: tl.constexpr):
-        pid_n = tl.program_id(0)
-        pid_m = tl.program_id(1)
-        pid_k = tl.program_id(2)
-        offs_n = pid_n * BN + tl.arange(0, BN)
-        offs_m = pid_m * BM + tl.arange(0, BM)
-        offs_h = tl.arange(0, BK // 2)
-        n_mask = offs_n < N
-        m_mask = offs_m < M
-        n_groups = K // G
-        kt = K // BK
-        tps = tl.cdiv(kt, SPLIT_K)
-        t0 = pid_k * tps
-        t1 = tl.minimum(t0 + tps, kt)
-        w_ptrs = qw_ptr + offs_n[:, None] * (K // 2) + offs_h[None, :]
-        x_ptrs = x_ptr + offs_m[None, :] * stride_xm + 2 * offs_h[:, None]
-        xk_ptrs = x_ptr + offs_m[None, :] * stride_xm + tl.arange(0, BK)[:, None]
-        sc_ptrs = s_ptr + offs_n * n_groups
-        mn_ptrs = mn_ptr + offs_n * n_groups
+        offs_n, offs_m, n_mask, m_mask = tile_offsets(N, M, BN, BM)
+        t0, t1 = k_tile_range(tl.program_id(2), K, BK, SPLIT_K)
+        w_ptrs, x_ptrs, xk_ptrs, sc_ptrs, mn_ptrs = int4_tile_pointers(x_ptr, qw_ptr, s_ptr, mn_ptr, offs_n, offs_m,
+                                                                       K, stride_xm, G, BK)
         acc = tl.zeros([BN, BM], dtype=tl.float32)
         for t in range(t0, t1):
             k0 = t * BK
-            qw = tl.load(w_ptrs + k0 // 2, mask=n_mask[:, None], other=0)
-            g = k0 // G
-            sc = tl.load(sc_ptrs + g, mask=n_mask, other=0.0).to(tl.float32)
-            mn = tl.load(mn_ptrs + g, mask=n_mask, other=0.0).to(tl.float32)
+            qw, sc, mn = load_int4_tile(w_ptrs, sc_ptrs, mn_ptrs, k0, n_mask, G)
             lo = qw & 0xF
             hi = qw >> 4
             if JOIN:  # [BN, BK] codes in column order; x tile loaded contiguous along K
@@ -80,12 +65,7 @@ if HAS_TRITON:
                     wh = (hi.to(tl.float32) * sc[:, None] + mn[:, None]).to(xe.dtype)
                     acc = tl.dot(wl, xe, acc)
                     acc = tl.dot(wh, xo, acc)
-        y_ptrs = y_ptr + offs_m[None, :] * stride_ym + offs_n[:, None]
-        mask = n_mask[:, None] & m_mask[None, :]
-        if ATOMIC:
-            tl.atomic_add(y_ptrs, acc, mask=mask)
-        else:
-            tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=mask)
+        store_tile(y_ptr, acc, offs_n, offs_m, n_mask, m_mask, stride_ym, ATOMIC)
 
 
     @triton.jit
@@ -99,10 +79,7 @@ if HAS_TRITON:
         offs_h = tl.arange(0, BK // 2)
         n_mask = offs_n < N
         n_groups = K // G
-        kt = K // BK
-        tps = tl.cdiv(kt, SPLIT_K)
-        t0 = pid_k * tps
-        t1 = tl.minimum(t0 + tps, kt)
+        t0, t1 = k_tile_range(pid_k, K, BK, SPLIT_K)
         w_ptrs = qw_ptr + offs_n[:, None] * (K // 2) + offs_h[None, :]
         for mi in tl.static_range(BM):
             if mi < M:

@@ -20,23 +20,15 @@ from gearshift.quant.activations import ActQuantSpec
 from gearshift.quant.int8 import Int8Weight
 
 if HAS_TRITON:
+    from gearshift.kernels.tiles import k_tile_range, store_tile, tile_offsets
 
     @triton.jit
     def _w8_kernel(x_ptr, xs_ptr, qw_ptr, s_ptr, y_ptr, M, N, K, stride_xm, stride_ym,
                    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, SPLIT_K: tl.constexpr,
                    A8: tl.constexpr, ATOMIC: tl.constexpr):
-        pid_n = tl.program_id(0)
-        pid_m = tl.program_id(1)
-        pid_k = tl.program_id(2)
-        offs_n = pid_n * BN + tl.arange(0, BN)
-        offs_m = pid_m * BM + tl.arange(0, BM)
+        offs_n, offs_m, n_mask, m_mask = tile_offsets(N, M, BN, BM)
+        t0, t1 = k_tile_range(tl.program_id(2), K, BK, SPLIT_K)
         offs_k = tl.arange(0, BK)
-        n_mask = offs_n < N
-        m_mask = offs_m < M
-        kt = K // BK
-        tps = tl.cdiv(kt, SPLIT_K)
-        t0 = pid_k * tps
-        t1 = tl.minimum(t0 + tps, kt)
         w_ptrs = qw_ptr + offs_n[:, None] * K + offs_k[None, :]
         x_ptrs = x_ptr + offs_m[None, :] * stride_xm + offs_k[:, None]
         if A8:
@@ -57,12 +49,7 @@ if HAS_TRITON:
             acc = acc_i.to(tl.float32) * sc[:, None] * xs[None, :]
         else:
             acc = acc * sc[:, None]
-        y_ptrs = y_ptr + offs_m[None, :] * stride_ym + offs_n[:, None]
-        mask = n_mask[:, None] & m_mask[None, :]
-        if ATOMIC:
-            tl.atomic_add(y_ptrs, acc, mask=mask)
-        else:
-            tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=mask)
+        store_tile(y_ptr, acc, offs_n, offs_m, n_mask, m_mask, stride_ym, ATOMIC)
 
 
 def supports(store: Int8Weight, act: ActQuantSpec | None, cfg: TileConfig) -> bool:

@@ -1,0 +1,59 @@
+"""Tile bookkeeping shared by the swap-AB `tl.dot` kernels (w4a16, w4a8, w8): which output tile
+a program owns, which K tiles its split-K slice covers, and the epilogue that stores (or, with
+split-K, atomically adds) the [BN, BM] fp32 tile into y [M, N]."""
+
+from __future__ import annotations
+
+from gearshift.kernels._triton import HAS_TRITON, tl, triton
+
+if HAS_TRITON:
+
+    @triton.jit
+    def tile_offsets(N, M, BN: tl.constexpr, BM: tl.constexpr):
+        """Grid axes 0/1 -> this program's output rows (N) and tokens (M), with their masks."""
+        offs_n = tl.program_id(0) * BN + tl.arange(0, BN)
+        offs_m = tl.program_id(1) * BM + tl.arange(0, BM)
+        return offs_n, offs_m, offs_n < N, offs_m < M
+
+
+    @triton.jit
+    def k_tile_range(pid_k, K, BK: tl.constexpr, SPLIT_K: tl.constexpr):
+        """K tiles [t0, t1) of split-K slice pid_k (K // BK tiles shared out over SPLIT_K slices)."""
+        kt = K // BK
+        tps = tl.cdiv(kt, SPLIT_K)
+        t0 = pid_k * tps
+        return t0, tl.minimum(t0 + tps, kt)
+
+
+    @triton.jit
+    def int4_tile_pointers(x_ptr, qw_ptr, s_ptr, mn_ptr, offs_n, offs_m, K, stride_xm, G: tl.constexpr,
+                           BK: tl.constexpr):
+        """Int4 store [N, K//2] tile pointers at k = 0: packed weights [BN, BK/2], x's even columns
+        [BK/2, BM] (odd = +1), x contiguous [BK, BM], and the per-row scale / min group bases."""
+        offs_h = tl.arange(0, BK // 2)
+        n_groups = K // G
+        w_ptrs = qw_ptr + offs_n[:, None] * (K // 2) + offs_h[None, :]
+        x_ptrs = x_ptr + offs_m[None, :] * stride_xm + 2 * offs_h[:, None]
+        xk_ptrs = x_ptr + offs_m[None, :] * stride_xm + tl.arange(0, BK)[:, None]
+        return w_ptrs, x_ptrs, xk_ptrs, s_ptr + offs_n * n_groups, mn_ptr + offs_n * n_groups
+
+
+    @triton.jit
+    def load_int4_tile(w_ptrs, sc_ptrs, mn_ptrs, k0, n_mask, G: tl.constexpr):
+        """The packed codes of K tile k0 and its group's scale / min (fp32) per row."""
+        qw = tl.load(w_ptrs + k0 // 2, mask=n_mask[:, None], other=0)
+        g = k0 // G
+        sc = tl.load(sc_ptrs + g, mask=n_mask, other=0.0).to(tl.float32)
+        mn = tl.load(mn_ptrs + g, mask=n_mask, other=0.0).to(tl.float32)
+        return qw, sc, mn
+
+
+    @triton.jit
+    def store_tile(y_ptr, acc, offs_n, offs_m, n_mask, m_mask, stride_ym, ATOMIC: tl.constexpr):
+        """acc [BN, BM] (fp32) -> y [M, N]: atomic add into the fp32 split-K buffer, else a store."""
+        y_ptrs = y_ptr + offs_m[None, :] * stride_ym + offs_n[:, None]
+        mask = n_mask[:, None] & m_mask[None, :]
+        if ATOMIC:
+            tl.atomic_add(y_ptrs, acc, mask=mask)
+        else:
+            tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=mask)
