@@ -12,24 +12,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from pathlib import Path
 
 import torch
-
-
-def copy_bandwidth() -> float:
-    x = torch.empty(1 << 28, dtype=torch.float32, device="cuda")  # 1 GiB
-    y = torch.empty_like(x)
-    for _ in range(3):
-        y.copy_(x)
-    torch.cuda.synchronize()
-    t = time.perf_counter()
-    n = 20
-    for _ in range(n):
-        y.copy_(x)
-    torch.cuda.synchronize()
-    return 2 * x.numel() * 4 * n / (time.perf_counter() - t)  # bytes read + written per second
 
 
 def main() -> None:
@@ -48,6 +33,7 @@ def main() -> None:
     set_fused_kernels(not args.no_fused)
 
     from gearshift.decode.autoregressive import AutoregressivePolicy
+    from gearshift.dispatch.profiler import copy_bandwidth
     from gearshift.decode.sampling import SamplingParams
     from gearshift.engine.engine import Engine, Request
     from gearshift.model.loader import LoadedModel

@@ -44,7 +44,7 @@ def main() -> None:
     args = ap.parse_args()
 
     from gearshift.dispatch.dispatcher import AdaptiveDispatcher
-    from gearshift.dispatch.profiler import n_copies, random_store, time_us
+    from gearshift.dispatch.profiler import copy_bandwidth, n_copies, random_store, time_us
     from gearshift.dispatch.strategies import rowgemv_config
     from gearshift.kernels.config import TileConfig
     from gearshift.kernels.int4_gemv import int4_gemv, int4_gemv_supports
@@ -55,11 +55,7 @@ def main() -> None:
 
     dev, group = "cuda", args.group
     m_list, families = ints(args.m), args.families.split(",")
-    a = torch.empty(1 << 28, dtype=torch.uint8, device=dev)  # copy bandwidth, same run: floor = bytes / it
-    b = torch.empty_like(a)
-    copy_us = time_us([lambda: b.copy_(a)])
-    bw = 2 * a.numel() / (copy_us * 1e-6)
-    del a, b
+    bw = copy_bandwidth()  # measured in the same run: floor = bytes / it
     fam_cfgs = {
         "int4_gemv": [TileConfig(1, bn, bk, sk, w, 2, prefetch=bool(pf)) for bn, bk, sk, w, pf in itertools.product(
             ints(args.bn), ints(args.bk), ints(args.split), ints(args.warps), ints(args.prefetch))],

@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gearshift.dispatch.dispatcher import AdaptiveDispatcher  # noqa: E402
 from gearshift.dispatch.policy import M_BUCKETS, PolicyMap, device_slug  # noqa: E402
-from gearshift.dispatch.profiler import PRESETS, ablations, profile, random_store, time_us  # noqa: E402
+from gearshift.dispatch.profiler import PRESETS, ablations, copy_bandwidth, profile, random_store, time_us  # noqa: E402
 from gearshift.dispatch.strategies import STRATEGIES, strategies_for  # noqa: E402
 from gearshift.kernels.library import scaled_mm_fp8_linear, tinygemm_linear, to_fp8_rowwise, to_tinygemm  # noqa
 from gearshift.kernels.reference import linear_reference  # noqa: E402
@@ -35,27 +35,6 @@ PEAK = {"bf16_tflops": 989.0, "int8_tops": 1979.0, "fp8_tflops": 1979.0}  # H100
 
 def rel(a, b):
     return ((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-30)).item()
-
-
-def copy_bandwidth() -> float:
-    """Bytes/s of a 1 GiB device-to-device copy, counting read + write."""
-    a = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
-    a.random_(0, 255)
-    b = torch.empty_like(a)
-    for _ in range(3):
-        b.copy_(a)
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(10):
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        e0.record()
-        b.copy_(a)
-        e1.record()
-        torch.cuda.synchronize()
-        ts.append(e0.elapsed_time(e1))
-    ts.sort()
-    del a, b
-    return 2 * (1 << 30) / (ts[len(ts) // 2] / 1000)
 
 
 def stage_check(log, dtypes=(torch.bfloat16,)) -> list[dict]:

@@ -6,7 +6,7 @@ copy bandwidth measured in the same run. Usage: PYTHONPATH=. python benchmarks/m
 """
 import torch, triton, triton.language as tl
 from gearshift.kernels.int4_mma_gemv import _thread_id, _load16
-from gearshift.dispatch.profiler import time_us
+from gearshift.dispatch.profiler import copy_bandwidth, time_us
 
 @triton.jit
 def rd(qw_ptr, out_ptr, N, K, WARPS: tl.constexpr, RPW: tl.constexpr, SPLIT_K: tl.constexpr, PAT: tl.constexpr, U: tl.constexpr):
@@ -35,8 +35,7 @@ def rd(qw_ptr, out_ptr, N, K, WARPS: tl.constexpr, RPW: tl.constexpr, SPLIT_K: t
     tl.store(out_ptr + pid_n * 32 * WARPS + tl.arange(0, 32 * WARPS), acc)
 
 dev = "cuda"
-a = torch.empty(1 << 28, dtype=torch.uint8, device=dev); b = torch.empty_like(a)
-bw = 2 * a.numel() / (time_us([lambda: b.copy_(a)]) * 1e-6)
+bw = copy_bandwidth()
 print(f"copy {bw/1e12:.3f} TB/s")
 for n, k in ((28672, 4096), (4096, 14336), (4096, 4096)):
     qs = [torch.randint(0, 255, (n, k // 2), dtype=torch.uint8, device=dev) for _ in range(6)]

@@ -9,11 +9,12 @@ falls back to a fixed rule where the map has no entry.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from gearshift.dispatch.policy import Choice, PolicyMap, load_policy_for_device, type_key
 from gearshift.dispatch.strategies import MAX_TOKENS, STRATEGIES, group_of, mode_key
-from gearshift.quant.int4 import Int4Weight
 from gearshift.kernels._triton import HAS_TRITON
 from gearshift.kernels.config import TileConfig, block_m_for
 from gearshift.kernels.reference import linear_reference
@@ -31,18 +32,20 @@ class Dispatcher:
         return linear_reference(x, store, act, bias)
 
 
-def small_m_choices(mode: str, m: int, n: int, k: int) -> list[Choice]:
+@functools.lru_cache(maxsize=4096)
+def small_m_choices(mode: str, m: int, n: int, k: int) -> tuple[Choice, ...]:
     """Un-profiled small-M picks, best first (each is used only where it supports the store):
-    the register-fragment MMA kernel up to 16 tokens, then the CUDA-core GEMV at one token."""
+    the register-fragment MMA kernel up to 16 tokens, then the CUDA-core GEMV at one token.
+    Cached: it runs on every un-profiled linear call."""
     if m > 16 or mode not in ("w4a16", "w4a8", "w4a4", "w4a8fp8"):
-        return []
+        return ()
     from gearshift.kernels.int4_mma_gemv import mma_config
 
     out = [Choice("w4a16_mma" if mode == "w4a16" else "w4a8_mma", mma_config(n, k, m))]
     if mode == "w4a16" and m == 1:
         out.append(Choice("w4a16_fma", TileConfig(1, 32, 128, 4, 2, 2)))
         out.append(Choice("w4a16_fma", TileConfig(1, 32, 32, 4, 2, 2)))
-    return out
+    return tuple(out)
 
 
 def default_choice(mode: str, m: int, n: int) -> Choice | None:

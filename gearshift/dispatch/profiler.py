@@ -68,6 +68,27 @@ def random_store(fmt: str, n: int, k: int, group: int, device, dtype=torch.bfloa
     return DenseWeight((torch.randn(n, k, device=device) * 0.02).to(dtype))
 
 
+def copy_bandwidth() -> float:
+    """Bytes/s of a 1 GiB device-to-device copy, counting read + write (the floor's denominator)."""
+    a = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    a.random_(0, 255)
+    b = torch.empty_like(a)
+    for _ in range(3):
+        b.copy_(a)
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(10):
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        b.copy_(a)
+        e1.record()
+        torch.cuda.synchronize()
+        ts.append(e0.elapsed_time(e1))
+    ts.sort()
+    del a, b
+    return 2 * (1 << 30) / (ts[len(ts) // 2] / 1000)
+
+
 def time_us(calls: list[Callable[[], object]], rounds: int | None = None, reps: int = 5) -> float:
     """Median microseconds per call: CUDA-graph replays of `calls` (one per weight copy)."""
     for f in calls:
