@@ -19,7 +19,7 @@ import torch
 from gearshift.kernels._triton import HAS_TRITON, tl, triton
 from gearshift.kernels.config import TileConfig
 from gearshift.kernels.reference import linear_reference
-from gearshift.kernels.splitk import counters
+from gearshift.kernels.splitk import splitk_buffers
 from gearshift.quant.int4 import Int4Weight
 
 if HAS_TRITON:
@@ -44,7 +44,10 @@ if HAS_TRITON:
         acc = tl.zeros([BN, BW], dtype=tl.float32)
         k_lo = pid_k * kws
         k_hi = k_lo + kws
-        w_nxt = tl.load(w_ptrs + k_lo, mask=n_mask[:, None], other=0)
+        if PREFETCH:
+            w_nxt = tl.load(w_ptrs + k_lo, mask=n_mask[:, None], other=0)
+        else:  # unused: each step loads its own tile
+            w_nxt = tl.zeros([BN, BW], dtype=tl.int32)
         for kw0 in range(k_lo, k_hi, BW):
             kw0 = tl.multiple_of(kw0, BW)
             w = w_nxt
@@ -90,8 +93,7 @@ def int4_gemv(x: torch.Tensor, store: Int4Weight, cfg: TileConfig) -> torch.Tens
     n, k = store.out_features, store.in_features
     y = torch.empty((1, n), device=x2.device, dtype=x2.dtype)
     grid = (triton.cdiv(n, cfg.bn), cfg.split_k)
-    ws = torch.empty((cfg.split_k, n), device=x2.device, dtype=torch.float32) if cfg.split_k > 1 else y
-    cnt = counters(x2.device, grid[0]) if cfg.split_k > 1 else y
+    ws, cnt = splitk_buffers(y, cfg.split_k, n, grid[0])
     _int4_gemv_kernel[grid](x2, store.qweight, store.scales, store.mins, y, ws, cnt, n, k, ONE_BITS, G=store.group_size,
                             BN=cfg.bn, BW=cfg.bk // 8, SPLIT_K=cfg.split_k, PREFETCH=cfg.prefetch, num_warps=cfg.warps,
                             num_stages=cfg.stages)

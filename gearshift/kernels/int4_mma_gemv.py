@@ -32,7 +32,7 @@ import torch
 from gearshift.kernels._triton import HAS_TRITON, tl, triton
 from gearshift.kernels.config import TileConfig
 from gearshift.kernels.reference import linear_reference
-from gearshift.kernels.splitk import counters
+from gearshift.kernels.splitk import splitk_buffers
 from gearshift.quant.int4 import Int4Weight
 
 BLOCK_COLS = 128  # columns per fragment call: 4 lanes x 4 words x 8 nibbles
@@ -317,8 +317,7 @@ def mma_gemv(x: torch.Tensor, store: Int4Weight, cfg: TileConfig, token_scales: 
     tiles = 2 if m > 8 else 1  # 9..16 tokens: both token tiles share each A fragment (weights read once)
     bn = (16 if two else 8) * cfg.warps
     grid = (triton.cdiv(n, bn), cfg.split_k, triton.cdiv(m, 8 * tiles))
-    ws = torch.empty((cfg.split_k, m * n), device=x2.device, dtype=torch.float32) if cfg.split_k > 1 else y
-    cnt = counters(x2.device, grid[0] * grid[2]) if cfg.split_k > 1 else y
+    ws, cnt = splitk_buffers(y, cfg.split_k, m * n, grid[0] * grid[2])
     xs = token_scales if token_scales is not None else y
     dt = "bf16" if x2.dtype == torch.bfloat16 else "f16"
     _mma_gemv_kernel[grid](x2, store.qweight, store.scales, store.mins, y, ws, cnt, xs, m, n, store.in_features,

@@ -30,6 +30,14 @@ def counters(device: torch.device, n_tiles: int) -> torch.Tensor:
     return c
 
 
+def splitk_buffers(y: torch.Tensor, split_k: int, n_out: int, n_tiles: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(workspace [split_k, n_out] fp32, arrival counters) for a launch writing y; with no split,
+    both are unused and y stands in for them (Triton still wants a pointer)."""
+    if split_k == 1:
+        return y, y
+    return (torch.empty((split_k, n_out), device=y.device, dtype=torch.float32), counters(y.device, n_tiles))
+
+
 if HAS_TRITON:
 
     @triton.jit
