@@ -15,11 +15,11 @@ from torch import nn
 
 from gearshift.kernels.rmsnorm import rms_norm_reference, rms_norm_triton
 from gearshift.kernels.rope import rope_triton
+from gearshift.kernels.switches import fused_kernels_enabled, set_fused_kernels  # noqa: F401 (re-exported)
 from gearshift.model.config import ModelConfig
 from gearshift.model.kv_cache import KVCache
 from gearshift.model.quant_linear import QuantLinear
 from gearshift.model.rope import Rotary, apply_rotary
-from gearshift.kernels.switches import fused_kernels_enabled, set_fused_kernels  # noqa: F401 (re-exported)
 
 
 class RMSNorm(nn.Module):
