@@ -11,6 +11,7 @@ floor measured in the same run (int4 linear bytes / device-to-device copy bandwi
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 from pathlib import Path
 
@@ -26,11 +27,15 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--out", default="benchmarks/results")
     ap.add_argument("--no-fused", action="store_true", help="torch RMSNorm/RoPE instead of the Triton kernels")
+    ap.add_argument("--no-pdl", action="store_true",
+                    help="launch kernels without programmatic dependent launch (gearshift/kernels/pdl.py)")
     ap.add_argument("--tag", default="", help="suffix of the result file name")
     args = ap.parse_args()
+    from gearshift.kernels.pdl import set_pdl
     from gearshift.model.transformer import set_fused_kernels
 
     set_fused_kernels(not args.no_fused)
+    set_pdl(not args.no_pdl)
 
     from gearshift.decode.autoregressive import AutoregressivePolicy
     from gearshift.dispatch.profiler import copy_bandwidth
@@ -79,12 +84,14 @@ def main() -> None:
                 rows.append({"mode": mode, "batch": b, "cuda_graphs": graphs, "ms_per_step": step * 1e3,
                              "tokens_per_s": b / step, "floor_ms": floor_s * 1e3,
                              "step_over_floor": step / floor_s, "same_tokens_as_eager": same,
+                             "tokens_sha1": hashlib.sha1(repr(res[graphs][0]).encode()).hexdigest()[:12],
                              "linear_bytes": lin_bytes, "lm_head_bytes": head_bytes})
                 print(json.dumps(rows[-1]), flush=True)
         model.use_cuda_graphs = False
     doc = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "preset": args.preset,
            "copy_bandwidth_GBps": bw / 1e9, "dispatcher": type(get_dispatcher()).__name__,
            "prompt_len": args.prompt_len, "new_tokens": args.new_tokens, "fused_norm_rope": not args.no_fused,
+           "pdl": not args.no_pdl,
            "rows": rows}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

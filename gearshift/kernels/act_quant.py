@@ -10,15 +10,19 @@ from __future__ import annotations
 import torch
 
 from gearshift.kernels._triton import HAS_TRITON, tl, triton
+from gearshift.kernels.pdl import launch_kwargs, pdl_enabled
 from gearshift.quant.activations import ActQuantSpec, quantize_activations
 
 _QMAX = {"int8": 127.0, "int4": 7.0, "fp8": 448.0}
 
 if HAS_TRITON:
+    from gearshift.kernels.pdl import grid_wait, launch_dependents
 
     @triton.jit
     def _act_quant_kernel(x_ptr, q_ptr, s_ptr, K, stride_x, stride_q,
-                          QMAX: tl.constexpr, FP8: tl.constexpr, BLOCK: tl.constexpr):
+                          QMAX: tl.constexpr, FP8: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+        launch_dependents(PDL)  # the GEMM after this may start prefetching its weights
+        grid_wait(PDL)
         row = tl.program_id(0)
         offs = tl.arange(0, BLOCK)
         amax = tl.zeros([BLOCK], tl.float32)
@@ -53,8 +57,9 @@ def quantize_act_triton(x2: torch.Tensor, spec: ActQuantSpec,
                     dtype=codes_dtype or (torch.float8_e4m3fn if fp8 else torch.int8))
     s = torch.empty((m,), device=x2.device, dtype=torch.float32)
     block = min(4096, triton.next_power_of_2(k))
+    pdl = pdl_enabled(q)
     _act_quant_kernel[(m,)](x2, q, s, k, x2.stride(0), q.stride(0), QMAX=_QMAX[spec.dtype], FP8=fp8,
-                            BLOCK=block, num_warps=8 if block >= 2048 else 4)
+                            BLOCK=block, PDL=pdl, num_warps=8 if block >= 2048 else 4, **launch_kwargs(pdl))
     return q, s
 
 

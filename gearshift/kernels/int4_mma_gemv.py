@@ -31,6 +31,7 @@ import torch
 
 from gearshift.kernels._triton import HAS_TRITON, tl, triton
 from gearshift.kernels.config import TileConfig
+from gearshift.kernels.pdl import l2_prefetch_enabled, launch_kwargs, pdl_enabled
 from gearshift.kernels.reference import linear_reference
 from gearshift.kernels.splitk import splitk_buffers
 from gearshift.quant.int4 import Int4Weight
@@ -106,6 +107,7 @@ CONSTRAINTS = {(two, tiles): ",".join(["=r"] * ((6 if two else 4) * tiles) + ["r
                for two in (False, True) for tiles in (1, 2)}
 
 if HAS_TRITON:
+    from gearshift.kernels.pdl import grid_wait, launch_dependents, prefetch_l2
     from gearshift.kernels.splitk import splitk_finish
 
     @triton.jit
@@ -187,7 +189,8 @@ if HAS_TRITON:
     def _mma_gemv_kernel(x_ptr, qw_ptr, s_ptr, mn_ptr, y_ptr, ws_ptr, cnt_ptr, xs_ptr, M, N, K, stride_xm, stride_ym,
                          G: tl.constexpr, WARPS: tl.constexpr, SPLIT_K: tl.constexpr, ASM: tl.constexpr,
                          CONSTRAINTS: tl.constexpr, TWO_ROWS: tl.constexpr, TILES: tl.constexpr,
-                         OFFSET: tl.constexpr, U: tl.constexpr, HAS_XS: tl.constexpr):
+                         OFFSET: tl.constexpr, U: tl.constexpr, HAS_XS: tl.constexpr, PDL: tl.constexpr,
+                         L2_PREFETCH: tl.constexpr, TRIGGER: tl.constexpr = 1):
         # Every per-lane quantity comes from the lane's own %tid.x, so the fragment plan holds
         # whatever layout Triton picks for these [32 * WARPS] tensors (one element per thread).
         RPW: tl.constexpr = 16 if TWO_ROWS else 8
@@ -217,6 +220,13 @@ if HAS_TRITON:
         acc = (zero, zero, zero, zero, zero, zero, zero, zero)
         k_lo = pid_k * kws
         k_last = k_lo + kws - 16 * U
+        if TRIGGER == 1:
+            launch_dependents(PDL)
+        if L2_PREFETCH:  # the program's whole weight slice, one bulk request per row (lanes t == 0)
+            lead = (t == 0) & (row_a < N)
+            prefetch_l2(wa_ptr + k_lo, kws * 4, lead.to(tl.int32))
+            if TWO_ROWS:
+                prefetch_l2(wb_ptr + k_lo, kws * 4, (lead & (row_b < N)).to(tl.int32))
         # U blocks per step, the next step's weights and scales loaded before this step's math:
         # 16*U bytes per lane and row in flight. Past the slice's end the last step re-reads itself.
         a0, a1, a2, a3, b0, b1, b2, b3 = _load_rows(wa_ptr, wb_ptr, k_lo, TWO_ROWS)
@@ -226,6 +236,7 @@ if HAS_TRITON:
         if U == 2:
             c0, c1, c2, c3, f0, f1, f2, f3 = _load_rows(wa_ptr, wb_ptr, k_lo + 16, TWO_ROWS)
             sc2 = _load_scales(s_ptr, mn_ptr, sa_ptr, sb_ptr, ((k_lo + 16) * 8) // G, TWO_ROWS)
+        grid_wait(PDL)  # weights only above this line: x, y and the split-K buffers below
         for kw0 in range(k_lo, k_lo + kws, 16 * U):
             nxt = tl.minimum(kw0 + 16 * U, k_last)
             n0, n1, n2, n3, m0, m1, m2, m3 = _load_rows(wa_ptr, wb_ptr, nxt, TWO_ROWS)
@@ -242,6 +253,8 @@ if HAS_TRITON:
                              x0 + (kw0 + 16) * 8, x1 + (kw0 + 16) * 8, sc2, acc)
                 c0, c1, c2, c3, f0, f1, f2, f3 = p0, p1, p2, p3, q0, q1, q2, q3
                 sc2 = sn2
+        if TRIGGER == 2:
+            launch_dependents(PDL)
         # element (lane, i): accumulator i -> (token tile, row a/b, token 2t + e)
         e2 = tl.arange(0, 2)[None, :]
         col0 = m0_tok + 2 * t[:, None] + e2
@@ -299,10 +312,12 @@ def mma_gemv_supports(store: Int4Weight, cfg: TileConfig, m: int = 1, dtype=torc
 
 
 def mma_gemv(x: torch.Tensor, store: Int4Weight, cfg: TileConfig, token_scales: torch.Tensor | None = None,
-             out_dtype: torch.dtype | None = None) -> torch.Tensor:
+             out_dtype: torch.dtype | None = None, pdl: bool | None = None,
+             l2_prefetch: bool | None = None, trigger: int | None = None) -> torch.Tensor:
     """y [M, N] = x [M, K] @ dequant(W).T for 1 <= M <= 16 (cfg: bm = 8 or 16 weight rows per warp,
     warps, split_k, prefetch = 2 blocks per step). With token_scales [M] (fp32), x holds activation
-    codes and y = token_scales[:, None] * (x @ dequant(W).T)."""
+    codes and y = token_scales[:, None] * (x @ dequant(W).T). pdl / l2_prefetch (default: where
+    the GPU has them, see `pdl.py`) change timing only, never the result."""
     x2 = x.reshape(-1, x.shape[-1])
     m = x2.shape[0]
     if not mma_gemv_supports(store, cfg, m, x2.dtype):
@@ -320,13 +335,21 @@ def mma_gemv(x: torch.Tensor, store: Int4Weight, cfg: TileConfig, token_scales: 
     ws, cnt = splitk_buffers(y, cfg.split_k, m * n, grid[0] * grid[2])
     xs = token_scales if token_scales is not None else y
     dt = "bf16" if x2.dtype == torch.bfloat16 else "f16"
+    pdl = pdl_enabled(y) if pdl is None else (pdl and pdl_enabled(y))
+    l2_prefetch = l2_prefetch_enabled(y) if l2_prefetch is None else (l2_prefetch and l2_prefetch_enabled(y))
     _mma_gemv_kernel[grid](x2, store.qweight, store.scales, store.mins, y, ws, cnt, xs, m, n, store.in_features,
                            x2.stride(0), y.stride(0), G=store.group_size, WARPS=cfg.warps, SPLIT_K=cfg.split_k,
                            ASM=MMA_ASM[(dt, two, tiles)], CONSTRAINTS=CONSTRAINTS[(two, tiles)], TWO_ROWS=two,
                            TILES=tiles, OFFSET=OFFSET[dt],
-                           U=2 if cfg.prefetch else 1, HAS_XS=token_scales is not None, num_warps=cfg.warps,
-                           num_stages=1)
+                           U=2 if cfg.prefetch else 1, HAS_XS=token_scales is not None, PDL=pdl,
+                           L2_PREFETCH=l2_prefetch, TRIGGER=pdl_trigger(m) if trigger is None else trigger, num_warps=cfg.warps, num_stages=1, **launch_kwargs(pdl))
     return y.reshape(*x.shape[:-1], n)
+
+
+def pdl_trigger(m: int) -> int:
+    """Where a PDL launch lets the next kernel in: 1 = at the start, 2 = after the main loop, 0 = at
+    exit (benchmarks/pdl.py on the H100: early only pays off for a single token)."""
+    return 1 if m == 1 else 2 if m <= 4 else 0
 
 
 def mma_gemv_quantized(x2: torch.Tensor, store: Int4Weight, act, cfg: TileConfig) -> torch.Tensor:

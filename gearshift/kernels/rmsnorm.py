@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from gearshift.kernels._triton import HAS_TRITON, tl, triton
+from gearshift.kernels.pdl import launch_kwargs, pdl_enabled
 
 
 def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -22,9 +23,12 @@ def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tor
 
 
 if HAS_TRITON:
+    from gearshift.kernels.pdl import grid_wait, launch_dependents
 
     @triton.jit
-    def _rms_norm_kernel(x_ptr, w_ptr, y_ptr, D, stride_x, stride_y, eps, BD: tl.constexpr):
+    def _rms_norm_kernel(x_ptr, w_ptr, y_ptr, D, stride_x, stride_y, eps, BD: tl.constexpr, PDL: tl.constexpr):
+        launch_dependents(PDL)  # the next kernel may start prefetching its weights
+        grid_wait(PDL)
         row = tl.program_id(0)
         offs = tl.arange(0, BD)
         mask = offs < D
@@ -45,6 +49,7 @@ def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.
     out_dtype = torch.promote_types(weight.dtype, x.dtype)
     y = torch.empty((x2.shape[0], d), device=x.device, dtype=out_dtype)
     bd = triton.next_power_of_2(d)
-    _rms_norm_kernel[(x2.shape[0],)](x2, weight, y, d, x2.stride(0), y.stride(0), eps, BD=bd,
-                                     num_warps=4 if bd <= 4096 else 8)
+    pdl = pdl_enabled(y)
+    _rms_norm_kernel[(x2.shape[0],)](x2, weight, y, d, x2.stride(0), y.stride(0), eps, BD=bd, PDL=pdl,
+                                     num_warps=4 if bd <= 4096 else 8, **launch_kwargs(pdl))
     return y.reshape(*x.shape[:-1], d)

@@ -1,0 +1,143 @@
+"""Programmatic dependent launch (kernels/pdl.py): the switch, and the contract that a PDL kernel
+reads nothing an earlier kernel writes before griddepcontrol.wait.
+
+On CPU the kernels are compiled for sm_90 (Triton ships ptxas) and their PTX is read: every load of
+an input that a previous kernel produces must come after the wait. On a GPU, PDL and plain
+launches must give bit-identical results, also inside a CUDA graph."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from gearshift.kernels import pdl
+from gearshift.kernels.int4_mma_gemv import pdl_trigger
+
+
+def test_switch_and_cpu():
+    x = torch.zeros(4)
+    assert not pdl.pdl_enabled(x) and not pdl.l2_prefetch_enabled(x)
+    assert pdl.launch_kwargs(False) == {} and pdl.launch_kwargs(True) == {"launch_pdl": True}
+    try:
+        pdl.set_pdl(False)
+        assert not pdl._STATE["pdl"]
+    finally:
+        pdl.set_pdl(True)
+    assert [pdl_trigger(m) for m in (1, 2, 4, 8, 16)] == [1, 2, 2, 0, 0]
+
+
+_COMPILE = r"""
+import json, sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from gearshift.kernels import int4_mma_gemv as mg
+from gearshift.kernels.rmsnorm import _rms_norm_kernel
+
+def ptx(fn, signature, constexprs):
+    names = list(signature)
+    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n, t in signature.items() if t.startswith("*")}
+    src = ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "num_stages": 1}).asm["ptx"]
+
+out = {}
+sig = dict(x_ptr="*bf16", w_ptr="*bf16", y_ptr="*bf16", D="i32", stride_x="i32", stride_y="i32", eps="fp32")
+for on in (True, False):
+    out[f"rms{int(on)}"] = ptx(_rms_norm_kernel, sig, dict(BD=1024, PDL=on))
+sig = dict(x_ptr="*bf16", qw_ptr="*u8", s_ptr="*bf16", mn_ptr="*bf16", y_ptr="*bf16", ws_ptr="*fp32",
+           cnt_ptr="*i32", xs_ptr="*fp32", M="i32", N="i32", K="i32", stride_xm="i32", stride_ym="i32")
+for trig in (0, 1, 2):
+    out[f"mma{trig}"] = ptx(mg._mma_gemv_kernel, sig, dict(
+        G=128, WARPS=4, SPLIT_K=2, ASM=mg.MMA_ASM[("bf16", True, 1)], CONSTRAINTS=mg.CONSTRAINTS[(True, 1)],
+        TWO_ROWS=True, TILES=1, OFFSET=128.0, U=1, HAS_XS=False, PDL=True, L2_PREFETCH=False, TRIGGER=trig))
+json.dump(out, sys.stdout)
+"""
+
+
+@pytest.fixture(scope="module")
+def ptx():
+    """PTX of the PDL kernels compiled for sm_90 (a fresh process: the suite runs the interpreter)."""
+    pytest.importorskip("triton")
+    env = {**os.environ, "TRITON_INTERPRET": "0"}
+    r = subprocess.run([sys.executable, "-c", _COMPILE], capture_output=True, text=True, env=env, timeout=600)
+    if r.returncode != 0:
+        pytest.skip(f"cannot compile for sm_90 here: {r.stderr.strip().splitlines()[-1:]}")
+    return json.loads(r.stdout)
+
+
+def _first(ptx: str, pattern: str) -> int:
+    m = re.search(pattern, ptx)
+    return m.start() if m else -1
+
+
+def test_rmsnorm_waits_before_loading(ptx):
+    wait, dep, load = (_first(ptx["rms1"], p) for p in (r"griddepcontrol\.wait",
+                                                         r"griddepcontrol\.launch_dependents", r"ld\.global"))
+    assert 0 <= dep < wait < load
+    assert "griddepcontrol" not in ptx["rms0"]
+
+
+@pytest.mark.parametrize("trigger", [0, 1, 2])
+def test_mma_gemv_reads_only_weights_before_the_wait(ptx, trigger):
+    text = ptx[f"mma{trigger}"]
+    wait = _first(text, r"griddepcontrol\.wait")
+    assert wait > 0
+    before = text[:wait]
+    # weights (ld.global.nc) and scales may be read early; x (plain ld.global in the MMA asm), the
+    # split-K workspace and counters, and every store only after the wait
+    assert not re.search(r"ld\.global\.v4\.b32|st\.global|atom\.", before)
+    assert "ld.global.nc.L1::no_allocate.v4.b32" in before
+    dep = _first(text, r"griddepcontrol\.launch_dependents")
+    if trigger == 0:
+        assert dep == -1
+    elif trigger == 1:
+        assert 0 <= dep < wait
+    else:  # after the main loop: past the last MMA
+        assert dep > text.rfind("mma.sync")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_pdl_matches_plain_in_a_graph():
+    from gearshift.kernels.config import TileConfig
+    from gearshift.kernels.int4_mma_gemv import mma_gemv, mma_gemv_quantized
+    from gearshift.kernels.rmsnorm import rms_norm_triton
+    from gearshift.quant.activations import ActQuantSpec
+    from gearshift.quant.int4 import quantize_int4
+
+    if not pdl.pdl_enabled(torch.zeros(1, device="cuda")):
+        pytest.skip("no PDL on this GPU / Triton")
+    torch.manual_seed(0)
+    store = quantize_int4(torch.randn(1024, 1024), 128).cuda()
+    w = torch.rand(1024, device="cuda", dtype=torch.bfloat16) + 0.5
+    x = torch.randn(3, 1024, device="cuda", dtype=torch.bfloat16)
+    cfg = TileConfig(16, 0, 128, 4, 4, 1)
+
+    def chain():
+        h = x
+        for i in range(6):
+            h = rms_norm_triton(h, w, 1e-5)
+            h = (mma_gemv(h, store, cfg, trigger=i % 3) if i % 2 else
+                 mma_gemv_quantized(h, store, ActQuantSpec("int8"), cfg)) + x
+        return h
+
+    pdl.set_pdl(False)
+    try:
+        ref = chain()
+    finally:
+        pdl.set_pdl(True)
+    assert torch.equal(chain(), ref)
+    g = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        chain()
+    torch.cuda.current_stream().wait_stream(s)
+    with torch.cuda.graph(g):
+        out = chain()
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, ref)
