@@ -93,6 +93,15 @@ def step_fn(model, xs, fn):
     return run
 
 
+def tinygemm_step(tg, xs):
+    """One step of torch's int4 kernel over tg[layer][shape] = ((packed, scales_and_zeros), group)."""
+    def run():
+        for layer in tg:
+            for i, ((packed, sz), g) in enumerate(layer):
+                tinygemm_linear(xs[i], packed, sz, g)
+    return run
+
+
 def time_step(run, reps=5) -> float:
     """ms per call of run() (one decode step), CUDA graph replay."""
     return time_us([run], rounds=1, reps=reps) / 1000.0
@@ -159,12 +168,7 @@ def stage_bench(pm, m_list, bw, log, dtype=torch.bfloat16, layers=32) -> dict:
         tg = [[(to_tinygemm(s), s.group_size) for s in layer] for layer in int4.stores]
         for m in [mm for mm in m_list if mm <= 256]:
             xs = [torch.randn(m, k, device="cuda", dtype=dtype) for _, _, k in shapes]
-
-            def run_tg():
-                for layer in tg:
-                    for i, ((p, sz), g) in enumerate(layer):
-                        tinygemm_linear(xs[i], p, sz, g)
-            record("lib:tinygemm", m, time_step(run_tg))
+            record("lib:tinygemm", m, time_step(tinygemm_step(tg, xs)))
         # correctness of the conversion
         st = int4.stores[0][1]
         x = torch.randn(4, st.in_features, device="cuda", dtype=dtype)

@@ -29,7 +29,8 @@ from gearshift.dispatch.policy import load_policy_for_device  # noqa: E402
 from gearshift.dispatch.profiler import PRESETS, copy_bandwidth, random_store, time_us  # noqa: E402
 from gearshift.kernels.config import TileConfig  # noqa: E402
 from gearshift.kernels.int4_mma_gemv import mma_config, mma_gemv, mma_gemv_quantized, pdl_trigger  # noqa: E402
-from gearshift.kernels.library import tinygemm_linear, to_tinygemm  # noqa: E402
+from gearshift.kernels.library import to_tinygemm  # noqa: E402
+from benchmarks.kernels import tinygemm_step  # noqa: E402
 from gearshift.kernels.pdl import pdl_enabled, set_pdl  # noqa: E402
 from gearshift.quant.modes import MODES  # noqa: E402
 
@@ -200,13 +201,8 @@ def main() -> None:
     tg = [[(to_tinygemm(s), s.group_size) for s in layer] for layer in stores]
     for m in [v for v in ms_list if v <= 4]:
         xs = [torch.randn(m, k, device="cuda", dtype=dtype) for _, _, k in shapes]
-
-        def run_tg():
-            for layer in tg:
-                for i, ((packed, sz), g) in enumerate(layer):
-                    tinygemm_linear(xs[i], packed, sz, g)
         for _ in range(args.repeats):
-            rec("lib: tinygemm", m, time_us([run_tg], rounds=1, reps=7) / 1e3)
+            rec("lib: tinygemm", m, time_us([tinygemm_step(tg, xs)], rounds=1, reps=7) / 1e3)
     res["rule"] = {str(m): pdl_trigger(m) for m in ms_list}
     (out / f"pdl_{slug}.json").write_text(json.dumps(res, indent=1))
     lines = [f"# PDL for the small-M linears: {dev}", "",
