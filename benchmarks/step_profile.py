@@ -46,6 +46,9 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=16)
     ap.add_argument("--out", default="benchmarks/results")
     args = ap.parse_args()
+    from gearshift.kernels.pdl import set_pdl
+
+    set_pdl(False)  # with PDL a kernel's duration includes its wait on the previous one: sums would overlap
 
     from torch.profiler import ProfilerActivity, profile
 
