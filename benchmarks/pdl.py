@@ -30,7 +30,7 @@ from gearshift.dispatch.profiler import PRESETS, copy_bandwidth, random_store, t
 from gearshift.kernels.config import TileConfig  # noqa: E402
 from gearshift.kernels.int4_mma_gemv import mma_config, mma_gemv, mma_gemv_quantized, pdl_trigger  # noqa: E402
 from gearshift.kernels.library import to_tinygemm  # noqa: E402
-from benchmarks.kernels import tinygemm_step  # noqa: E402
+from benchmarks.kernels import Model, step_fn, tinygemm_step  # noqa: E402
 from gearshift.kernels.pdl import pdl_enabled, set_pdl  # noqa: E402
 from gearshift.quant.modes import MODES  # noqa: E402
 
@@ -161,18 +161,11 @@ def main() -> None:
     res["check_failures"] = check(shapes, dtype)
     print("check: mismatches", res["check_failures"] or "none", flush=True)
     bw = copy_bandwidth()
-    stores = [[random_store("int4", n, k, 128, "cuda", dtype) for _, n, k in shapes] for _ in range(32)]
-    floor = sum(s.nbytes() for layer in stores for s in layer) / bw * 1e3
+    model = Model("int4", shapes, 32, 128, dtype)
+    floor = model.nbytes() / bw * 1e3
     res.update(copy_bandwidth_GBps=bw / 1e9, floor_ms=floor, ms={})
     pm = load_policy_for_device()
     res["policy_map"] = pm is not None
-
-    def step(fn, xs):
-        def run():
-            for layer in stores:
-                for i, s in enumerate(layer):
-                    fn(xs[i], s)
-        return run
 
     def rec(name, m, ms):
         res["ms"].setdefault(name, {}).setdefault(str(m), []).append(round(ms, 4))
@@ -188,17 +181,17 @@ def main() -> None:
             for v, (p, l2, tr) in VARIANTS.items():
                 fn = (lambda x_, s_, p=p, l2=l2, tr=tr:
                       mma_gemv(x_, s_, cfgs[(s_.out_features, s_.in_features)], pdl=p, l2_prefetch=l2, trigger=tr))
-                rec(f"fragment kernel: {v}", m, time_us([step(fn, xs)], rounds=1, reps=7) / 1e3)
+                rec(f"fragment kernel: {v}", m, time_us([step_fn(model, xs, fn)], rounds=1, reps=7) / 1e3)
             for mode in ("w4a16", "w4a8"):
                 for p in (False, True):
                     set_pdl(p)
                     d = AdaptiveDispatcher(pm, autoload=False)
                     act = MODES[mode].act
                     rec(f"dispatch {mode}: {'pdl' if p else 'plain'}", m,
-                        time_us([step(lambda x_, s_: d.linear(x_, s_, act), xs)], rounds=1, reps=7) / 1e3)
+                        time_us([step_fn(model, xs, lambda x_, s_: d.linear(x_, s_, act))], rounds=1, reps=7) / 1e3)
             set_pdl(True)
         print(f"M={m} done", flush=True)
-    tg = [[(to_tinygemm(s), s.group_size) for s in layer] for layer in stores]
+    tg = [[(to_tinygemm(s), s.group_size) for s in layer] for layer in model.stores]
     for m in [v for v in ms_list if v <= 4]:
         xs = [torch.randn(m, k, device="cuda", dtype=dtype) for _, _, k in shapes]
         for _ in range(args.repeats):

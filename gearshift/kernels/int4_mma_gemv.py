@@ -316,8 +316,8 @@ def mma_gemv(x: torch.Tensor, store: Int4Weight, cfg: TileConfig, token_scales: 
              l2_prefetch: bool | None = None, trigger: int | None = None) -> torch.Tensor:
     """y [M, N] = x [M, K] @ dequant(W).T for 1 <= M <= 16 (cfg: bm = 8 or 16 weight rows per warp,
     warps, split_k, prefetch = 2 blocks per step). With token_scales [M] (fp32), x holds activation
-    codes and y = token_scales[:, None] * (x @ dequant(W).T). pdl / l2_prefetch (default: where
-    the GPU has them, see `pdl.py`) change timing only, never the result."""
+    codes and y = token_scales[:, None] * (x @ dequant(W).T). pdl / l2_prefetch / trigger (defaults:
+    `pdl.py`'s switches and `pdl_trigger`) change timing only, never the result."""
     x2 = x.reshape(-1, x.shape[-1])
     m = x2.shape[0]
     if not mma_gemv_supports(store, cfg, m, x2.dtype):
@@ -342,7 +342,8 @@ def mma_gemv(x: torch.Tensor, store: Int4Weight, cfg: TileConfig, token_scales: 
                            ASM=MMA_ASM[(dt, two, tiles)], CONSTRAINTS=CONSTRAINTS[(two, tiles)], TWO_ROWS=two,
                            TILES=tiles, OFFSET=OFFSET[dt],
                            U=2 if cfg.prefetch else 1, HAS_XS=token_scales is not None, PDL=pdl,
-                           L2_PREFETCH=l2_prefetch, TRIGGER=pdl_trigger(m) if trigger is None else trigger, num_warps=cfg.warps, num_stages=1, **launch_kwargs(pdl))
+                           L2_PREFETCH=l2_prefetch, TRIGGER=pdl_trigger(m) if trigger is None else trigger,
+                           num_warps=cfg.warps, num_stages=1, **launch_kwargs(pdl))
     return y.reshape(*x.shape[:-1], n)
 
 

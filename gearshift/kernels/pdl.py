@@ -29,6 +29,7 @@ import torch
 
 from gearshift.kernels._triton import HAS_TRITON, interpreting, tl, triton
 
+
 def _env_on(name: str) -> bool:
     return os.environ.get(name, "1") not in ("0", "", "false", "False")
 
