@@ -45,3 +45,40 @@ def tiny_int4(model_dir):
     loaded = load_model(model_dir("tiny"), progress=False)
     quantize_linears(loaded, "int4", 32, progress=False)
     return loaded
+
+
+SM90_PRELUDE = r"""
+import json, sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+def ptx(fn, signature, constexprs, num_warps=4, num_stages=1):
+    names = list(signature)
+    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n, t in signature.items() if t.startswith("*")}
+    src = ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
+    opts = {"num_warps": num_warps, "num_stages": num_stages}
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts).asm["ptx"]
+"""
+
+
+@pytest.fixture(scope="session")
+def compile_sm90():
+    """Run a script that fills `out` (dict name -> PTX) with `ptx(...)` compiles for sm_90, in a fresh
+    process (the suite runs the interpreter; Triton ships ptxas, so no GPU is needed). Skips the
+    test where this machine cannot compile for sm_90."""
+    import json
+    import subprocess
+    import sys
+
+    pytest.importorskip("triton")
+
+    def run(body: str) -> dict:
+        script = SM90_PRELUDE + "\nout = {}\n" + body + "\njson.dump(out, sys.stdout)\n"
+        env = {**os.environ, "TRITON_INTERPRET": "0"}
+        r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=900)
+        if r.returncode != 0:
+            pytest.skip(f"cannot compile for sm_90 here: {r.stderr.strip().splitlines()[-1:]}")
+        return json.loads(r.stdout)
+
+    return run

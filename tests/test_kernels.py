@@ -38,7 +38,8 @@ def _store(n, k, g, sym=False, seed=0):
 
 
 CFGS16 = [TileConfig(16, 32, 128, 1, 4, 2, True, True), TileConfig(16, 32, 64, 2, 4, 2, True, False),
-          TileConfig(32, 64, 128, 1, 4, 2, False, True), TileConfig(16, 32, 128, 3, 4, 2, False, False)]
+          TileConfig(32, 64, 128, 1, 4, 2, False, True), TileConfig(16, 32, 128, 3, 4, 2, False, False),
+          TileConfig(16, 16, 64, 1, 4, 2, False, True)]  # 16 x 64 tiles: 3 token tiles at M=33, grouped order
 
 
 @pytest.mark.parametrize("cfg", CFGS16, ids=lambda c: c.key())
@@ -78,6 +79,22 @@ def test_w4a8_partitions(parts, join):
     assert rel(y, w4a8_reference(x.float(), st, act)) < 2e-3
     y_pad = w4a8_linear(x, st, act, cfg, 1, 1)
     assert torch.equal(y, y_pad), "DPR partitions are exact in int32: must equal Padding"
+
+
+@pytest.mark.parametrize("join", [True, False])
+def test_w4a8_fp8(join):
+    """fp8 weights are the code bytes read as e4m3 (b * 2^-9), the 2^9 folded into the scale.
+    Checked against the GEMM of the kernel's own fp8 codes (the interpreter's e4m3 rounding of
+    x differs from torch's; the quantizer is tested on its own)."""
+    from gearshift.kernels.act_quant import quantize_act_triton
+    from gearshift.kernels.w4a8 import w4a8_from_codes
+
+    st = _store(64, 512, 128, seed=6)
+    x = torch.randn(20, 512, device=DEV).half()
+    codes, scales = quantize_act_triton(x, ActQuantSpec("fp8"))
+    y = w4a8_from_codes(codes, scales, st, TileConfig(16, 32, 128, 2, 4, 2, True, join), torch.float16, fp8=True)
+    ref = (codes.float() * scales[:, None]) @ st.dequantize(torch.float32).T
+    assert rel(y, ref) < 2e-3
 
 
 def test_w4a4_int4_activations():

@@ -5,11 +5,7 @@ On CPU the kernels are compiled for sm_90 (Triton ships ptxas) and their PTX is 
 an input that a previous kernel produces must come after the wait. On a GPU, PDL and plain
 launches must give bit-identical results, also inside a CUDA graph."""
 
-import json
-import os
 import re
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -31,20 +27,9 @@ def test_switch_and_cpu():
 
 
 _COMPILE = r"""
-import json, sys
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
 from gearshift.kernels import int4_mma_gemv as mg
 from gearshift.kernels.rmsnorm import _rms_norm_kernel
 
-def ptx(fn, signature, constexprs):
-    names = list(signature)
-    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n, t in signature.items() if t.startswith("*")}
-    src = ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "num_stages": 1}).asm["ptx"]
-
-out = {}
 sig = dict(x_ptr="*bf16", w_ptr="*bf16", y_ptr="*bf16", D="i32", stride_x="i32", stride_y="i32", eps="fp32")
 for on in (True, False):
     out[f"rms{int(on)}"] = ptx(_rms_norm_kernel, sig, dict(BD=1024, PDL=on))
@@ -54,19 +39,13 @@ for trig in (0, 1, 2):
     out[f"mma{trig}"] = ptx(mg._mma_gemv_kernel, sig, dict(
         G=128, WARPS=4, SPLIT_K=2, ASM=mg.MMA_ASM[("bf16", True, 1)], CONSTRAINTS=mg.CONSTRAINTS[(True, 1)],
         TWO_ROWS=True, TILES=1, OFFSET=128.0, U=1, HAS_XS=False, PDL=True, L2_PREFETCH=False, TRIGGER=trig))
-json.dump(out, sys.stdout)
 """
 
 
 @pytest.fixture(scope="module")
-def ptx():
-    """PTX of the PDL kernels compiled for sm_90 (a fresh process: the suite runs the interpreter)."""
-    pytest.importorskip("triton")
-    env = {**os.environ, "TRITON_INTERPRET": "0"}
-    r = subprocess.run([sys.executable, "-c", _COMPILE], capture_output=True, text=True, env=env, timeout=600)
-    if r.returncode != 0:
-        pytest.skip(f"cannot compile for sm_90 here: {r.stderr.strip().splitlines()[-1:]}")
-    return json.loads(r.stdout)
+def ptx(compile_sm90):
+    """PTX of the PDL kernels compiled for sm_90."""
+    return compile_sm90(_COMPILE)
 
 
 def _first(ptx: str, pattern: str) -> int:

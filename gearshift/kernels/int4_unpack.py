@@ -57,6 +57,35 @@ if HAS_TRITON:
         return x0, x1, x2, x3, x4, x5, x6, x7
 
 
+    @triton.jit
+    def byte_nibbles(qw, DT: tl.constexpr, EXACT: tl.constexpr):
+        """uint8 codes [.., C] -> (low, high) nibbles as DT (bf16/fp16) without I2F: the nibble is
+        OR-ed into the mantissa of OFFSET (128 in bf16, 1024 in fp16), giving OFFSET + q exactly;
+        EXACT subtracts OFFSET (exact) for kernels that multiply the raw codes."""
+        b = qw.to(tl.int16)
+        if DT == tl.bfloat16:
+            MAGIC: tl.constexpr = 0x4300
+            OFFSET: tl.constexpr = 128.0
+        else:
+            MAGIC: tl.constexpr = 0x6400
+            OFFSET: tl.constexpr = 1024.0
+        lo = ((b & 0xF) | MAGIC).to(DT, bitcast=True)
+        hi = ((b >> 4) | MAGIC).to(DT, bitcast=True)
+        if EXACT:
+            lo = (lo - OFFSET).to(DT)
+            hi = (hi - OFFSET).to(DT)
+        return lo, hi
+
+
+    @triton.jit
+    def offset_min(sc, mn, DT: tl.constexpr):
+        """mn - OFFSET * sc (fp32): with codes from `byte_nibbles(.., EXACT=False)`,
+        w = (OFFSET + q) * sc + offset_min = q * sc + mn, one FMA per weight."""
+        if DT == tl.bfloat16:
+            return mn - 128.0 * sc
+        return mn - 1024.0 * sc
+
+
 def nibble_reference(words, i: int):
     """Torch reference of `nibble_f32`: nibble i of int32 words as float32."""
     return ((words >> (4 * i)) & 0xF).float()

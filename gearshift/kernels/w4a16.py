@@ -6,9 +6,13 @@ MMA's A operand, the activations' even / odd columns [BK/2, BM] are B, so one do
 covers both nibbles with no register shuffle. Two inner schemes (a config flag):
 
 * scale_after (small M): dot the raw codes q (exact in bf16) with x, then per K-tile
-  acc += part * scale + min * sum(x over the tile). Per-weight work is mask/shift/convert only;
+  acc += part * scale + min * sum(x over the tile). Per-weight work is mask/shift/OR only;
   the scale costs BN x BM per tile instead of BN x BK. Needs BK | group_size.
 * dequant-first (large M): w = q*scale + min per weight, then the dot (cheaper when BM > BK).
+
+Codes become floats through mantissa bits (`int4_unpack.byte_nibbles`), not `I2F`, which runs at
+16 per clock per SM and took as long as the MMA itself at BM = 128. Tiles are launched grouped
+along M (`tiles.tile_offsets`) and each row's scale / min is loaded one K tile ahead.
 
 Small M uses split-K (fp32 atomics into a zeroed buffer) to fill the SMs. DPR: P_W=(4),
 P_X=(16) on bf16 tensor cores (Padding of the weight to the activation type).
@@ -24,8 +28,8 @@ from gearshift.kernels.reference import linear_reference
 from gearshift.quant.int4 import Int4Weight
 
 if HAS_TRITON:
-    from gearshift.kernels.tiles import (int4_tile_pointers, k_tile_range, load_int4_tile, store_tile,
-                                         tile_offsets)
+    from gearshift.kernels.int4_unpack import byte_nibbles, offset_min
+    from gearshift.kernels.tiles import group_scales, int4_tile_pointers, k_tile_range, store_tile, tile_offsets
 
     @triton.jit
     def _w4a16_kernel(x_ptr, qw_ptr, s_ptr, mn_ptr, y_ptr, M, N, K, stride_xm, stride_ym,
@@ -36,35 +40,40 @@ if HAS_TRITON:
         t0, t1 = k_tile_range(tl.program_id(2), K, BK, SPLIT_K)
         w_ptrs, x_ptrs, xk_ptrs, sc_ptrs, mn_ptrs = int4_tile_pointers(x_ptr, qw_ptr, s_ptr, mn_ptr, offs_n, offs_m,
                                                                        K, stride_xm, G, BK)
+        DT: tl.constexpr = x_ptr.dtype.element_ty
         acc = tl.zeros([BN, BM], dtype=tl.float32)
+        sc_n, mn_n = group_scales(sc_ptrs, mn_ptrs, tl.minimum(t0, K // BK - 1) * BK, n_mask, G)
         for t in range(t0, t1):
             k0 = t * BK
-            qw, sc, mn = load_int4_tile(w_ptrs, sc_ptrs, mn_ptrs, k0, n_mask, G)
-            lo = qw & 0xF
-            hi = qw >> 4
+            qw = tl.load(w_ptrs + k0 // 2, mask=n_mask[:, None], other=0)
+            sc = sc_n.to(tl.float32)
+            mn = mn_n.to(tl.float32)
+            sc_n, mn_n = group_scales(sc_ptrs, mn_ptrs, tl.minimum(k0 + BK, K - BK), n_mask, G)
+            # codes: exact q (scale-after dots them raw) or OFFSET + q (dequant-first folds OFFSET
+            # into the min), both from mantissa bits: no int->float conversion per weight
+            lo, hi = byte_nibbles(qw, DT, SCALE_AFTER)
             if JOIN:  # [BN, BK] codes in column order; x tile loaded contiguous along K
                 xk = tl.load(xk_ptrs + k0, mask=m_mask[None, :], other=0.0)
                 q = tl.reshape(tl.join(lo, hi), (BN, BK))
                 if SCALE_AFTER:
-                    part = tl.dot(q.to(xk.dtype), xk)
+                    part = tl.dot(q, xk)
                     xsum = tl.sum(xk.to(tl.float32), 0)
                     acc += part * sc[:, None] + mn[:, None] * xsum[None, :]
                 else:
-                    w = (q.to(tl.float32) * sc[:, None] + mn[:, None]).to(xk.dtype)
+                    w = (q.to(tl.float32) * sc[:, None] + offset_min(sc, mn, DT)[:, None]).to(DT)
                     acc = tl.dot(w, xk, acc)
             else:  # even / odd columns of x against the low / high nibbles: two dots, no shuffle
                 xe = tl.load(x_ptrs + k0, mask=m_mask[None, :], other=0.0)
                 xo = tl.load(x_ptrs + k0 + 1, mask=m_mask[None, :], other=0.0)
                 if SCALE_AFTER:
-                    part = tl.dot(lo.to(xe.dtype), xe)
-                    part = tl.dot(hi.to(xe.dtype), xo, part)
+                    part = tl.dot(lo, xe)
+                    part = tl.dot(hi, xo, part)
                     xsum = tl.sum(xe.to(tl.float32), 0) + tl.sum(xo.to(tl.float32), 0)
                     acc += part * sc[:, None] + mn[:, None] * xsum[None, :]
                 else:
-                    wl = (lo.to(tl.float32) * sc[:, None] + mn[:, None]).to(xe.dtype)
-                    wh = (hi.to(tl.float32) * sc[:, None] + mn[:, None]).to(xe.dtype)
-                    acc = tl.dot(wl, xe, acc)
-                    acc = tl.dot(wh, xo, acc)
+                    c = offset_min(sc, mn, DT)[:, None]
+                    acc = tl.dot((lo.to(tl.float32) * sc[:, None] + c).to(DT), xe, acc)
+                    acc = tl.dot((hi.to(tl.float32) * sc[:, None] + c).to(DT), xo, acc)
         store_tile(y_ptr, acc, offs_n, offs_m, n_mask, m_mask, stride_ym, ATOMIC)
 
 
@@ -134,6 +143,8 @@ def _out(x2: torch.Tensor, n: int, split_k: int) -> torch.Tensor:
 
 def w4a16_linear(x2: torch.Tensor, store: Int4Weight, cfg: TileConfig) -> torch.Tensor:
     """x2 [M, K] (bf16/fp16, unit stride along K) -> [M, N] in x2's dtype."""
+    if x2.dtype not in (torch.bfloat16, torch.float16):
+        raise ValueError(f"w4a16_linear takes bf16/fp16 activations, got {x2.dtype}")
     m, k = x2.shape
     n = store.out_features
     bk = effective_bk(store, cfg)

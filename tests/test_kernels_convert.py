@@ -1,0 +1,50 @@
+"""The tensor-core GEMMs turn int4 codes (and int32 partials) into floats without I2F.
+
+I2F / cvt from integers runs at 16 per clock per SM on Hopper, as slow as the MMA it feeds at
+BM = 128. The kernels are compiled for sm_90 on this machine (Triton ships ptxas; a fresh process,
+since the suite runs the interpreter) and their PTX is searched for integer-to-float `cvt`s.
+Numerics are covered by tests/test_kernels.py.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+_COMPILE = r"""
+from gearshift.kernels import w4a16, w4a8
+
+ints = dict(M="i32", N="i32", K="i32", stride_xm="i32", stride_ym="i32")
+for dt in ("bf16", "fp16"):
+    sig = dict(x_ptr=f"*{dt}", qw_ptr="*u8", s_ptr="*fp16", mn_ptr="*fp16", y_ptr=f"*{dt}", **ints)
+    for sa in (False, True):
+        out[f"w4a16_{dt}_{'scale_after' if sa else 'dequant'}"] = ptx(w4a16._w4a16_kernel, sig, dict(
+            G=128, BM=128, BN=128, BK=128, SPLIT_K=1, SCALE_AFTER=sa, ATOMIC=False, JOIN=True), 8, 3)
+sig = dict(xq_ptr="*i8", xs_ptr="*fp32", qw_ptr="*u8", s_ptr="*fp16", mn_ptr="*fp16", y_ptr="*bf16", **ints)
+for fp8 in (False, True):
+    out[f"w4a8_{'fp8' if fp8 else 'int8'}"] = ptx(w4a8._w4a8_kernel, sig, dict(
+        G=128, BM=128, BN=128, BK=128, SPLIT_K=1, FP8=fp8, W_PARTS=1, WB=4, A_PARTS=1, ATOMIC=False, JOIN=True), 8, 3)
+"""
+
+INT_TO_FLOAT = re.compile(r"cvt\.\w+\.(?:f32|bf16|f16)\.[su](?:8|16|32)\b")
+
+
+@pytest.fixture(scope="module")
+def ptx(compile_sm90):
+    return compile_sm90(_COMPILE)
+
+
+@pytest.mark.parametrize("name", ["w4a16_bf16_dequant", "w4a16_bf16_scale_after", "w4a16_fp16_dequant",
+                                  "w4a16_fp16_scale_after", "w4a8_fp8"])
+def test_no_integer_to_float_conversion(ptx, name):
+    assert INT_TO_FLOAT.findall(ptx[name]) == []
+
+
+def test_int8_partials_use_the_magic_add(ptx):
+    """What is left in the int8 kernel converts the per-token sums of x (one per accumulator
+    element a thread holds, 64 at 128 x 128 over 256 threads), not the int32 MMA partials: I2F on
+    those would double it."""
+    p = ptx["w4a8_int8"]
+    assert len(INT_TO_FLOAT.findall(p)) <= 64
+    assert "1262485504" in p or "0x4B400000" in p.upper()  # 1.5 * 2^23 as bits
