@@ -73,10 +73,11 @@ def a16_configs(m: int) -> list[TileConfig]:
     if m <= 64:
         return [TileConfig(bm, bn, bk, sk, w, 4, sa, True) for bn, bk, sk, w in
                 ((64, 256, 2, 4), (64, 256, 4, 4), (128, 128, 2, 8), (64, 128, 1, 4)) for sa in (True, False)]
+    big = [TileConfig(256, 128, 64, 1, 8, st, False, True) for st in (3, 4)] if m >= 256 else []
     return [TileConfig(bm2, bn, bk, sk, w, 3, sa, True)
             for bm2 in sorted({block_m_for(m, 64), block_m_for(m, 128)})
             for bn, bk, w, sk in ((128, 64, 4, 1), (128, 128, 8, 1), (256, 64, 8, 1), (64, 128, 4, 2))
-            for sa in (False, True)]
+            for sa in (False, True)] + [TileConfig(64, 64, 128, 1, 4, 4, False, True)] + big
 
 
 def a8_configs(m: int) -> list[TileConfig]:
@@ -93,7 +94,7 @@ def a8_configs(m: int) -> list[TileConfig]:
     bm = block_m_for(m, 64)
     return [TileConfig(bm2, bn, bk, 1, w, 3, True, True)
             for bm2 in sorted({bm, block_m_for(m, 128)})
-            for bn, bk, w in ((128, 128, 4), (128, 128, 8), (256, 128, 8))]
+            for bn, bk, w in ((128, 128, 4), (128, 128, 8), (256, 128, 8))] + [TileConfig(64, 128, 128, 1, 4, 4)]
 
 
 def few_a8_configs(m: int) -> list[TileConfig]:
