@@ -20,7 +20,9 @@ from pathlib import Path
 
 import torch
 
-SHAPES = [("qkv", 6144, 4096), ("o", 4096, 4096), ("gate_up", 28672, 4096), ("down", 4096, 14336)]
+from gearshift.dispatch.profiler import PRESETS
+
+SHAPES = PRESETS["llama3-8b"]["shapes"]  # (name, N, K) of the Llama-3-8B linears
 
 
 def ints(s: str) -> list[int]:

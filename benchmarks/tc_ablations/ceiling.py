@@ -9,8 +9,10 @@ sys.path.insert(0, os.path.dirname(__file__))
 import variants as exp16
 from gearshift.quant.int4 import quantize_int4
 from triton.testing import do_bench
+
+from gearshift.dispatch.profiler import PRESETS
 torch.manual_seed(0)
-SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
+SHAPES = {name: (n, k) for name, n, k in PRESETS["llama3-8b"]["shapes"]}
 CFGS = [(128, 128, 64, 8, 3), (128, 256, 64, 8, 3), (256, 128, 64, 8, 3), (128, 128, 128, 8, 3), (128, 128, 64, 4, 4)]
 res = {}
 for m in (1024, 4096):

@@ -13,9 +13,11 @@ from gearshift.quant.activations import ActQuantSpec
 from gearshift.kernels.act_quant import quantize_act_triton
 from triton.testing import do_bench
 
+from gearshift.dispatch.profiler import PRESETS
+
 torch.manual_seed(0)
 dev = "cuda"
-SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
+SHAPES = {name: (n, k) for name, n, k in PRESETS["llama3-8b"]["shapes"]}
 MS = [int(m) for m in os.environ.get("MS", "64,256,1024,4096").split(",")]
 PART = os.environ.get("PART", "a16,a8")
 stores, dense = {}, {}
@@ -27,6 +29,17 @@ for name, (n, k) in SHAPES.items():
 
 def bench(fn):
     return do_bench(fn, warmup=10, rep=40, return_mode="median")
+
+
+def measure(label, fn, ref):
+    """(relative error vs ref, median ms) of fn, which writes into the y it closes over; (None, None)
+    if it does not compile or run."""
+    try:
+        y = fn()
+        return ((y.float() - ref).norm() / ref.norm()).item(), bench(fn)
+    except Exception as e:
+        print("fail", label, str(e)[-200:])
+        return None, None
 
 A16_CFGS = [(128, 128, 128, 8, 3), (256, 128, 64, 8, 3), (128, 256, 64, 8, 3), (64, 128, 128, 4, 4), (128, 128, 64, 4, 4), (128, 128, 128, 8, 4), (128, 256, 128, 8, 3), (256, 128, 64, 8, 4),
             (256, 128, 128, 8, 2), (64, 64, 128, 4, 4)]
@@ -69,13 +82,7 @@ for m in MS:
                     if cfg[0] > max(64, m) or (cfg[0] > 64 and m <= 64):
                         continue
                     xp = perm_k(x, cfg[2]) if conv == 5 else x
-                    try:
-                        run16(x, st, cfg, conv, sa, pf, y, xp)
-                        err = ((y.float() - ref).norm() / ref.norm()).item()
-                        t = bench(lambda: run16(x, st, cfg, conv, sa, pf, y, xp))
-                    except Exception as e:
-                        err, t = None, None
-                        print("fail", vname, cfg, str(e)[-200:])
+                    err, t = measure((vname, cfg), lambda: run16(x, st, cfg, conv, sa, pf, y, xp) or y, ref)
                     res["a16"][f"{vname}|{cfg}|{name}:{m}"] = t
                     if name == "qkv":
                         res["err"][f"a16|{vname}|{cfg}|{m}"] = err
@@ -95,13 +102,8 @@ for m in MS:
                         if cfg[0] > max(64, m) or (cfg[0] > 64 and m <= 64):
                             continue
                         xin = xq8 if join else xperm
-                        try:
-                            run8(xin, xs, xsum, st, cfg, fp8, pre, magic, join, pf, y)
-                            err = ((y.float() - ref8).norm() / ref8.norm()).item()
-                            t = bench(lambda: run8(xin, xs, xsum, st, cfg, fp8, pre, magic, join, pf, y))
-                        except Exception as e:
-                            err, t = None, None
-                            print("fail", vname, cfg, str(e)[-200:])
+                        err, t = measure((vname, cfg), lambda: run8(xin, xs, xsum, st, cfg, fp8, pre, magic, join, pf,
+                                                                    y) or y, ref8)
                         res["a8"][f"{vname}|{cfg}|{name}:{m}"] = t
                         if name == "qkv":
                             res["err"][f"a8|{vname}|{cfg}|{m}"] = err

@@ -11,7 +11,19 @@ import triton
 import triton.language as tl
 
 from gearshift.kernels.int4_unpack import byte_nibbles as _codes_bits
-from gearshift.kernels.tiles import tile_offsets
+from gearshift.kernels.tiles import group_scales, scales_ahead, tile_offsets
+
+
+@triton.jit
+def _scales_step(sc_ptrs, mn_ptrs, sc_n, mn_n, k0, K, n_mask, G: tl.constexpr, BK: tl.constexpr, PF: tl.constexpr):
+    """This tile's scale / min (fp32); with PF also the next tile's raw pair, loaded now."""
+    if PF:
+        sc, mn, sc_n, mn_n = scales_ahead(sc_ptrs, mn_ptrs, sc_n, mn_n, k0, K, n_mask, G, BK)
+    else:
+        sc, mn = group_scales(sc_ptrs, mn_ptrs, k0, n_mask, G)
+        sc = sc.to(tl.float32)
+        mn = mn.to(tl.float32)
+    return sc, mn, sc_n, mn_n
 
 
 @triton.jit
@@ -53,20 +65,12 @@ def w4a16_tc2(x_ptr, qw_ptr, s_ptr, mn_ptr, y_ptr, M, N, K, stride_xm, stride_ym
     xa_ptrs = x_ptr + offs_m[None, :] * stride_xm + tl.arange(0, BK // 2)[:, None]
     acc = tl.zeros([BN, BM], dtype=tl.float32)
     DT: tl.constexpr = x_ptr.dtype.element_ty
-    sc_n = tl.load(s_ptr + offs_n * ng, mask=n_mask, other=0.0)
-    mn_n = tl.load(mn_ptr + offs_n * ng, mask=n_mask, other=0.0)
+    sc_ptrs = s_ptr + offs_n * ng
+    mn_ptrs = mn_ptr + offs_n * ng
+    sc_n, mn_n = group_scales(sc_ptrs, mn_ptrs, 0, n_mask, G)
     for k0 in range(0, K, BK):
         qw = tl.load(w_ptrs + k0 // 2, mask=n_mask[:, None], other=0)
-        g = k0 // G
-        if PF:
-            sc = sc_n.to(tl.float32)
-            mn = mn_n.to(tl.float32)
-            gn = tl.minimum((k0 + BK) // G, ng - 1)
-            sc_n = tl.load(s_ptr + offs_n * ng + gn, mask=n_mask, other=0.0)
-            mn_n = tl.load(mn_ptr + offs_n * ng + gn, mask=n_mask, other=0.0)
-        else:
-            sc = tl.load(s_ptr + offs_n * ng + g, mask=n_mask, other=0.0).to(tl.float32)
-            mn = tl.load(mn_ptr + offs_n * ng + g, mask=n_mask, other=0.0).to(tl.float32)
+        sc, mn, sc_n, mn_n = _scales_step(sc_ptrs, mn_ptrs, sc_n, mn_n, k0, K, n_mask, G, BK, PF)
         if CONV == 5:
             lo, hi = _codes_bits(qw, DT, False)
             if DT == tl.bfloat16:
@@ -108,23 +112,19 @@ def w4a8_tc2(xq_ptr, xs_ptr, xsum_ptr, qw_ptr, s_ptr, mn_ptr, y_ptr, M, N, K, st
     xh_ptrs = xq_ptr + offs_m[None, :] * stride_xm + offs_h[:, None]
     acc = tl.zeros([BN, BM], dtype=tl.float32)
     bias = tl.zeros([BN], dtype=tl.float32)
-    sc_n = tl.load(s_ptr + offs_n * ng, mask=n_mask, other=0.0)
-    mn_n = tl.load(mn_ptr + offs_n * ng, mask=n_mask, other=0.0)
+    sc_ptrs = s_ptr + offs_n * ng
+    mn_ptrs = mn_ptr + offs_n * ng
+    sc_n, mn_n = group_scales(sc_ptrs, mn_ptrs, 0, n_mask, G)
     xsum_n = tl.load(xsum_ptr + offs_m * ng, mask=m_mask & (PRE_SUM != 0), other=0.0)
     for k0 in range(0, K, BK):
         qw = tl.load(w_ptrs + k0 // 2, mask=n_mask[:, None], other=0)
         g = k0 // G
+        sc, mn, sc_n, mn_n = _scales_step(sc_ptrs, mn_ptrs, sc_n, mn_n, k0, K, n_mask, G, BK, PF)
         if PF:
-            sc = sc_n.to(tl.float32)
-            mn = mn_n.to(tl.float32)
             xsum_p = xsum_n
             gn = tl.minimum((k0 + BK) // G, ng - 1)
-            sc_n = tl.load(s_ptr + offs_n * ng + gn, mask=n_mask, other=0.0)
-            mn_n = tl.load(mn_ptr + offs_n * ng + gn, mask=n_mask, other=0.0)
             xsum_n = tl.load(xsum_ptr + offs_m * ng + gn, mask=m_mask & (PRE_SUM != 0), other=0.0)
         else:
-            sc = tl.load(s_ptr + offs_n * ng + g, mask=n_mask, other=0.0).to(tl.float32)
-            mn = tl.load(mn_ptr + offs_n * ng + g, mask=n_mask, other=0.0).to(tl.float32)
             xsum_p = tl.load(xsum_ptr + offs_m * ng + g, mask=m_mask & (PRE_SUM != 0), other=0.0)
         if JOIN:
             xa = tl.load(x_ptrs + k0, mask=m_mask[None, :], other=0)

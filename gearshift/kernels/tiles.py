@@ -58,6 +58,14 @@ if HAS_TRITON:
 
 
     @triton.jit
+    def scales_ahead(sc_ptrs, mn_ptrs, sc_n, mn_n, k0, K, n_mask, G: tl.constexpr, BK: tl.constexpr):
+        """K tile k0's scale / min in fp32 (sc_n / mn_n, loaded an iteration earlier) and the raw
+        pair of tile k0 + BK (the last tile re-reads its own)."""
+        nxt_sc, nxt_mn = group_scales(sc_ptrs, mn_ptrs, tl.minimum(k0 + BK, K - BK), n_mask, G)
+        return sc_n.to(tl.float32), mn_n.to(tl.float32), nxt_sc, nxt_mn
+
+
+    @triton.jit
     def store_tile(y_ptr, acc, offs_n, offs_m, n_mask, m_mask, stride_ym, ATOMIC: tl.constexpr):
         """acc [BN, BM] (fp32) -> y [M, N]: atomic add into the fp32 split-K buffer, else a store."""
         y_ptrs = y_ptr + offs_m[None, :] * stride_ym + offs_n[:, None]

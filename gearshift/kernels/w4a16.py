@@ -29,7 +29,8 @@ from gearshift.quant.int4 import Int4Weight
 
 if HAS_TRITON:
     from gearshift.kernels.int4_unpack import byte_nibbles, offset_min
-    from gearshift.kernels.tiles import group_scales, int4_tile_pointers, k_tile_range, store_tile, tile_offsets
+    from gearshift.kernels.tiles import (group_scales, int4_tile_pointers, k_tile_range, scales_ahead, store_tile,
+                                         tile_offsets)
 
     @triton.jit
     def _w4a16_kernel(x_ptr, qw_ptr, s_ptr, mn_ptr, y_ptr, M, N, K, stride_xm, stride_ym,
@@ -46,9 +47,7 @@ if HAS_TRITON:
         for t in range(t0, t1):
             k0 = t * BK
             qw = tl.load(w_ptrs + k0 // 2, mask=n_mask[:, None], other=0)
-            sc = sc_n.to(tl.float32)
-            mn = mn_n.to(tl.float32)
-            sc_n, mn_n = group_scales(sc_ptrs, mn_ptrs, tl.minimum(k0 + BK, K - BK), n_mask, G)
+            sc, mn, sc_n, mn_n = scales_ahead(sc_ptrs, mn_ptrs, sc_n, mn_n, k0, K, n_mask, G, BK)
             # codes: exact q (scale-after dots them raw) or OFFSET + q (dequant-first folds OFFSET
             # into the min), both from mantissa bits: no int->float conversion per weight
             lo, hi = byte_nibbles(qw, DT, SCALE_AFTER)

@@ -28,7 +28,8 @@ from gearshift.quant.activations import ActQuantSpec
 from gearshift.quant.int4 import Int4Weight
 
 if HAS_TRITON:
-    from gearshift.kernels.tiles import group_scales, int4_tile_pointers, k_tile_range, store_tile, tile_offsets
+    from gearshift.kernels.tiles import (group_scales, int4_tile_pointers, k_tile_range, scales_ahead, store_tile,
+                                         tile_offsets)
 
     @triton.jit
     def _dpr_int8(q, x, BN: tl.constexpr, BM: tl.constexpr, W_PARTS: tl.constexpr, WB: tl.constexpr,
@@ -62,9 +63,7 @@ if HAS_TRITON:
         for t in range(t0, t1):
             k0 = t * BK
             qw = tl.load(w_ptrs + k0 // 2, mask=n_mask[:, None], other=0)
-            sc = sc_n.to(tl.float32)
-            mn = mn_n.to(tl.float32)
-            sc_n, mn_n = group_scales(sc_ptrs, mn_ptrs, tl.minimum(k0 + BK, K - BK), n_mask, G)
+            sc, mn, sc_n, mn_n = scales_ahead(sc_ptrs, mn_ptrs, sc_n, mn_n, k0, K, n_mask, G, BK)
             if JOIN:  # one [BN, BK] code tile against x [BK, BM] loaded contiguous along K
                 qa = tl.reshape(tl.join(qw & 0xF, qw >> 4), (BN, BK))
                 xa = tl.load(xk_ptrs + k0, mask=m_mask[None, :], other=0)
