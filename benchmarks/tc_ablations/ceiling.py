@@ -3,7 +3,7 @@ x @ W^T (v1), int4 dequantized as the plain B operand (v2), against cuBLAS, do_b
 Usage on the GPU: PYTHONPATH=. python benchmarks/tc_ablations/ceiling.py; writes $OUT/ceiling.json
 (benchmarks/results/tc_ceiling_*.json).
 """
-import json, os, sys, time
+import argparse, json, os, sys, time
 import torch, triton
 sys.path.insert(0, os.path.dirname(__file__))
 import variants as exp16
@@ -11,6 +11,7 @@ from gearshift.quant.int4 import quantize_int4
 from triton.testing import do_bench
 
 from gearshift.dispatch.profiler import PRESETS
+argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
 torch.manual_seed(0)
 SHAPES = {name: (n, k) for name, n, k in PRESETS["llama3-8b"]["shapes"]}
 CFGS = [(128, 128, 64, 8, 3), (128, 256, 64, 8, 3), (256, 128, 64, 8, 3), (128, 128, 128, 8, 3), (128, 128, 64, 4, 4)]

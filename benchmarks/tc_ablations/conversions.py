@@ -4,7 +4,7 @@ Usage on the GPU: PYTHONPATH=. TAG=tc_conversions python benchmarks/tc_ablations
 (MS=64,256,... PART=a16,a8 A16V=... narrow it); writes $OUT/$TAG.json, prints per-step ms.
 Results: benchmarks/results/tc_conversions_*.json; summary in docs/kernels.md (stop 11).
 """
-import json, os, sys, time
+import argparse, json, os, sys, time
 import torch, triton
 sys.path.insert(0, os.path.dirname(__file__))
 import variants as exp16
@@ -15,6 +15,7 @@ from triton.testing import do_bench
 
 from gearshift.dispatch.profiler import PRESETS
 
+argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
 torch.manual_seed(0)
 dev = "cuda"
 SHAPES = {name: (n, k) for name, n, k in PRESETS["llama3-8b"]["shapes"]}
