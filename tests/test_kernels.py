@@ -39,7 +39,8 @@ def _store(n, k, g, sym=False, seed=0):
 
 CFGS16 = [TileConfig(16, 32, 128, 1, 4, 2, True, True), TileConfig(16, 32, 64, 2, 4, 2, True, False),
           TileConfig(32, 64, 128, 1, 4, 2, False, True), TileConfig(16, 32, 128, 3, 4, 2, False, False),
-          TileConfig(16, 16, 64, 1, 4, 2, False, True)]  # 16 x 64 tiles: 3 token tiles at M=33, grouped order
+          TileConfig(16, 16, 64, 1, 4, 2, False, True),  # 16 x 64 tiles: 3 token tiles at M=33, grouped order
+          TileConfig(16, 32, 64, 2, 4, 2, False, True)]  # dequant-first + split-K reduction
 
 
 @pytest.mark.parametrize("cfg", CFGS16, ids=lambda c: c.key())

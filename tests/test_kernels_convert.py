@@ -17,14 +17,16 @@ from gearshift.kernels import w4a16, w4a8
 
 ints = dict(M="i32", N="i32", K="i32", stride_xm="i32", stride_ym="i32")
 for dt in ("bf16", "fp16"):
-    sig = dict(x_ptr=f"*{dt}", qw_ptr="*u8", s_ptr="*fp16", mn_ptr="*fp16", y_ptr=f"*{dt}", **ints)
+    sig = dict(x_ptr=f"*{dt}", qw_ptr="*u8", s_ptr="*fp16", mn_ptr="*fp16", y_ptr=f"*{dt}", ws_ptr="*fp32",
+               cnt_ptr="*i32", **ints)
     for sa in (False, True):
         out[f"w4a16_{dt}_{'scale_after' if sa else 'dequant'}"] = ptx(w4a16._w4a16_kernel, sig, dict(
-            G=128, BM=128, BN=128, BK=128, SPLIT_K=1, SCALE_AFTER=sa, ATOMIC=False, JOIN=True), 8, 3)
-sig = dict(xq_ptr="*i8", xs_ptr="*fp32", qw_ptr="*u8", s_ptr="*fp16", mn_ptr="*fp16", y_ptr="*bf16", **ints)
+            G=128, BM=128, BN=128, BK=128, SPLIT_K=1, SCALE_AFTER=sa, JOIN=True, ASM=True), 8, 3)
+sig = dict(xq_ptr="*i8", xs_ptr="*fp32", qw_ptr="*u8", s_ptr="*fp16", mn_ptr="*fp16", y_ptr="*bf16", ws_ptr="*fp32",
+           cnt_ptr="*i32", **ints)
 for fp8 in (False, True):
     out[f"w4a8_{'fp8' if fp8 else 'int8'}"] = ptx(w4a8._w4a8_kernel, sig, dict(
-        G=128, BM=128, BN=128, BK=128, SPLIT_K=1, FP8=fp8, W_PARTS=1, WB=4, A_PARTS=1, ATOMIC=False, JOIN=True), 8, 3)
+        G=128, BM=128, BN=128, BK=128, SPLIT_K=1, FP8=fp8, W_PARTS=1, WB=4, A_PARTS=1, JOIN=True, ASM=True), 8, 3)
 """
 
 INT_TO_FLOAT = re.compile(r"cvt\.\w+\.(?:f32|bf16|f16)\.[su](?:8|16|32)\b")
@@ -48,3 +50,19 @@ def test_int8_partials_use_the_magic_add(ptx):
     p = ptx["w4a8_int8"]
     assert len(INT_TO_FLOAT.findall(p)) <= 64
     assert "1262485504" in p or "0x4B400000" in p.upper()  # 1.5 * 2^23 as bits
+
+
+@pytest.mark.parametrize("dt", ["bf16", "fp16"])
+def test_dequant_first_runs_the_packed_ptx(ptx, dt):
+    """The dequant-first W4A16 loop builds 128 + q in fp32 bits and packs pairs with one cvt
+    (`int4_unpack.dequant_tile`), not Triton's per-byte lowering."""
+    p = ptx[f"w4a16_{dt}_dequant"]
+    assert "lop3.b32" in p and "0x43000000" in p  # 128.0 as fp32 bits, in the inline PTX
+    assert ("cvt.rn.bf16x2.f32" if dt == "bf16" else "cvt.rn.f16x2.f32") in p
+
+
+@pytest.mark.parametrize("name", ["w4a8_int8", "w4a8_fp8"])
+def test_w4a8_codes_run_the_packed_ptx(ptx, name):
+    """Code bytes for the int8 / fp8 MMAs come from `int4_unpack.code_bytes` (SHR, PRMT, AND per
+    four codes)."""
+    assert "0x7250" in ptx[name]  # the PRMT selector of the inline PTX

@@ -70,14 +70,16 @@ def a16_configs(m: int) -> list[TileConfig]:
                                          (64, 512, 2, 8, True), (64, 128, 4, 4, True), (32, 512, 8, 4, True),
                                          (128, 256, 2, 8, True), (64, 128, 4, 4, False), (16, 512, 8, 4, True))]
     bm = block_m_for(m, 64)
-    if m <= 64:
-        return [TileConfig(bm, bn, bk, sk, w, 4, sa, True) for bn, bk, sk, w in
-                ((64, 256, 2, 4), (64, 256, 4, 4), (128, 128, 2, 8), (64, 128, 1, 4)) for sa in (True, False)]
+    if m <= 64:  # swap-AB tiles of 64 weight rows, split-K to fill the SMs (midm.py sweep, stop 12)
+        return [TileConfig(bm, bn, bk, sk, w, st, False, True) for bn, bk, sk, w, st in
+                ((64, 128, 1, 4, 3), (64, 128, 2, 4, 3), (64, 128, 4, 4, 3), (64, 64, 4, 4, 4), (128, 128, 1, 4, 3),
+                 (128, 128, 2, 8, 3), (64, 256, 4, 4, 4))] + [TileConfig(bm, 64, 256, sk, 4, 4, True, True)
+                                                             for sk in (2, 4)]
     big = [TileConfig(256, 128, 64, 1, 8, st, False, True) for st in (3, 4)] if m >= 256 else []
-    return [TileConfig(bm2, bn, bk, sk, w, 3, sa, True)
+    return [TileConfig(bm2, bn, bk, sk, w, st, False, True)
             for bm2 in sorted({block_m_for(m, 64), block_m_for(m, 128)})
-            for bn, bk, w, sk in ((128, 64, 4, 1), (128, 128, 8, 1), (256, 64, 8, 1), (64, 128, 4, 2))
-            for sa in (False, True)] + [TileConfig(64, 64, 128, 1, 4, 4, False, True)] + big
+            for bn, bk, sk, w, st in ((64, 128, 1, 4, 3), (64, 128, 2, 4, 3), (64, 128, 4, 4, 3), (128, 128, 1, 4, 3),
+                                      (128, 128, 1, 8, 3), (256, 64, 1, 8, 3), (128, 64, 1, 8, 3))] + big
 
 
 def a8_configs(m: int) -> list[TileConfig]:
@@ -88,13 +90,14 @@ def a8_configs(m: int) -> list[TileConfig]:
                                          (32, 256, 8, 4, True), (128, 256, 2, 8, True), (64, 256, 4, 4, False),
                                          (16, 512, 8, 4, True))]
     if m <= 128:
-        return [TileConfig(block_m_for(m, 128), bn, bk, sk, w, 4, True, True)
-                for bn, bk, sk, w in ((64, 256, 2, 4), (128, 128, 1, 4), (128, 128, 2, 8), (64, 256, 4, 4),
-                                      (128, 256, 1, 8))]
+        return [TileConfig(block_m_for(m, 128), bn, bk, sk, w, st, True, True)
+                for bn, bk, sk, w, st in ((64, 256, 2, 4, 4), (128, 128, 1, 4, 4), (128, 128, 2, 8, 4),
+                                          (64, 256, 4, 4, 4), (128, 256, 1, 8, 4), (64, 128, 4, 4, 3),
+                                          (64, 128, 2, 4, 3), (64, 128, 1, 4, 3))]
     bm = block_m_for(m, 64)
     return [TileConfig(bm2, bn, bk, 1, w, 3, True, True)
             for bm2 in sorted({bm, block_m_for(m, 128)})
-            for bn, bk, w in ((128, 128, 4), (128, 128, 8), (256, 128, 8))] + [TileConfig(64, 128, 128, 1, 4, 4)]
+            for bn, bk, w in ((128, 128, 4), (128, 128, 8), (256, 128, 8), (64, 128, 4))] + [TileConfig(64, 128, 128, 1, 4, 4)]
 
 
 def few_a8_configs(m: int) -> list[TileConfig]:

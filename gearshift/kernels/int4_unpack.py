@@ -86,6 +86,71 @@ if HAS_TRITON:
         return mn - 1024.0 * sc
 
 
+def _dequant_asm(cvt: str) -> str:
+    """PTX for one pack of 4 weights: $2 holds bytes (b0, b0, b1, b1) (each code byte twice, see
+    `dequant_tile`), $3..$6 the rows' scales, $7..$10 their offset mins (fp32). Each nibble lands in
+    bits 16..19 of fp32 128.0 (one shift, one LOP3; 128 + q exactly), one FFMA makes
+    (128 + q) * s + (m - 128 s), one cvt packs two results: 3.25 instructions per weight."""
+    return f"""{{ .reg .b32 f0, f1, f2, f3, one;
+    mov.b32 one, 0x43000000;
+    shl.b32 f0, $2, 16; lop3.b32 f0, f0, 0x000F0000, one, 0xEA;
+    shl.b32 f1, $2, 12; lop3.b32 f1, f1, 0x000F0000, one, 0xEA;
+    lop3.b32 f2, $2, 0x000F0000, one, 0xEA;
+    shr.b32 f3, $2, 4; lop3.b32 f3, f3, 0x000F0000, one, 0xEA;
+    fma.rn.f32 f0, f0, $3, $7; fma.rn.f32 f1, f1, $4, $8;
+    fma.rn.f32 f2, f2, $5, $9; fma.rn.f32 f3, f3, $6, $10;
+    {cvt} $0, f1, f0; {cvt} $1, f3, f2; }}"""
+
+
+if HAS_TRITON:
+    DEQUANT_ASM_BF16 = tl.constexpr(_dequant_asm("cvt.rn.bf16x2.f32"))
+    DEQUANT_ASM_F16 = tl.constexpr(_dequant_asm("cvt.rn.f16x2.f32"))
+    DEQUANT_CONSTRAINTS = tl.constexpr("=r,=r,r,r,r,r,r,r,r,r,r")
+
+    @triton.jit
+    def dequant_tile(qw, sc, c, BN: tl.constexpr, BK: tl.constexpr, DT: tl.constexpr, ASM: tl.constexpr):
+        """uint8 codes [BN, BK/2] -> DT weights [BN, BK] in column order, w = q * sc + mn with
+        c = mn - 128 * sc (fp32 per row), rounded once. ASM (on the GPU) does it in packed PTX:
+        Triton's own u8 -> float lowering costs ~9 SASS instructions per weight (byte PRMTs, moves,
+        a conversion, an FMA, a repack), which with one warp per scheduler made the mid-M
+        dequant-first loop issue-bound. Without ASM (the interpreter) the same math runs in
+        Triton ops."""
+        if ASM:
+            # each byte twice: a pack of 4 elements is one byte's two output columns, twice
+            qd = tl.join(qw, qw)
+            s3 = tl.broadcast_to(sc[:, None, None], (BN, BK // 2, 2))
+            c3 = tl.broadcast_to(c[:, None, None], (BN, BK // 2, 2))
+            if DT == tl.bfloat16:
+                w = tl.inline_asm_elementwise(DEQUANT_ASM_BF16, DEQUANT_CONSTRAINTS, [qd, s3, c3],
+                                              dtype=tl.bfloat16, is_pure=True, pack=4)
+            else:
+                w = tl.inline_asm_elementwise(DEQUANT_ASM_F16, DEQUANT_CONSTRAINTS, [qd, s3, c3],
+                                              dtype=tl.float16, is_pure=True, pack=4)
+        else:  # Triton ops (I2F; bf16 bitcasts do not survive the interpreter), the same FMA and rounding
+            q = tl.join(qw & 0xF, qw >> 4).to(tl.float32) + 128.0
+            w = (q * sc[:, None, None] + c[:, None, None]).to(DT)
+        return tl.reshape(w, (BN, BK))
+
+
+CODES_ASM = """{ .reg .b32 u;
+    shr.b32 u, $1, 4; prmt.b32 $0, $1, u, 0x7250; and.b32 $0, $0, 0x0F0F0F0F; }"""
+
+if HAS_TRITON:
+    CODES_ASM_C = tl.constexpr(CODES_ASM)
+
+    @triton.jit
+    def code_bytes(qw, BN: tl.constexpr, BK: tl.constexpr, ASM: tl.constexpr):
+        """uint8 codes [BN, BK/2] -> one byte per code [BN, BK] (0..15, column order), the operand
+        of the int8 and fp8 MMAs. ASM: a pack of 4 is bytes (b0, b0, b1, b1) -> (lo b0, hi b0,
+        lo b1, hi b1) with SHR, PRMT, AND: 0.75 instructions per code."""
+        if ASM:
+            qd = tl.join(qw, qw)
+            c = tl.inline_asm_elementwise(CODES_ASM_C, "=r,r", [qd], dtype=tl.uint8, is_pure=True, pack=4)
+        else:
+            c = tl.join(qw & 0xF, qw >> 4)
+        return tl.reshape(c, (BN, BK))
+
+
 def nibble_reference(words, i: int):
     """Torch reference of `nibble_f32`: nibble i of int32 words as float32."""
     return ((words >> (4 * i)) & 0xF).float()

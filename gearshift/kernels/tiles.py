@@ -1,12 +1,14 @@
 """Tile bookkeeping shared by the swap-AB `tl.dot` kernels (w4a16, w4a8, w8): which output tile
 a program owns, which K tiles its split-K slice covers, and the epilogue that stores (or, with
-split-K, atomically adds) the [BN, BM] fp32 tile into y [M, N]."""
+split-K, reduces) the [BN, BM] fp32 tile into y [M, N]."""
 
 from __future__ import annotations
 
 from gearshift.kernels._triton import HAS_TRITON, tl, triton
+from gearshift.kernels.splitk import splitk_buffers
 
 if HAS_TRITON:
+    from gearshift.kernels.splitk import splitk_finish
 
     @triton.jit
     def tile_offsets(N, M, BN: tl.constexpr, BM: tl.constexpr, GROUP: tl.constexpr = 8):
@@ -66,11 +68,19 @@ if HAS_TRITON:
 
 
     @triton.jit
-    def store_tile(y_ptr, acc, offs_n, offs_m, n_mask, m_mask, stride_ym, ATOMIC: tl.constexpr):
-        """acc [BN, BM] (fp32) -> y [M, N]: atomic add into the fp32 split-K buffer, else a store."""
+    def store_tile(y_ptr, acc, offs_n, offs_m, n_mask, m_mask, M, N, stride_ym, ws_ptr, cnt_ptr,
+                   SPLIT_K: tl.constexpr):
+        """acc [BN, BM] (fp32) -> y [M, N] in y's dtype. With split-K the slices meet in the
+        deterministic one-launch reduction of `splitk.py` (workspace [SPLIT_K, M*N], one arrival
+        counter per output tile): no zero-fill or cast launches, and the same bits on every run,
+        which fp32 atomics did not give."""
         y_ptrs = y_ptr + offs_m[None, :] * stride_ym + offs_n[:, None]
         mask = n_mask[:, None] & m_mask[None, :]
-        if ATOMIC:
-            tl.atomic_add(y_ptrs, acc, mask=mask)
-        else:
-            tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=mask)
+        tile = tl.program_id(1) * tl.num_programs(0) + tl.program_id(0)
+        splitk_finish(acc, y_ptrs, ws_ptr, cnt_ptr, offs_m[None, :] * N + offs_n[:, None], mask, tile,
+                      tl.program_id(2), M * N, SPLIT_K)
+
+
+def tile_buffers(y, split_k: int, grid: tuple[int, int, int]):
+    """(workspace, counters) for `store_tile` into y [M, N] over this launch grid."""
+    return splitk_buffers(y, split_k, y.shape[0] * y.shape[1], grid[0] * grid[1])

@@ -22,21 +22,21 @@ from __future__ import annotations
 
 import torch
 
-from gearshift.kernels._triton import HAS_TRITON, tl, triton
+from gearshift.kernels._triton import HAS_TRITON, interpreting, tl, triton
 from gearshift.kernels.config import TileConfig
 from gearshift.kernels.reference import linear_reference
+from gearshift.kernels.tiles import tile_buffers
 from gearshift.quant.int4 import Int4Weight
 
 if HAS_TRITON:
-    from gearshift.kernels.int4_unpack import byte_nibbles, offset_min
+    from gearshift.kernels.int4_unpack import byte_nibbles, dequant_tile, offset_min
     from gearshift.kernels.tiles import (group_scales, int4_tile_pointers, k_tile_range, scales_ahead, store_tile,
                                          tile_offsets)
 
     @triton.jit
-    def _w4a16_kernel(x_ptr, qw_ptr, s_ptr, mn_ptr, y_ptr, M, N, K, stride_xm, stride_ym,
+    def _w4a16_kernel(x_ptr, qw_ptr, s_ptr, mn_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, stride_xm, stride_ym,
                       G: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                      SPLIT_K: tl.constexpr, SCALE_AFTER: tl.constexpr, ATOMIC: tl.constexpr,
-                      JOIN: tl.constexpr):
+                      SPLIT_K: tl.constexpr, SCALE_AFTER: tl.constexpr, JOIN: tl.constexpr, ASM: tl.constexpr):
         offs_n, offs_m, n_mask, m_mask = tile_offsets(N, M, BN, BM)
         t0, t1 = k_tile_range(tl.program_id(2), K, BK, SPLIT_K)
         w_ptrs, x_ptrs, xk_ptrs, sc_ptrs, mn_ptrs = int4_tile_pointers(x_ptr, qw_ptr, s_ptr, mn_ptr, offs_n, offs_m,
@@ -50,18 +50,18 @@ if HAS_TRITON:
             sc, mn, sc_n, mn_n = scales_ahead(sc_ptrs, mn_ptrs, sc_n, mn_n, k0, K, n_mask, G, BK)
             # codes: exact q (scale-after dots them raw) or OFFSET + q (dequant-first folds OFFSET
             # into the min), both from mantissa bits: no int->float conversion per weight
-            lo, hi = byte_nibbles(qw, DT, SCALE_AFTER)
             if JOIN:  # [BN, BK] codes in column order; x tile loaded contiguous along K
                 xk = tl.load(xk_ptrs + k0, mask=m_mask[None, :], other=0.0)
-                q = tl.reshape(tl.join(lo, hi), (BN, BK))
                 if SCALE_AFTER:
-                    part = tl.dot(q, xk)
+                    lo, hi = byte_nibbles(qw, DT, True)
+                    part = tl.dot(tl.reshape(tl.join(lo, hi), (BN, BK)), xk)
                     xsum = tl.sum(xk.to(tl.float32), 0)
                     acc += part * sc[:, None] + mn[:, None] * xsum[None, :]
                 else:
-                    w = (q.to(tl.float32) * sc[:, None] + offset_min(sc, mn, DT)[:, None]).to(DT)
+                    w = dequant_tile(qw, sc, mn - 128.0 * sc, BN, BK, DT, ASM)
                     acc = tl.dot(w, xk, acc)
             else:  # even / odd columns of x against the low / high nibbles: two dots, no shuffle
+                lo, hi = byte_nibbles(qw, DT, SCALE_AFTER)
                 xe = tl.load(x_ptrs + k0, mask=m_mask[None, :], other=0.0)
                 xo = tl.load(x_ptrs + k0 + 1, mask=m_mask[None, :], other=0.0)
                 if SCALE_AFTER:
@@ -73,7 +73,7 @@ if HAS_TRITON:
                     c = offset_min(sc, mn, DT)[:, None]
                     acc = tl.dot((lo.to(tl.float32) * sc[:, None] + c).to(DT), xe, acc)
                     acc = tl.dot((hi.to(tl.float32) * sc[:, None] + c).to(DT), xo, acc)
-        store_tile(y_ptr, acc, offs_n, offs_m, n_mask, m_mask, stride_ym, ATOMIC)
+        store_tile(y_ptr, acc, offs_n, offs_m, n_mask, m_mask, M, N, stride_ym, ws_ptr, cnt_ptr, SPLIT_K)
 
 
     @triton.jit
@@ -140,20 +140,22 @@ def _out(x2: torch.Tensor, n: int, split_k: int) -> torch.Tensor:
     return torch.empty((x2.shape[0], n), device=x2.device, dtype=x2.dtype)
 
 
-def w4a16_linear(x2: torch.Tensor, store: Int4Weight, cfg: TileConfig) -> torch.Tensor:
-    """x2 [M, K] (bf16/fp16, unit stride along K) -> [M, N] in x2's dtype."""
+def w4a16_linear(x2: torch.Tensor, store: Int4Weight, cfg: TileConfig, asm: bool | None = None) -> torch.Tensor:
+    """x2 [M, K] (bf16/fp16, unit stride along K) -> [M, N] in x2's dtype. `asm` picks the packed
+    PTX dequant (default: on the GPU; the interpreter cannot run PTX)."""
     if x2.dtype not in (torch.bfloat16, torch.float16):
         raise ValueError(f"w4a16_linear takes bf16/fp16 activations, got {x2.dtype}")
     m, k = x2.shape
     n = store.out_features
     bk = effective_bk(store, cfg)
-    y = _out(x2, n, cfg.split_k)
+    y = torch.empty((m, n), device=x2.device, dtype=x2.dtype)
     grid = (triton.cdiv(n, cfg.bn), triton.cdiv(m, cfg.bm), cfg.split_k)
-    _w4a16_kernel[grid](x2, store.qweight, store.scales, store.mins, y, m, n, k, x2.stride(0), y.stride(0),
+    ws, cnt = tile_buffers(y, cfg.split_k, grid)
+    _w4a16_kernel[grid](x2, store.qweight, store.scales, store.mins, y, ws, cnt, m, n, k, x2.stride(0), y.stride(0),
                         G=store.group_size, BM=cfg.bm, BN=cfg.bn, BK=bk, SPLIT_K=cfg.split_k,
-                        SCALE_AFTER=cfg.scale_after, ATOMIC=cfg.split_k > 1, JOIN=cfg.join,
+                        SCALE_AFTER=cfg.scale_after, JOIN=cfg.join, ASM=not interpreting() if asm is None else asm,
                         num_warps=cfg.warps, num_stages=cfg.stages)
-    return y if cfg.split_k == 1 else y.to(x2.dtype)
+    return y
 
 
 def w4a16_reference(x2: torch.Tensor, store: Int4Weight) -> torch.Tensor:

@@ -20,14 +20,16 @@ from __future__ import annotations
 
 import torch
 
-from gearshift.kernels._triton import HAS_TRITON, tl, triton
+from gearshift.kernels._triton import HAS_TRITON, interpreting, tl, triton
 from gearshift.kernels.act_quant import quantize_act_triton
 from gearshift.kernels.config import TileConfig
 from gearshift.kernels.reference import linear_reference
+from gearshift.kernels.tiles import tile_buffers
 from gearshift.quant.activations import ActQuantSpec
 from gearshift.quant.int4 import Int4Weight
 
 if HAS_TRITON:
+    from gearshift.kernels.int4_unpack import code_bytes
     from gearshift.kernels.tiles import (group_scales, int4_tile_pointers, k_tile_range, scales_ahead, store_tile,
                                          tile_offsets)
 
@@ -38,7 +40,10 @@ if HAS_TRITON:
         one int8 MMA per pair, reconstructed with shifts (DPR equation 7). Exact in int32."""
         pi = tl.zeros([BN, BM], dtype=tl.int32)
         for wp in tl.static_range(W_PARTS):
-            wq = ((q >> (wp * WB)) & ((1 << WB) - 1)).to(tl.int8)
+            if W_PARTS == 1:
+                wq = q  # codes are 0..15 already
+            else:
+                wq = ((q >> (wp * WB)) & ((1 << WB) - 1)).to(tl.int8)
             for ap in tl.static_range(A_PARTS):
                 if A_PARTS == 1:
                     pi += tl.dot(wq, x, out_dtype=tl.int32) << (wp * WB)
@@ -49,10 +54,10 @@ if HAS_TRITON:
         return pi
 
     @triton.jit
-    def _w4a8_kernel(xq_ptr, xs_ptr, qw_ptr, s_ptr, mn_ptr, y_ptr, M, N, K, stride_xm, stride_ym,
+    def _w4a8_kernel(xq_ptr, xs_ptr, qw_ptr, s_ptr, mn_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, stride_xm, stride_ym,
                      G: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
                      SPLIT_K: tl.constexpr, FP8: tl.constexpr, W_PARTS: tl.constexpr, WB: tl.constexpr,
-                     A_PARTS: tl.constexpr, ATOMIC: tl.constexpr, JOIN: tl.constexpr):
+                     A_PARTS: tl.constexpr, JOIN: tl.constexpr, ASM: tl.constexpr):
         offs_n, offs_m, n_mask, m_mask = tile_offsets(N, M, BN, BM)
         t0, t1 = k_tile_range(tl.program_id(2), K, BK, SPLIT_K)
         w_ptrs, x_ptrs, xk_ptrs, sc_ptrs, mn_ptrs = int4_tile_pointers(xq_ptr, qw_ptr, s_ptr, mn_ptr, offs_n, offs_m,
@@ -65,7 +70,7 @@ if HAS_TRITON:
             qw = tl.load(w_ptrs + k0 // 2, mask=n_mask[:, None], other=0)
             sc, mn, sc_n, mn_n = scales_ahead(sc_ptrs, mn_ptrs, sc_n, mn_n, k0, K, n_mask, G, BK)
             if JOIN:  # one [BN, BK] code tile against x [BK, BM] loaded contiguous along K
-                qa = tl.reshape(tl.join(qw & 0xF, qw >> 4), (BN, BK))
+                qa = code_bytes(qw, BN, BK, ASM)
                 xa = tl.load(xk_ptrs + k0, mask=m_mask[None, :], other=0)
                 qb = qa
                 xb = xa
@@ -84,10 +89,10 @@ if HAS_TRITON:
                     xsum += tl.sum(fb.to(tl.float32), 0)
                 sc = sc * 512.0
             else:
-                pi = _dpr_int8(qa, xa, BN, BM, W_PARTS, WB, A_PARTS)
+                pi = _dpr_int8(qa.to(tl.int8, bitcast=True), xa, BN, BM, W_PARTS, WB, A_PARTS)
                 xsum = tl.sum(xa.to(tl.int32), 0).to(tl.float32)
                 if not JOIN:
-                    pi += _dpr_int8(qb, xb, BN, BM, W_PARTS, WB, A_PARTS)
+                    pi += _dpr_int8(qb.to(tl.int8, bitcast=True), xb, BN, BM, W_PARTS, WB, A_PARTS)
                     xsum += tl.sum(xb.to(tl.int32), 0).to(tl.float32)
                 # 1.5 * 2^23 + pi read as fp32 is exact for |pi| < 2^22 (BK <= 2048): int32 -> fp32
                 # with an integer add instead of I2F; the 1.5 * 2^23 * scale is taken back per row.
@@ -97,7 +102,7 @@ if HAS_TRITON:
             acc = acc + mn[:, None] * xsum[None, :]
         xs = tl.load(xs_ptr + offs_m, mask=m_mask, other=0.0)
         acc = (acc + bias[:, None]) * xs[None, :]
-        store_tile(y_ptr, acc, offs_n, offs_m, n_mask, m_mask, stride_ym, ATOMIC)
+        store_tile(y_ptr, acc, offs_n, offs_m, n_mask, m_mask, M, N, stride_ym, ws_ptr, cnt_ptr, SPLIT_K)
 
 
 def supports(store: Int4Weight, act: ActQuantSpec, cfg: TileConfig) -> bool:
@@ -122,17 +127,16 @@ def w4a8_from_codes(xq: torch.Tensor, xs: torch.Tensor, store: Int4Weight, cfg: 
         raise ValueError("the fp8 path has only the trivial partition")
     if w_parts not in (1, 2, 4) or a_parts not in (1, 2):
         raise ValueError(f"unsupported partition W_PARTS={w_parts} A_PARTS={a_parts}")
-    atomic = cfg.split_k > 1
-    y = (torch.zeros((m, n), device=xq.device, dtype=torch.float32) if atomic
-         else torch.empty((m, n), device=xq.device, dtype=out_dtype))
+    y = torch.empty((m, n), device=xq.device, dtype=out_dtype)
     grid = (triton.cdiv(n, cfg.bn), triton.cdiv(m, cfg.bm), cfg.split_k)
+    ws, cnt = tile_buffers(y, cfg.split_k, grid)
     if fp8:
         xq = xq.view(torch.uint8)
-    _w4a8_kernel[grid](xq, xs, store.qweight, store.scales, store.mins, y, m, n, k, xq.stride(0), y.stride(0),
-                       G=store.group_size, BM=cfg.bm, BN=cfg.bn, BK=bk, SPLIT_K=cfg.split_k, FP8=fp8,
-                       W_PARTS=w_parts, WB=4 // w_parts, A_PARTS=a_parts, ATOMIC=atomic, JOIN=cfg.join,
+    _w4a8_kernel[grid](xq, xs, store.qweight, store.scales, store.mins, y, ws, cnt, m, n, k, xq.stride(0),
+                       y.stride(0), G=store.group_size, BM=cfg.bm, BN=cfg.bn, BK=bk, SPLIT_K=cfg.split_k, FP8=fp8,
+                       W_PARTS=w_parts, WB=4 // w_parts, A_PARTS=a_parts, JOIN=cfg.join, ASM=not interpreting(),
                        num_warps=cfg.warps, num_stages=cfg.stages)
-    return y if not atomic else y.to(out_dtype)
+    return y
 
 
 def w4a8_reference(x2: torch.Tensor, store: Int4Weight, act: ActQuantSpec) -> torch.Tensor:

@@ -17,15 +17,16 @@ from gearshift.kernels.act_quant import quantize_act_triton
 from gearshift.kernels.config import TileConfig
 from gearshift.kernels.reference import linear_reference
 from gearshift.quant.activations import ActQuantSpec
+from gearshift.kernels.tiles import tile_buffers
 from gearshift.quant.int8 import Int8Weight
 
 if HAS_TRITON:
     from gearshift.kernels.tiles import k_tile_range, store_tile, tile_offsets
 
     @triton.jit
-    def _w8_kernel(x_ptr, xs_ptr, qw_ptr, s_ptr, y_ptr, M, N, K, stride_xm, stride_ym,
+    def _w8_kernel(x_ptr, xs_ptr, qw_ptr, s_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, stride_xm, stride_ym,
                    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, SPLIT_K: tl.constexpr,
-                   A8: tl.constexpr, ATOMIC: tl.constexpr):
+                   A8: tl.constexpr):
         offs_n, offs_m, n_mask, m_mask = tile_offsets(N, M, BN, BM)
         t0, t1 = k_tile_range(tl.program_id(2), K, BK, SPLIT_K)
         offs_k = tl.arange(0, BK)
@@ -49,7 +50,7 @@ if HAS_TRITON:
             acc = acc_i.to(tl.float32) * sc[:, None] * xs[None, :]
         else:
             acc = acc * sc[:, None]
-        store_tile(y_ptr, acc, offs_n, offs_m, n_mask, m_mask, stride_ym, ATOMIC)
+        store_tile(y_ptr, acc, offs_n, offs_m, n_mask, m_mask, M, N, stride_ym, ws_ptr, cnt_ptr, SPLIT_K)
 
 
 def supports(store: Int8Weight, act: ActQuantSpec | None, cfg: TileConfig) -> bool:
@@ -66,14 +67,13 @@ def w8_linear(x2: torch.Tensor, store: Int8Weight, act: ActQuantSpec | None, cfg
         xin, xs = quantize_act_triton(x2, act)
     else:
         xin, xs = x2, store.scales  # xs unused
-    atomic = cfg.split_k > 1
-    y = (torch.zeros((m, n), device=x2.device, dtype=torch.float32) if atomic
-         else torch.empty((m, n), device=x2.device, dtype=x2.dtype))
+    y = torch.empty((m, n), device=x2.device, dtype=x2.dtype)
     grid = (triton.cdiv(n, cfg.bn), triton.cdiv(m, cfg.bm), cfg.split_k)
-    _w8_kernel[grid](xin, xs, store.qweight, store.scales, y, m, n, k, xin.stride(0), y.stride(0),
-                     BM=cfg.bm, BN=cfg.bn, BK=cfg.bk, SPLIT_K=cfg.split_k, A8=act is not None, ATOMIC=atomic,
+    ws, cnt = tile_buffers(y, cfg.split_k, grid)
+    _w8_kernel[grid](xin, xs, store.qweight, store.scales, y, ws, cnt, m, n, k, xin.stride(0), y.stride(0),
+                     BM=cfg.bm, BN=cfg.bn, BK=cfg.bk, SPLIT_K=cfg.split_k, A8=act is not None,
                      num_warps=cfg.warps, num_stages=cfg.stages)
-    return y if not atomic else y.to(x2.dtype)
+    return y
 
 
 def w8_reference(x2: torch.Tensor, store: Int8Weight, act: ActQuantSpec | None) -> torch.Tensor:
