@@ -130,6 +130,29 @@ def test_act_quant_matches_reference():
         assert torch.allclose(s, s2.reshape(-1), rtol=1e-6)
 
 
+@pytest.mark.parametrize("spec", [ActQuantSpec("int8"), ActQuantSpec("fp8")], ids=["int8", "fp8"])
+def test_act_quant_group_sums(spec):
+    """The sums the W4A8 GEMM takes for the weight mins are the sums of the codes it multiplies."""
+    from gearshift.kernels.act_quant import quantize_act_triton
+
+    x = torch.randn(5, 384, device=DEV).half()
+    q, s, sums = quantize_act_triton(x, spec, group_sums=128)
+    assert sums.shape == (5, 3)
+    assert torch.allclose(sums, q.float().view(5, 3, 128).sum(-1), rtol=1e-6, atol=1e-3)
+    with pytest.raises(ValueError, match="multiples"):
+        quantize_act_triton(x, spec, group_sums=256)
+
+
+def test_w4a8_per_row_store_of_wide_k():
+    """G = K wider than the quantizer's block: the group sums come from torch instead."""
+    from gearshift.kernels.w4a8 import w4a8_linear, w4a8_reference
+
+    st = _store(16, 8192, 8192, sym=True)
+    act = ActQuantSpec("int8")
+    x = torch.randn(2, 8192, device=DEV).half()
+    assert rel(w4a8_linear(x, st, act, TileConfig(16, 16, 128, 2, 4, 2)), w4a8_reference(x.float(), st, act)) < 3e-2
+
+
 def test_dequant_kernel():
     from gearshift.kernels.dequant import dequant_int4_reference, dequant_int4_triton
 
@@ -162,3 +185,22 @@ def test_w4a16_gemv():
     for m, cfg in ((1, TileConfig(1, 16, 256, 1, 4, 2)), (3, TileConfig(4, 32, 128, 2, 4, 2))):
         x = torch.randn(m, 512, device=DEV).half()
         assert rel(w4a16_gemv(x, st, cfg), w4a16_reference(x.float(), st)) < 2e-3
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_split_k_is_bit_reproducible_on_gpu():
+    """Split-K partials meet in a fixed order (tiles.store_tile): the same bits on every run, and
+    the same as the unsplit kernel up to fp32 summation order."""
+    from gearshift.dispatch.profiler import random_store
+    from gearshift.kernels.w4a16 import w4a16_linear, w4a16_reference
+    from gearshift.kernels.w4a8 import w4a8_linear
+
+    st = random_store("int4", 4096, 4096, 128, torch.device("cuda"))
+    x = torch.randn(64, 4096, device="cuda", dtype=torch.bfloat16)
+    cfg = TileConfig(64, 64, 128, 4, 4, 3, False, True)
+    ys = [w4a16_linear(x, st, cfg) for _ in range(5)]
+    assert all(torch.equal(ys[0], y) for y in ys[1:])
+    assert rel(ys[0], w4a16_reference(x.float(), st)) < 1e-2
+    act = ActQuantSpec("int8")
+    zs = [w4a8_linear(x, st, act, TileConfig(64, 64, 128, 4, 4, 3)) for _ in range(5)]
+    assert all(torch.equal(zs[0], z) for z in zs[1:])

@@ -19,8 +19,9 @@ if HAS_TRITON:
     from gearshift.kernels.pdl import grid_wait, launch_dependents
 
     @triton.jit
-    def _act_quant_kernel(x_ptr, q_ptr, s_ptr, K, stride_x, stride_q,
-                          QMAX: tl.constexpr, FP8: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    def _act_quant_kernel(x_ptr, q_ptr, s_ptr, sum_ptr, K, stride_x, stride_q,
+                          QMAX: tl.constexpr, FP8: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr,
+                          GROUP: tl.constexpr):
         launch_dependents(PDL)  # the GEMM after this may start prefetching its weights
         grid_wait(PDL)
         row = tl.program_id(0)
@@ -40,15 +41,33 @@ if HAS_TRITON:
                 r = tl.where(y >= 0, tl.floor(y + 0.5), tl.ceil(y - 0.5))
                 q = tl.minimum(tl.maximum(r, -QMAX), QMAX).to(tl.int8)
             tl.store(q_ptr + row * stride_q + k0 + offs, q, mask=m)
+            if GROUP > 0:  # per-group sums of the codes (exact for int8; fp32 sums of e4m3 values)
+                gs = tl.sum(tl.reshape(q.to(tl.float32), (BLOCK // GROUP, GROUP)), 1)
+                go = k0 // GROUP + tl.arange(0, BLOCK // GROUP)
+                tl.store(sum_ptr + row * (K // GROUP) + go, gs, mask=go < K // GROUP)
         tl.store(s_ptr + row, scale)
 
 
-def quantize_act_triton(x2: torch.Tensor, spec: ActQuantSpec,
-                        codes_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def act_block(k: int) -> int:
+    """Columns per step of the quantizer's loop over a row."""
+    return min(4096, triton.next_power_of_2(k))
+
+
+def fused_group_sums(k: int, group: int) -> bool:
+    """Whether `quantize_act_triton` can emit sums over `group` columns (a group may not straddle a
+    block of its loop; per-row stores of a wide K cannot)."""
+    return k % group == 0 and act_block(k) % group == 0
+
+
+def quantize_act_triton(x2: torch.Tensor, spec: ActQuantSpec, codes_dtype: torch.dtype | None = None,
+                        group_sums: int = 0):
     """x2 [M, K] -> codes [M, K] (int8 or float8_e4m3fn) and fp32 scales [M].
 
     codes_dtype=torch.bfloat16/float16 stores the same codes as 16-bit floats (every int8, int4 and
-    e4m3 code is exact there), for kernels that feed them to 16-bit tensor cores."""
+    e4m3 code is exact there), for kernels that feed them to 16-bit tensor cores.
+    group_sums=G > 0 also returns the fp32 sums of the codes over each G columns [M, K // G]: the
+    W4A8 GEMM needs them for the weight mins, and summing here (where x is read anyway) saves a
+    reduction over every K tile of every output tile there."""
     if spec.group_size is not None:
         raise ValueError("the Triton activation quantizer is per token only")
     m, k = x2.shape
@@ -56,11 +75,15 @@ def quantize_act_triton(x2: torch.Tensor, spec: ActQuantSpec,
     q = torch.empty((m, k), device=x2.device,
                     dtype=codes_dtype or (torch.float8_e4m3fn if fp8 else torch.int8))
     s = torch.empty((m,), device=x2.device, dtype=torch.float32)
-    block = min(4096, triton.next_power_of_2(k))
+    block = act_block(k)
+    if group_sums and not fused_group_sums(k, group_sums):
+        raise ValueError(f"group sums need K ({k}) and the block ({block}) to be multiples of {group_sums}")
+    sums = torch.empty((m, k // group_sums if group_sums else 0), device=x2.device, dtype=torch.float32)
     pdl = pdl_enabled(q)
-    _act_quant_kernel[(m,)](x2, q, s, k, x2.stride(0), q.stride(0), QMAX=_QMAX[spec.dtype], FP8=fp8,
-                            BLOCK=block, PDL=pdl, num_warps=8 if block >= 2048 else 4, **launch_kwargs(pdl))
-    return q, s
+    _act_quant_kernel[(m,)](x2, q, s, sums, k, x2.stride(0), q.stride(0), QMAX=_QMAX[spec.dtype], FP8=fp8,
+                            BLOCK=block, PDL=pdl, GROUP=group_sums, num_warps=8 if block >= 2048 else 4,
+                            **launch_kwargs(pdl))
+    return (q, s, sums) if group_sums else (q, s)
 
 
 def quantize_act_reference(x2: torch.Tensor, spec: ActQuantSpec) -> tuple[torch.Tensor, torch.Tensor]:

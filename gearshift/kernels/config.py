@@ -13,7 +13,7 @@ class TileConfig:
     bm: int = 16
     bn: int = 64
     bk: int = 128
-    split_k: int = 1  # >1: K split over programs, fp32 atomics into a zeroed buffer
+    split_k: int = 1  # >1: K split over programs, partials summed by the last one (splitk.py)
     warps: int = 4
     stages: int = 3
     scale_after: bool = True  # int4: scale/min applied to the per-tile partial sum, not per weight

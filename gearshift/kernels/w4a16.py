@@ -14,7 +14,8 @@ Codes become floats through mantissa bits (`int4_unpack.byte_nibbles`), not `I2F
 16 per clock per SM and took as long as the MMA itself at BM = 128. Tiles are launched grouped
 along M (`tiles.tile_offsets`) and each row's scale / min is loaded one K tile ahead.
 
-Small M uses split-K (fp32 atomics into a zeroed buffer) to fill the SMs. DPR: P_W=(4),
+Small M uses split-K (the deterministic one-launch reduction, `tiles.store_tile`) to fill the SMs.
+The dequant-first loop runs `int4_unpack.dequant_tile` (packed inline PTX on the GPU). DPR: P_W=(4),
 P_X=(16) on bf16 tensor cores (Padding of the weight to the activation type).
 """
 

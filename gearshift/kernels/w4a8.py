@@ -4,7 +4,9 @@ int8 (or fp8) tensor-core dots with int32 accumulators, dequant fused in the epi
 Per K-tile (never straddling a scale group) and output element:
     part = sum_k q[n,k] * xq[m,k]                    (int32, exact; fp32 for fp8)
     acc += part * scale[n,g] + min[n,g] * sum_k xq[m,k]
-and y = acc * xscale[m]. The int32 partial never reaches memory, and becomes fp32 through a
+and y = acc * xscale[m]; sum_k xq over each scale group comes from the activation quantizer
+(`quantize_act_triton(group_sums=G)`), so the min term is one FMA per group, not a reduction of
+every x tile. The int32 partial never reaches memory, and becomes fp32 through a
 magic-number add rather than I2F (16 per clock per SM on Hopper: as slow as the int8 MMA itself).
 
 The DPR partition is a pair of compile-time constants (ADAngel sections 4.2-4.3):
@@ -21,7 +23,7 @@ from __future__ import annotations
 import torch
 
 from gearshift.kernels._triton import HAS_TRITON, interpreting, tl, triton
-from gearshift.kernels.act_quant import quantize_act_triton
+from gearshift.kernels.act_quant import fused_group_sums, quantize_act_triton
 from gearshift.kernels.config import TileConfig
 from gearshift.kernels.reference import linear_reference
 from gearshift.kernels.tiles import tile_buffers
@@ -54,7 +56,8 @@ if HAS_TRITON:
         return pi
 
     @triton.jit
-    def _w4a8_kernel(xq_ptr, xs_ptr, qw_ptr, s_ptr, mn_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, stride_xm, stride_ym,
+    def _w4a8_kernel(xq_ptr, xs_ptr, xsum_ptr, qw_ptr, s_ptr, mn_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, stride_xm,
+                     stride_ym,
                      G: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
                      SPLIT_K: tl.constexpr, FP8: tl.constexpr, W_PARTS: tl.constexpr, WB: tl.constexpr,
                      A_PARTS: tl.constexpr, JOIN: tl.constexpr, ASM: tl.constexpr):
@@ -65,10 +68,14 @@ if HAS_TRITON:
         acc = tl.zeros([BN, BM], dtype=tl.float32)
         bias = tl.zeros([BN], dtype=tl.float32)
         sc_n, mn_n = group_scales(sc_ptrs, mn_ptrs, tl.minimum(t0, K // BK - 1) * BK, n_mask, G)
+        xsum_ptrs = xsum_ptr + offs_m * (K // G)
+        xsum_n = tl.load(xsum_ptrs + tl.minimum(t0, K // BK - 1) * BK // G, mask=m_mask, other=0.0)
         for t in range(t0, t1):
             k0 = t * BK
             qw = tl.load(w_ptrs + k0 // 2, mask=n_mask[:, None], other=0)
             sc, mn, sc_n, mn_n = scales_ahead(sc_ptrs, mn_ptrs, sc_n, mn_n, k0, K, n_mask, G, BK)
+            xsum = xsum_n  # this tile's group sums, loaded an iteration ahead like the scales
+            xsum_n = tl.load(xsum_ptrs + tl.minimum(k0 + BK, K - BK) // G, mask=m_mask, other=0.0)
             if JOIN:  # one [BN, BK] code tile against x [BK, BM] loaded contiguous along K
                 qa = code_bytes(qw, BN, BK, ASM)
                 xa = tl.load(xk_ptrs + k0, mask=m_mask[None, :], other=0)
@@ -80,26 +87,21 @@ if HAS_TRITON:
                 xa = tl.load(x_ptrs + k0, mask=m_mask[None, :], other=0)
                 xb = tl.load(x_ptrs + k0 + 1, mask=m_mask[None, :], other=0)
             if FP8:  # a byte 0..15 read as e4m3 is b * 2^-9 exactly: no conversion, 2^9 folded into the scale
-                fa = xa.to(tl.float8e4nv, bitcast=True)
-                part = tl.dot(qa.to(tl.float8e4nv, bitcast=True), fa)
-                xsum = tl.sum(fa.to(tl.float32), 0)
+                part = tl.dot(qa.to(tl.float8e4nv, bitcast=True), xa.to(tl.float8e4nv, bitcast=True))
                 if not JOIN:
-                    fb = xb.to(tl.float8e4nv, bitcast=True)
-                    part = tl.dot(qb.to(tl.float8e4nv, bitcast=True), fb, part)
-                    xsum += tl.sum(fb.to(tl.float32), 0)
+                    part = tl.dot(qb.to(tl.float8e4nv, bitcast=True), xb.to(tl.float8e4nv, bitcast=True), part)
                 sc = sc * 512.0
             else:
                 pi = _dpr_int8(qa.to(tl.int8, bitcast=True), xa, BN, BM, W_PARTS, WB, A_PARTS)
-                xsum = tl.sum(xa.to(tl.int32), 0).to(tl.float32)
                 if not JOIN:
                     pi += _dpr_int8(qb.to(tl.int8, bitcast=True), xb, BN, BM, W_PARTS, WB, A_PARTS)
-                    xsum += tl.sum(xb.to(tl.int32), 0).to(tl.float32)
                 # 1.5 * 2^23 + pi read as fp32 is exact for |pi| < 2^22 (BK <= 2048): int32 -> fp32
                 # with an integer add instead of I2F; the 1.5 * 2^23 * scale is taken back per row.
                 part = (pi + 0x4B400000).to(tl.float32, bitcast=True)
                 bias -= 12582912.0 * sc
             acc = acc + part * sc[:, None]
-            acc = acc + mn[:, None] * xsum[None, :]
+            if k0 % G == 0:  # the min term once per scale group, from the quantizer's group sums
+                acc = acc + mn[:, None] * xsum[None, :]
         xs = tl.load(xs_ptr + offs_m, mask=m_mask, other=0.0)
         acc = (acc + bias[:, None]) * xs[None, :]
         store_tile(y_ptr, acc, offs_n, offs_m, n_mask, m_mask, M, N, stride_ym, ws_ptr, cnt_ptr, SPLIT_K)
@@ -113,14 +115,24 @@ def supports(store: Int4Weight, act: ActQuantSpec, cfg: TileConfig) -> bool:
 
 def w4a8_linear(x2: torch.Tensor, store: Int4Weight, act: ActQuantSpec, cfg: TileConfig,
                 w_parts: int = 1, a_parts: int = 1) -> torch.Tensor:
-    """Quantize x2 [M, K] per token (Triton), then the fused int8/fp8 GEMM. -> [M, N] in x2's dtype."""
-    xq, xs = quantize_act_triton(x2, act)
-    return w4a8_from_codes(xq, xs, store, cfg, x2.dtype, fp8=act.dtype == "fp8", w_parts=w_parts, a_parts=a_parts)
+    """Quantize x2 [M, K] per token (Triton, with per-group code sums), then the fused int8/fp8
+    GEMM. -> [M, N] in x2's dtype."""
+    if fused_group_sums(x2.shape[1], store.group_size):
+        xq, xs, xsum = quantize_act_triton(x2, act, group_sums=store.group_size)
+    else:  # e.g. a per-row store of a wide K: the sums in torch
+        (xq, xs), xsum = quantize_act_triton(x2, act), None
+    return w4a8_from_codes(xq, xs, store, cfg, x2.dtype, fp8=act.dtype == "fp8", w_parts=w_parts, a_parts=a_parts,
+                           xsum=xsum)
 
 
 def w4a8_from_codes(xq: torch.Tensor, xs: torch.Tensor, store: Int4Weight, cfg: TileConfig, out_dtype: torch.dtype,
-                    fp8: bool = False, w_parts: int = 1, a_parts: int = 1) -> torch.Tensor:
+                    fp8: bool = False, w_parts: int = 1, a_parts: int = 1,
+                    xsum: torch.Tensor | None = None) -> torch.Tensor:
+    """The GEMM on given codes / scales; xsum [M, K // group] are the codes' group sums (computed
+    here with torch when not given)."""
     m, k = xq.shape
+    if xsum is None:
+        xsum = xq.float().view(m, k // store.group_size, store.group_size).sum(-1)
     n = store.out_features
     bk = min(cfg.bk, store.group_size)
     if fp8 and (w_parts != 1 or a_parts != 1):
@@ -132,7 +144,7 @@ def w4a8_from_codes(xq: torch.Tensor, xs: torch.Tensor, store: Int4Weight, cfg: 
     ws, cnt = tile_buffers(y, cfg.split_k, grid)
     if fp8:
         xq = xq.view(torch.uint8)
-    _w4a8_kernel[grid](xq, xs, store.qweight, store.scales, store.mins, y, ws, cnt, m, n, k, xq.stride(0),
+    _w4a8_kernel[grid](xq, xs, xsum, store.qweight, store.scales, store.mins, y, ws, cnt, m, n, k, xq.stride(0),
                        y.stride(0), G=store.group_size, BM=cfg.bm, BN=cfg.bn, BK=bk, SPLIT_K=cfg.split_k, FP8=fp8,
                        W_PARTS=w_parts, WB=4 // w_parts, A_PARTS=a_parts, JOIN=cfg.join, ASM=not interpreting(),
                        num_warps=cfg.warps, num_stages=cfg.stages)
