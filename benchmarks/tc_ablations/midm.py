@@ -15,6 +15,8 @@ from gearshift.kernels.w4a16 import w4a16_linear, w4a16_reference
 ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 ap.add_argument("--ms", default="16,32,64,128,256,512,1024,4096")
 ap.add_argument("--tag", default="midm")
+ap.add_argument("--sweep", default=None, help="override the wide sweep: 'bn,bk,split,warps,stages;...'")
+ap.add_argument("--no-profiler-configs", action="store_true", help="time only the wide sweep")
 args = ap.parse_args()
 torch.manual_seed(0)
 dev = "cuda"
@@ -24,6 +26,8 @@ SWEEP = [(64, 128, 1, 4, 3), (64, 128, 2, 4, 3), (64, 128, 4, 4, 3), (64, 128, 8
          (64, 128, 2, 4, 4), (32, 128, 4, 4, 3), (128, 128, 1, 8, 3), (128, 128, 2, 8, 3), (128, 64, 1, 4, 4),
          (128, 64, 2, 4, 4), (128, 128, 1, 4, 3), (128, 128, 2, 4, 3), (128, 128, 4, 4, 3), (256, 64, 1, 8, 3),
          (128, 128, 4, 8, 3)]
+if args.sweep:
+    SWEEP = [tuple(int(v) for v in item.split(",")) for item in args.sweep.split(";")]
 
 
 def sweep(m):
@@ -59,7 +63,8 @@ for name, (n, k) in SHAPES.items():
         x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
         ref = w4a16_reference(x, st0).float()
         res["t"][f"cublas|{name}|{m}"] = time_us([lambda d=d: torch.matmul(x, d.T) for d in dense])
-        for label, fn, cfgs in (("cur", w4a16_linear, a16_configs(m)), ("wide", w4a16_linear, sweep(m))):
+        for label, fn, cfgs in (("cur", w4a16_linear, [] if args.no_profiler_configs else a16_configs(m)),
+                                ("wide", w4a16_linear, sweep(m))):
             for cfg in cfgs:
                 err, t = timed((label, cfg.key()), lambda s, cfg=cfg, fn=fn: fn(x, s, cfg), stores, x, ref)
                 res["t"][f"{label}|{cfg.key()}|{name}|{m}"] = t
