@@ -5,7 +5,7 @@ Usage on the GPU: PYTHONPATH=. python benchmarks/tc_ablations/midm.py [--ms 16,6
 writes $OUT/midm.json, prints per-step ms (best tile per shape, x32 layers).
 """
 import argparse, json, os, sys, time
-import torch, triton
+import torch
 sys.path.insert(0, os.path.dirname(__file__))
 from gearshift.dispatch.profiler import PRESETS, n_copies, random_store, time_us
 from gearshift.dispatch.strategies import a16_configs
