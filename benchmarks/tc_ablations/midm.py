@@ -1,12 +1,15 @@
 """Mid-M W4A16 tile sweep: the tl.dot kernel (packed-PTX dequant, deterministic split-K) over the
 profiler's configs and a wider list, against cuBLAS bf16, on the Llama-3-8B shapes.
 Timed like the profiler (CUDA-graph replays over enough weight copies to defeat L2).
-Usage on the GPU: PYTHONPATH=. python benchmarks/tc_ablations/midm.py [--ms 16,64,...];
+Usage on the GPU: PYTHONPATH=. python benchmarks/tc_ablations/midm.py [--ms 16,64,...] [--plain];
 writes $OUT/midm.json, prints per-step ms (best tile per shape, x32 layers).
 """
 import argparse, json, os, sys, time
 import torch
+import triton
 sys.path.insert(0, os.path.dirname(__file__))
+import plain_b
+from gearshift.kernels.tiles import tile_buffers
 from gearshift.dispatch.profiler import PRESETS, n_copies, random_store, time_us
 from gearshift.dispatch.strategies import a16_configs
 from gearshift.kernels.config import TileConfig, block_m_for
@@ -17,6 +20,7 @@ ap.add_argument("--ms", default="16,32,64,128,256,512,1024,4096")
 ap.add_argument("--tag", default="midm")
 ap.add_argument("--sweep", default=None, help="override the wide sweep: 'bn,bk,split,warps,stages;...'")
 ap.add_argument("--no-profiler-configs", action="store_true", help="time only the wide sweep")
+ap.add_argument("--plain", action="store_true", help="also time plain_b.py (weight as the B operand) on the sweep")
 args = ap.parse_args()
 torch.manual_seed(0)
 dev = "cuda"
@@ -43,6 +47,18 @@ def sweep(m):
     return out
 
 
+def plain_linear(x2, store, cfg):
+    m, k = x2.shape
+    n = store.out_features
+    y = torch.empty((m, n), device=x2.device, dtype=x2.dtype)
+    grid = (triton.cdiv(n, cfg.bn), triton.cdiv(m, cfg.bm), cfg.split_k)
+    ws, cnt = tile_buffers(y, cfg.split_k, grid)
+    plain_b.w4a16_plain_b[grid](x2, store.qweight, store.scales, store.mins, y, ws, cnt, m, n, k, x2.stride(0),
+                                y.stride(0), G=store.group_size, BM=cfg.bm, BN=cfg.bn, BK=cfg.bk,
+                                SPLIT_K=cfg.split_k, num_warps=cfg.warps, num_stages=cfg.stages)
+    return y
+
+
 def timed(label, fn_of_store, stores, x, ref):
     try:
         y = fn_of_store(stores[0])
@@ -64,7 +80,8 @@ for name, (n, k) in SHAPES.items():
         ref = w4a16_reference(x, st0).float()
         res["t"][f"cublas|{name}|{m}"] = time_us([lambda d=d: torch.matmul(x, d.T) for d in dense])
         for label, fn, cfgs in (("cur", w4a16_linear, [] if args.no_profiler_configs else a16_configs(m)),
-                                ("wide", w4a16_linear, sweep(m))):
+                                ("wide", w4a16_linear, sweep(m)),
+                                ("plain", plain_linear, [c for c in sweep(m) if c.bm >= 64] if args.plain else [])):
             for cfg in cfgs:
                 err, t = timed((label, cfg.key()), lambda s, cfg=cfg, fn=fn: fn(x, s, cfg), stores, x, ref)
                 res["t"][f"{label}|{cfg.key()}|{name}|{m}"] = t
@@ -85,11 +102,11 @@ def step(label, m):
     return 32 * tot / 1000.0, None
 
 
-print("M | cublas | profiler configs | wide sweep   [ms per 32-layer step]")
+print("M | cublas | profiler configs | wide sweep | plain B operand   [ms per 32-layer step]")
 for m in MS:
-    row = [step(lbl, m)[0] for lbl in ("cublas", "cur", "wide")]
+    row = [step(lbl, m)[0] for lbl in ("cublas", "cur", "wide", "plain")]
     print(f"{m} | " + " | ".join("-" if v is None else f"{v:.2f}" for v in row))
-for lbl in ("cur", "wide"):
+for lbl in ("cur", "wide", "plain"):
     e = [v for kk, v in res["err"].items() if kk.startswith(lbl + "|") and v is not None]
     print(lbl, "max rel err", max(e) if e else None)
 for name in SHAPES:
