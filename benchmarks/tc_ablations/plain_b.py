@@ -8,7 +8,8 @@ import triton
 import triton.language as tl
 
 from gearshift.kernels.int4_unpack import dequant_tile
-from gearshift.kernels.tiles import group_scales, k_tile_range, scales_ahead, store_tile, tile_offsets
+from gearshift.kernels.tiles import (group_scales, int4_tile_pointers, k_tile_range, scales_ahead, store_tile,
+                                     tile_offsets)
 
 
 @triton.jit
@@ -17,10 +18,9 @@ def w4a16_plain_b(x_ptr, qw_ptr, s_ptr, mn_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K,
     offs_n, offs_m, n_mask, m_mask = tile_offsets(N, M, BN, BM)
     t0, t1 = k_tile_range(tl.program_id(2), K, BK, SPLIT_K)
     DT: tl.constexpr = x_ptr.dtype.element_ty
-    w_ptrs = qw_ptr + offs_n[:, None] * (K // 2) + tl.arange(0, BK // 2)[None, :]
-    x_ptrs = x_ptr + offs_m[:, None] * stride_xm + tl.arange(0, BK)[None, :]
-    sc_ptrs = s_ptr + offs_n * (K // G)
-    mn_ptrs = mn_ptr + offs_n * (K // G)
+    w_ptrs, _, _, sc_ptrs, mn_ptrs = int4_tile_pointers(x_ptr, qw_ptr, s_ptr, mn_ptr, offs_n, offs_m, K, stride_xm,
+                                                        G, BK)
+    x_ptrs = x_ptr + offs_m[:, None] * stride_xm + tl.arange(0, BK)[None, :]  # x as A: [BM, BK]
     acc = tl.zeros([BM, BN], dtype=tl.float32)
     sc_n, mn_n = group_scales(sc_ptrs, mn_ptrs, tl.minimum(t0, K // BK - 1) * BK, n_mask, G)
     for t in range(t0, t1):

@@ -78,7 +78,8 @@ def quantize_act_triton(x2: torch.Tensor, spec: ActQuantSpec, codes_dtype: torch
     block = act_block(k)
     if group_sums and not fused_group_sums(k, group_sums):
         raise ValueError(f"group sums need K ({k}) and the block ({block}) to be multiples of {group_sums}")
-    sums = torch.empty((m, k // group_sums if group_sums else 0), device=x2.device, dtype=torch.float32)
+    # without group sums the kernel never touches sum_ptr: s stands in for it (no allocation)
+    sums = torch.empty((m, k // group_sums), device=x2.device, dtype=torch.float32) if group_sums else s
     pdl = pdl_enabled(q)
     _act_quant_kernel[(m,)](x2, q, s, sums, k, x2.stride(0), q.stride(0), QMAX=_QMAX[spec.dtype], FP8=fp8,
                             BLOCK=block, PDL=pdl, GROUP=group_sums, num_warps=8 if block >= 2048 else 4,

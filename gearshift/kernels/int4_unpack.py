@@ -13,6 +13,27 @@ from __future__ import annotations
 
 from gearshift.kernels._triton import HAS_TRITON, tl, triton
 
+
+def _dequant_asm(cvt: str) -> str:
+    """PTX for one pack of 4 weights: $2 holds bytes (b0, b0, b1, b1) (each code byte twice, see
+    `dequant_tile`), $3..$6 the rows' scales, $7..$10 their offset mins (fp32). Each nibble lands in
+    bits 16..19 of fp32 128.0 (one shift, one LOP3; 128 + q exactly), one FFMA makes
+    (128 + q) * s + (m - 128 s), one cvt packs two results: 3.25 instructions per weight."""
+    return f"""{{ .reg .b32 f0, f1, f2, f3, base;
+    mov.b32 base, 0x43000000;
+    shl.b32 f0, $2, 16; lop3.b32 f0, f0, 0x000F0000, base, 0xEA;
+    shl.b32 f1, $2, 12; lop3.b32 f1, f1, 0x000F0000, base, 0xEA;
+    lop3.b32 f2, $2, 0x000F0000, base, 0xEA;
+    shr.b32 f3, $2, 4; lop3.b32 f3, f3, 0x000F0000, base, 0xEA;
+    fma.rn.f32 f0, f0, $3, $7; fma.rn.f32 f1, f1, $4, $8;
+    fma.rn.f32 f2, f2, $5, $9; fma.rn.f32 f3, f3, $6, $10;
+    {cvt} $0, f1, f0; {cvt} $1, f3, f2; }}"""
+
+
+CODES_ASM = """{ .reg .b32 u;
+    shr.b32 u, $1, 4; prmt.b32 $0, $1, u, 0x7250; and.b32 $0, $0, 0x0F0F0F0F; }"""
+
+
 if HAS_TRITON:
 
     @triton.jit
@@ -85,24 +106,6 @@ if HAS_TRITON:
             return mn - 128.0 * sc
         return mn - 1024.0 * sc
 
-
-def _dequant_asm(cvt: str) -> str:
-    """PTX for one pack of 4 weights: $2 holds bytes (b0, b0, b1, b1) (each code byte twice, see
-    `dequant_tile`), $3..$6 the rows' scales, $7..$10 their offset mins (fp32). Each nibble lands in
-    bits 16..19 of fp32 128.0 (one shift, one LOP3; 128 + q exactly), one FFMA makes
-    (128 + q) * s + (m - 128 s), one cvt packs two results: 3.25 instructions per weight."""
-    return f"""{{ .reg .b32 f0, f1, f2, f3, one;
-    mov.b32 one, 0x43000000;
-    shl.b32 f0, $2, 16; lop3.b32 f0, f0, 0x000F0000, one, 0xEA;
-    shl.b32 f1, $2, 12; lop3.b32 f1, f1, 0x000F0000, one, 0xEA;
-    lop3.b32 f2, $2, 0x000F0000, one, 0xEA;
-    shr.b32 f3, $2, 4; lop3.b32 f3, f3, 0x000F0000, one, 0xEA;
-    fma.rn.f32 f0, f0, $3, $7; fma.rn.f32 f1, f1, $4, $8;
-    fma.rn.f32 f2, f2, $5, $9; fma.rn.f32 f3, f3, $6, $10;
-    {cvt} $0, f1, f0; {cvt} $1, f3, f2; }}"""
-
-
-if HAS_TRITON:
     DEQUANT_ASM_BF16 = tl.constexpr(_dequant_asm("cvt.rn.bf16x2.f32"))
     DEQUANT_ASM_F16 = tl.constexpr(_dequant_asm("cvt.rn.f16x2.f32"))
     DEQUANT_CONSTRAINTS = tl.constexpr("=r,=r,r,r,r,r,r,r,r,r,r")
@@ -131,11 +134,6 @@ if HAS_TRITON:
             w = (q * sc[:, None, None] + c[:, None, None]).to(DT)
         return tl.reshape(w, (BN, BK))
 
-
-CODES_ASM = """{ .reg .b32 u;
-    shr.b32 u, $1, 4; prmt.b32 $0, $1, u, 0x7250; and.b32 $0, $0, 0x0F0F0F0F; }"""
-
-if HAS_TRITON:
     CODES_ASM_C = tl.constexpr(CODES_ASM)
 
     @triton.jit

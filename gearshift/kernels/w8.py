@@ -16,8 +16,8 @@ from gearshift.kernels._triton import HAS_TRITON, tl, triton
 from gearshift.kernels.act_quant import quantize_act_triton
 from gearshift.kernels.config import TileConfig
 from gearshift.kernels.reference import linear_reference
-from gearshift.quant.activations import ActQuantSpec
 from gearshift.kernels.tiles import tile_buffers
+from gearshift.quant.activations import ActQuantSpec
 from gearshift.quant.int8 import Int8Weight
 
 if HAS_TRITON:
