@@ -215,6 +215,50 @@ def stage_gearbx(log, dtype=torch.float16) -> dict:
     return out
 
 
+# bytes each row reads per weight (int4 rows: their own int4 + scale bytes), and the MMA peak it
+# is held to: the dispatched W4A8 modes run int8/fp8 tensor cores, everything else bf16
+LIB_BYTES_PER_WEIGHT = {"lib:cublas_bf16": 2.0, "lib:scaled_mm_fp8": 1.0}
+PEAK_OF = {"w4a8:dispatch": "int8_tops", "w4a8fp8:dispatch": "fp8_tflops", "lib:scaled_mm_fp8": "fp8_tflops"}
+
+
+def throughput_md(bench: dict, m_list, bw) -> list[str]:
+    """Achieved read bandwidth and tensor throughput of the dispatched modes and the libraries, as
+    ratios to the copy bandwidth measured in the same run and to the datasheet MMA peaks; plus
+    cuBLAS's own best TFLOP/s in the run, the measured compute ceiling."""
+    shapes = PRESETS["llama3-8b"]["shapes"]
+    weights = 32 * sum(n * k for _, n, k in shapes)
+    ms = bench["ms"]
+    rows = [r for r in sorted(ms) if r.endswith("dispatch") or r.startswith("lib:")]
+    cublas = max((2 * m * weights / (t / 1000) / 1e12 for m_s, t in ms.get("lib:cublas_bf16", {}).items()
+                  if t is not None for m in [int(m_s)]), default=None)
+    lines = ["", "Achieved bandwidth, GB/s of the bytes each strategy reads (dispatch and tinygemm: int4 weights "
+             f"+ scales; cuBLAS: bf16 weights; scaled_mm: fp8 weights), and its ratio to the copy bandwidth "
+             f"measured in the same run ({bw / 1e9:.0f} GB/s):", "",
+             "| strategy | " + " | ".join(f"M={m}" for m in m_list) + " |", "|---|" + "---|" * len(m_list)]
+    for name in rows:
+        per_w = LIB_BYTES_PER_WEIGHT.get(name)
+        nbytes = bench["int4_bytes"] if per_w is None else per_w * weights
+        cells = []
+        for m in m_list:
+            t = ms[name].get(str(m))
+            cells.append("-" if t is None else f"{nbytes / (t / 1000) / 1e9:.0f} ({nbytes / (t / 1000) / bw:.2f})")
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    lines += ["", "Tensor throughput, TFLOP/s (2 M N K per linear), and its ratio to the datasheet dense peak of "
+              f"the MMA the strategy runs (bf16 {PEAK['bf16_tflops']:.0f}, int8/fp8 {PEAK['int8_tops']:.0f}); "
+              + (f"cuBLAS bf16 reached {cublas:.0f} TFLOP/s at best in this run ({cublas / PEAK['bf16_tflops']:.2f} "
+                 "of its peak), the measured ceiling." if cublas else ""), "",
+              "| strategy | " + " | ".join(f"M={m}" for m in m_list) + " |", "|---|" + "---|" * len(m_list)]
+    for name in rows:
+        peak = PEAK[PEAK_OF.get(name, "bf16_tflops")]
+        cells = []
+        for m in m_list:
+            t = ms[name].get(str(m))
+            tf = None if t is None else 2 * m * weights / (t / 1000) / 1e12
+            cells.append("-" if tf is None else f"{tf:.1f} ({tf / peak:.3f})")
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def write_md(path, res, device, bw):
     m_list = res["bench"]["m"]
     ms = res["bench"]["ms"]
@@ -234,6 +278,7 @@ def write_md(path, res, device, bw):
         if name.endswith("dispatch") or name.startswith("lib:"):
             lines.append(f"| {name} | " + " | ".join(
                 "-" if ms[name].get(str(m)) is None else f"{ms[name][str(m)] / floor:.2f}" for m in m_list) + " |")
+    lines += throughput_md(res["bench"], m_list, bw)
     if "gearbx" in res:
         lines += ["", "GEARBX gears (fp16 activations, per-row stores, dispatcher), ms per 32-layer step: "
                   + ", ".join(f"{k}={v}" for k, v in res["gearbx"].items())]

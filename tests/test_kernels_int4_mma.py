@@ -8,8 +8,7 @@ import pytest
 import torch
 
 from gearshift.kernels.config import TileConfig
-from gearshift.kernels.int4_mma_gemv import (BLOCK_COLS, MAX_STAGES, MMA_ASM, OFFSET, copy_asm, mma_config,
-                                              mma_gemv_supports, ring_asm, slot_bytes, take_asm)
+from gearshift.kernels.int4_mma_gemv import BLOCK_COLS, MMA_ASM, OFFSET, mma_config, mma_gemv_supports
 from gearshift.kernels.reference import linear_reference
 from gearshift.quant.activations import ActQuantSpec, quantize_activations
 from gearshift.quant.int4 import quantize_int4
@@ -80,22 +79,17 @@ def test_supports_and_config():
     assert not mma_gemv_supports(st, TileConfig(16, 0, 128, 8, 4, 1))  # 512 columns do not split 8 ways
     assert not mma_gemv_supports(st, TileConfig(16, 0, 128, 1, 4, 1), 17)
     assert not mma_gemv_supports(quantize_int4(torch.randn(64, 512), 64), TileConfig(16, 0, 128, 1, 4, 1))
-    assert mma_gemv_supports(st, TileConfig(16, 0, 128, 2, 4, 4), 16)  # a cp.async ring of 4 blocks
-    assert not mma_gemv_supports(st, TileConfig(16, 0, 128, 1, 4, 4, prefetch=True))  # ring or 2-block steps
-    assert not mma_gemv_supports(st, TileConfig(16, 0, 128, 1, 4, MAX_STAGES + 1))
     assert mma_config(28672, 4096).split_k == 2 and mma_config(4096, 14336).split_k == 8
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the PTX needs a CUDA GPU")
-@pytest.mark.parametrize("rows,split,prefetch,stages", [(8, 1, False, 1), (16, 2, False, 1), (16, 4, True, 1),
-                                                        (8, 2, True, 1), (16, 1, False, 3), (8, 2, False, 4),
-                                                        (16, 4, False, 8)])
-def test_gpu_kernel_matches_reference(rows, split, prefetch, stages):
+@pytest.mark.parametrize("rows,split,prefetch", [(8, 1, False), (16, 2, False), (16, 4, True), (8, 2, True)])
+def test_gpu_kernel_matches_reference(rows, split, prefetch):
     from gearshift.kernels.int4_mma_gemv import mma_gemv, mma_gemv_quantized
 
     torch.manual_seed(rows + split)
     store = quantize_int4(torch.randn(200, 1024), 128).cuda()
-    cfg = TileConfig(rows, 0, 128, split, 2, stages, prefetch=prefetch)
+    cfg = TileConfig(rows, 0, 128, split, 2, 1, prefetch=prefetch)
     for m in (1, 2, 5, 8, 9, 16):
         for dt in (torch.bfloat16, torch.float16):
             x = torch.randn(m, 1024, device="cuda", dtype=dt)
@@ -112,16 +106,10 @@ def test_gpu_kernel_matches_reference(rows, split, prefetch, stages):
         assert codes.abs().max() <= 127 and scales.shape[0] == m
 
 
-def test_ring_ptx():
-    """The cp.async ring: one commit group per block (weights as 16-byte copies, the scale and min
-    words as 4-byte ones, packed into the lane's slot), the wait leaves STAGES - 1 groups in flight,
-    and the lane reads its own slot back."""
-    assert ".shared .align 16 .b8 ring[4096];" in ring_asm(4096)
-    two = copy_asm(True)
-    assert two.count("cp.async.cg.shared.global") == 2 and two.count("cp.async.ca.shared.global") == 4
-    assert two.count("cp.async.commit_group") == 1 and "[$1+44], [$7], 4;" in two
-    one = copy_asm(False)
-    assert one.count("cp.async.cg.shared.global") == 1 and "[$1+20], [$4], 4;" in one
-    assert take_asm(True, 3).startswith("cp.async.wait_group 3;") and "[$12+32]" in take_asm(True, 3)
-    assert "ld.shared.v2.b32 {$4, $5}, [$6+16];" in take_asm(False, 1)
-    assert slot_bytes(True) % 16 == 0 and slot_bytes(False) % 16 == 0
+def test_chained_accumulators_ptx():
+    """The chains ablation keeps every MMA and folds the extra accumulator sets into the outputs."""
+    from gearshift.kernels.int4_mma_gemv import _mma_asm
+
+    one, two = _mma_asm("bf16", 0x4300, True, 1), _mma_asm("bf16", 0x4300, True, 1, chains=2)
+    assert one.count("mma.sync") == two.count("mma.sync") == 16
+    assert two.count("add.f32") == 8 and "add.f32 d0, d0, d4;" in two and "{d4, d5, d6, d7}" in two

@@ -38,10 +38,9 @@ from gearshift.quant.int4 import Int4Weight
 
 BLOCK_COLS = 128  # columns per fragment call: 4 lanes x 4 words x 8 nibbles
 MAX_TOKENS = 16  # MMA n = 8 tokens per tile, two tiles per lane
-MAX_STAGES = 8  # cp.async ring depth (cfg.stages; 1 = the register prefetch)
 
 
-def _mma_asm(dt: str, magic: int, two_rows: bool, tiles: int = 1) -> str:
+def _mma_asm(dt: str, magic: int, two_rows: bool, tiles: int = 1, chains: int = 1) -> str:
     """PTX for one 128-column block of one warp, run once per lane (pack 1).
 
     Inputs: the lane's 4 words of row a (A row g), then of row b (A row g+8) if two_rows, then one
@@ -49,6 +48,8 @@ def _mma_asm(dt: str, magic: int, two_rows: bool, tiles: int = 1) -> str:
     Outputs per token tile, in order: D[a,2t], D[a,2t+1], (D[b,2t], D[b,2t+1],) X[2t], X[2t+1].
     One row per lane: A rows 8..15 are 1.0, so D rows 8..15 are X = sum(x) over the block. Two
     rows per lane: a second MMA with A = 1.0 gives X. Two token tiles share the A fragments.
+    chains > 1 (an ablation, benchmarks/mma_ablations/chains.py: no faster on the H100): the
+    block's MMAs alternate between that many accumulator sets, summed at the end.
     """
     mm = f"0x{magic:04X}{magic:04X}"
     one = "0x3F803F80" if dt == "bf16" else "0x3C003C00"
@@ -58,8 +59,8 @@ def _mma_asm(dt: str, magic: int, two_rows: bool, tiles: int = 1) -> str:
     wb0 = wa0 + 4
     xp0 = wa0 + (8 if two_rows else 4)
     lines = ["{", ".reg .b32 a0, a1, a2, a3, one, b0, b1, t;", f".reg .b32 x<{16 * tiles}>;",
-             f".reg .f32 d<{4 * tiles}>, e<{4 * tiles}>;", f"mov.b32 one, {one};"]
-    lines += [f"mov.f32 {r}{i}, 0f00000000;" for r in "de" for i in range(4 * tiles)]
+             f".reg .f32 d<{4 * tiles * chains}>, e<{4 * tiles * chains}>;", f"mov.b32 one, {one};"]
+    lines += [f"mov.f32 {r}{i}, 0f00000000;" for r in "de" for i in range(4 * tiles * chains)]
 
     def pair(reg: str, word: str, shift: int) -> None:
         src = word
@@ -80,10 +81,11 @@ def _mma_asm(dt: str, magic: int, two_rows: bool, tiles: int = 1) -> str:
             if two_rows:
                 pair("a1", f"${wb0 + j}", 8 * half)
                 pair("a3", f"${wb0 + j}", 8 * half + 4)
+            bank = 4 * tiles * ((2 * j + half) % chains)
             for tile in range(tiles):
                 lo, hi = f"x{16 * tile + 4 * j + half}", f"x{16 * tile + 4 * j + half + 2}"
-                d = ", ".join(f"d{4 * tile + i}" for i in range(4))
-                e = ", ".join(f"e{4 * tile + i}" for i in range(4))
+                d = ", ".join(f"d{bank + 4 * tile + i}" for i in range(4))
+                e = ", ".join(f"e{bank + 4 * tile + i}" for i in range(4))
                 lines.append(f"prmt.b32 b0, {lo}, {hi}, 0x5410;")
                 lines.append(f"prmt.b32 b1, {lo}, {hi}, 0x7632;")
                 if two_rows:
@@ -91,6 +93,8 @@ def _mma_asm(dt: str, magic: int, two_rows: bool, tiles: int = 1) -> str:
                     lines.append(f"{mma} {{{e}}}, {{one, one, one, one}}, {{b0, b1}}, {{{e}}};")
                 else:
                     lines.append(f"{mma} {{{d}}}, {{a0, one, a2, one}}, {{b0, b1}}, {{{d}}};")
+    for c in range(1, chains):
+        lines += [f"add.f32 {r}{i}, {r}{i}, {r}{4 * tiles * c + i};" for r in "de" for i in range(4 * tiles)]
     outs = []
     for tile in range(tiles):
         o = 4 * tile
@@ -99,44 +103,6 @@ def _mma_asm(dt: str, magic: int, two_rows: bool, tiles: int = 1) -> str:
     lines += [f"mov.b32 ${i}, {v};" for i, v in enumerate(outs)]
     lines.append("}")
     return "\n".join(lines)
-
-
-def ring_asm(nbytes: int) -> str:
-    """A CTA-wide shared buffer declared by the PTX itself (ptxas allocates it statically; Triton's
-    own shared memory is untouched); each thread gets its base address."""
-    return f"{{ .shared .align 16 .b8 ring[{nbytes}]; mov.u32 $0, ring; }}"
-
-
-def slot_bytes(two_rows: bool) -> int:
-    """A lane's ring slot: 16 weight bytes per row, then the 4-byte words holding its rows' scale
-    and min (16-byte aligned, so the next slot's weights are too)."""
-    return 48 if two_rows else 32
-
-
-def copy_asm(two_rows: bool) -> str:
-    """Start the copies of the lane's next block into its ring slot, one commit group: the weights
-    as L2-only 16-byte async copies, and the aligned 4-byte words that contain the block's scale
-    and min of each row (fp16 pairs; the kernel picks the half). Nothing is held in registers
-    while they are in flight. Inputs: slot, row a's words, (row b's words,) then the word
-    pointers of scale a, min a, (scale b, min b)."""
-    if two_rows:
-        ops = ["cp.async.cg.shared.global [$1], [$2], 16;", "cp.async.cg.shared.global [$1+16], [$3], 16;"]
-        ops += [f"cp.async.ca.shared.global [$1+{32 + 4 * i}], [${4 + i}], 4;" for i in range(4)]
-    else:
-        ops = ["cp.async.cg.shared.global [$1], [$2], 16;"]
-        ops += [f"cp.async.ca.shared.global [$1+{16 + 4 * i}], [${3 + i}], 4;" for i in range(2)]
-    return " ".join(ops + ["cp.async.commit_group;", "mov.u32 $0, 0;"])
-
-
-def take_asm(two_rows: bool, pending: int) -> str:
-    """Wait until at most `pending` copy groups are in flight (so the oldest has landed), then read
-    the lane's slot back: weight words, then scale words (no barrier: only this lane wrote it)."""
-    if two_rows:
-        reads = ["ld.shared.v4.b32 {$0, $1, $2, $3}, [$12];", "ld.shared.v4.b32 {$4, $5, $6, $7}, [$12+16];",
-                 "ld.shared.v4.b32 {$8, $9, $10, $11}, [$12+32];"]
-    else:
-        reads = ["ld.shared.v4.b32 {$0, $1, $2, $3}, [$6];", "ld.shared.v2.b32 {$4, $5}, [$6+16];"]
-    return " ".join([f"cp.async.wait_group {pending};"] + reads)
 
 
 MMA_ASM = {(dt, two, tiles): _mma_asm(dt, magic, two, tiles) for dt, magic in (("bf16", 0x4300), ("f16", 0x6400))
@@ -180,46 +146,6 @@ if HAS_TRITON:
             b0, b1, b2, b3 = _load16(wb_ptr + kw)
             return a0, a1, a2, a3, b0, b1, b2, b3
         return a0, a1, a2, a3, a0, a1, a2, a3
-
-
-    @triton.jit
-    def _ring_base(like, RING: tl.constexpr):
-        return tl.inline_asm_elementwise(RING, "=r,r", [like], dtype=tl.int32, is_pure=False, pack=1)
-
-
-    @triton.jit
-    def _copy_block(COPY: tl.constexpr, slot, wa_ptr, wb_ptr, s32, m32, sa_off, sb_off, kw, g,
-                    TWO_ROWS: tl.constexpr):
-        if TWO_ROWS:
-            return tl.inline_asm_elementwise(
-                COPY, "=r,r,l,l,l,l,l,l", [slot, wa_ptr + kw, wb_ptr + kw, s32 + ((sa_off + g) >> 1),
-                                           m32 + ((sa_off + g) >> 1), s32 + ((sb_off + g) >> 1),
-                                           m32 + ((sb_off + g) >> 1)], dtype=tl.int32, is_pure=False, pack=1)
-        return tl.inline_asm_elementwise(COPY, "=r,r,l,l,l", [slot, wa_ptr + kw, s32 + ((sa_off + g) >> 1),
-                                                              m32 + ((sa_off + g) >> 1)],
-                                         dtype=tl.int32, is_pure=False, pack=1)
-
-
-    @triton.jit
-    def _half(word, off, like):
-        """The fp16/bf16 at element offset `off` from its aligned 4-byte word."""
-        return ((word >> ((off & 1) * 16)) & 0xFFFF).to(tl.int16).to(like.dtype.element_ty, bitcast=True)
-
-
-    @triton.jit
-    def _take_block(TAKE: tl.constexpr, slot, s_ptr, sa_off, sb_off, g, TWO_ROWS: tl.constexpr):
-        if TWO_ROWS:
-            a0, a1, a2, a3, b0, b1, b2, b3, ws_a, wm_a, ws_b, wm_b = tl.inline_asm_elementwise(
-                TAKE, "=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,r", [slot], dtype=(tl.int32,) * 12, is_pure=False,
-                pack=1)
-            sc = (_half(ws_a, sa_off + g, s_ptr), _half(wm_a, sa_off + g, s_ptr), _half(ws_b, sb_off + g, s_ptr),
-                  _half(wm_b, sb_off + g, s_ptr))
-            return a0, a1, a2, a3, b0, b1, b2, b3, sc
-        a0, a1, a2, a3, ws_a, wm_a = tl.inline_asm_elementwise(TAKE, "=r,=r,=r,=r,=r,=r,r", [slot],
-                                                               dtype=(tl.int32,) * 6, is_pure=False, pack=1)
-        sa = _half(ws_a, sa_off + g, s_ptr)
-        ma = _half(wm_a, sa_off + g, s_ptr)
-        return a0, a1, a2, a3, a0, a1, a2, a3, (sa, ma, sa, ma)
 
 
     @triton.jit
@@ -269,8 +195,7 @@ if HAS_TRITON:
                          G: tl.constexpr, WARPS: tl.constexpr, SPLIT_K: tl.constexpr, ASM: tl.constexpr,
                          CONSTRAINTS: tl.constexpr, TWO_ROWS: tl.constexpr, TILES: tl.constexpr,
                          OFFSET: tl.constexpr, U: tl.constexpr, HAS_XS: tl.constexpr, PDL: tl.constexpr,
-                         L2_PREFETCH: tl.constexpr, TRIGGER: tl.constexpr = 1, STAGES: tl.constexpr = 1,
-                         RING: tl.constexpr = "", COPY: tl.constexpr = "", TAKE: tl.constexpr = ""):
+                         L2_PREFETCH: tl.constexpr, TRIGGER: tl.constexpr = 1):
         # Every per-lane quantity comes from the lane's own %tid.x, so the fragment plan holds
         # whatever layout Triton picks for these [32 * WARPS] tensors (one element per thread).
         RPW: tl.constexpr = 16 if TWO_ROWS else 8
@@ -299,6 +224,7 @@ if HAS_TRITON:
         zero = tl.zeros([32 * WARPS], dtype=tl.float32)
         acc = (zero, zero, zero, zero, zero, zero, zero, zero)
         k_lo = pid_k * kws
+        k_last = k_lo + kws - 16 * U
         if TRIGGER == 1:
             launch_dependents(PDL)
         if L2_PREFETCH:  # the program's whole weight slice, one bulk request per row (lanes t == 0)
@@ -306,66 +232,8 @@ if HAS_TRITON:
             prefetch_l2(wa_ptr + k_lo, kws * 4, lead.to(tl.int32))
             if TWO_ROWS:
                 prefetch_l2(wb_ptr + k_lo, kws * 4, (lead & (row_b < N)).to(tl.int32))
-        if STAGES > 1:
-            acc = _ring_loop(x0, x1, wa_ptr, wb_ptr, s_ptr, mn_ptr, sa_ptr, sb_ptr, tid, k_lo, kws, acc, G,
-                             WARPS, ASM, CONSTRAINTS, TWO_ROWS, TILES, OFFSET, PDL, STAGES, RING, COPY, TAKE)
-        else:
-            acc = _register_loop(x0, x1, wa_ptr, wb_ptr, s_ptr, mn_ptr, sa_ptr, sb_ptr, k_lo, kws, acc, G, ASM,
-                                 CONSTRAINTS, TWO_ROWS, TILES, OFFSET, PDL, U)
-        if TRIGGER == 2:
-            launch_dependents(PDL)
-        _store(acc, row_a, row_b, t, m0_tok, y_ptr, ws_ptr, cnt_ptr, xs_ptr, M, N, stride_ym, pid_n, pid_k, TWO_ROWS,
-               TILES, HAS_XS, SPLIT_K)
-
-
-    @triton.jit
-    def _ring_loop(x0, x1, wa_ptr, wb_ptr, s_ptr, mn_ptr, sa_ptr, sb_ptr, tid, k_lo, kws, acc, G: tl.constexpr,
-                   WARPS: tl.constexpr, ASM: tl.constexpr, CONSTRAINTS: tl.constexpr, TWO_ROWS: tl.constexpr,
-                   TILES: tl.constexpr, OFFSET: tl.constexpr, PDL: tl.constexpr, STAGES: tl.constexpr,
-                   RING: tl.constexpr, COPY: tl.constexpr, TAKE: tl.constexpr):
-        """Weights and their scales through a per-lane ring of STAGES blocks in shared memory, filled
-        by cp.async: STAGES - 1 blocks per lane in flight without holding registers. (The register
-        loop keeps one block in flight, so each step waits a memory latency, and the registers a
-        deeper queue needs would cap how many programs are resident.)"""
-        SLOT: tl.constexpr = 48 if TWO_ROWS else 32
-        STAGE_B: tl.constexpr = SLOT * 32 * WARPS
-        k_last = k_lo + kws - 16
-        slot = _ring_base(tid, RING) + tid * SLOT
-        s32 = s_ptr.to(tl.pointer_type(tl.int32))
-        m32 = mn_ptr.to(tl.pointer_type(tl.int32))
-        for s in tl.static_range(STAGES - 1):  # past the slice's end the last block is re-read
-            kw = tl.minimum(k_lo + 16 * s, k_last)
-            _copy_block(COPY, slot + s * STAGE_B, wa_ptr, wb_ptr, s32, m32, sa_ptr, sb_ptr, kw, (kw * 8) // G,
-                        TWO_ROWS)
-        grid_wait(PDL)  # weights and scales only above this line
-        for kw0 in range(k_lo, k_lo + kws, 16):
-            i = (kw0 - k_lo) // 16
-            # refill the slot block i - 1 was read from (its words are already in this lane's MMAs)
-            kw = tl.minimum(kw0 + 16 * (STAGES - 1), k_last)
-            _copy_block(COPY, slot + ((i + STAGES - 1) % STAGES) * STAGE_B, wa_ptr, wb_ptr, s32, m32, sa_ptr,
-                        sb_ptr, kw, (kw * 8) // G, TWO_ROWS)
-            a0, a1, a2, a3, b0, b1, b2, b3, sc = _take_block(TAKE, slot + (i % STAGES) * STAGE_B, s_ptr, sa_ptr,
-                                                             sb_ptr, (kw0 * 8) // G, TWO_ROWS)
-            acc = _block(ASM, CONSTRAINTS, TWO_ROWS, TILES, OFFSET, a0, a1, a2, a3, b0, b1, b2, b3,
-                         x0 + kw0 * 8, x1 + kw0 * 8, sc, acc)
-        _drain(tid)
-        return acc
-
-
-    @triton.jit
-    def _drain(like):
-        """No copy may still be writing the ring when the program exits."""
-        tl.inline_asm_elementwise("cp.async.wait_all; mov.u32 $0, 0;", "=r,r", [like], dtype=tl.int32,
-                                  is_pure=False, pack=1)
-
-
-    @triton.jit
-    def _register_loop(x0, x1, wa_ptr, wb_ptr, s_ptr, mn_ptr, sa_ptr, sb_ptr, k_lo, kws, acc, G: tl.constexpr,
-                       ASM: tl.constexpr, CONSTRAINTS: tl.constexpr, TWO_ROWS: tl.constexpr, TILES: tl.constexpr,
-                       OFFSET: tl.constexpr, PDL: tl.constexpr, U: tl.constexpr):
         # U blocks per step, the next step's weights and scales loaded before this step's math:
         # 16*U bytes per lane and row in flight. Past the slice's end the last step re-reads itself.
-        k_last = k_lo + kws - 16 * U
         a0, a1, a2, a3, b0, b1, b2, b3 = _load_rows(wa_ptr, wb_ptr, k_lo, TWO_ROWS)
         sc = _load_scales(s_ptr, mn_ptr, sa_ptr, sb_ptr, (k_lo * 8) // G, TWO_ROWS)
         c0, c1, c2, c3, f0, f1, f2, f3 = a0, a1, a2, a3, b0, b1, b2, b3
@@ -390,12 +258,8 @@ if HAS_TRITON:
                              x0 + (kw0 + 16) * 8, x1 + (kw0 + 16) * 8, sc2, acc)
                 c0, c1, c2, c3, f0, f1, f2, f3 = p0, p1, p2, p3, q0, q1, q2, q3
                 sc2 = sn2
-        return acc
-
-
-    @triton.jit
-    def _store(acc, row_a, row_b, t, m0_tok, y_ptr, ws_ptr, cnt_ptr, xs_ptr, M, N, stride_ym, pid_n, pid_k,
-               TWO_ROWS: tl.constexpr, TILES: tl.constexpr, HAS_XS: tl.constexpr, SPLIT_K: tl.constexpr):
+        if TRIGGER == 2:
+            launch_dependents(PDL)
         # element (lane, i): accumulator i -> (token tile, row a/b, token 2t + e)
         e2 = tl.arange(0, 2)[None, :]
         col0 = m0_tok + 2 * t[:, None] + e2
@@ -449,8 +313,7 @@ def mma_gemv_supports(store: Int4Weight, cfg: TileConfig, m: int = 1, dtype=torc
     step = BLOCK_COLS * cfg.split_k * (2 if cfg.prefetch else 1)
     q = store.qweight
     return (1 <= m <= MAX_TOKENS and g % BLOCK_COLS == 0 and k % step == 0 and dtype in (torch.bfloat16, torch.float16)
-            and q.is_contiguous() and q.data_ptr() % 16 == 0 and 1 <= cfg.stages <= MAX_STAGES
-            and not (cfg.stages > 1 and (cfg.prefetch or not _words_aligned(store))))
+            and q.is_contiguous() and q.data_ptr() % 16 == 0)
 
 
 def mma_gemv(x: torch.Tensor, store: Int4Weight, cfg: TileConfig, token_scales: torch.Tensor | None = None,
@@ -485,22 +348,8 @@ def mma_gemv(x: torch.Tensor, store: Int4Weight, cfg: TileConfig, token_scales: 
                            TILES=tiles, OFFSET=OFFSET[dt],
                            U=2 if cfg.prefetch else 1, HAS_XS=token_scales is not None, PDL=pdl,
                            L2_PREFETCH=l2_prefetch, TRIGGER=pdl_trigger(m) if trigger is None else trigger,
-                           **_ring_args(cfg, two), num_warps=cfg.warps, num_stages=1, **launch_kwargs(pdl))
+                           num_warps=cfg.warps, num_stages=1, **launch_kwargs(pdl))
     return y.reshape(*x.shape[:-1], n)
-
-
-def _words_aligned(store: Int4Weight) -> bool:
-    """The ring copies scales and mins as the aligned 4-byte words that hold them."""
-    return all(t.is_contiguous() and t.data_ptr() % 4 == 0 and t.element_size() == 2 for t in (store.scales, store.mins))
-
-
-def _ring_args(cfg: TileConfig, two_rows: bool) -> dict:
-    """cfg.stages > 1: the weights go through a cp.async ring of that many blocks per lane."""
-    if cfg.stages <= 1:
-        return dict(STAGES=1, RING="", COPY="", TAKE="")
-    nbytes = cfg.stages * 32 * cfg.warps * slot_bytes(two_rows)
-    return dict(STAGES=cfg.stages, RING=ring_asm(nbytes), COPY=copy_asm(two_rows),
-                TAKE=take_asm(two_rows, cfg.stages - 1))
 
 
 def pdl_trigger(m: int) -> int:
