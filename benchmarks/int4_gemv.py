@@ -44,8 +44,6 @@ def main() -> None:
     ap.add_argument("--mma-warps", default="1,2,4")
     ap.add_argument("--mma-split", default="1,2,4,8,16")
     ap.add_argument("--mma-rows", default="8,16", help="weight rows per warp")
-    ap.add_argument("--mma-per-sm", default="0", help="0 = one program per (row tile, K slice); >0 = stream-K "
-                    "with that many programs per SM (split ignored)")
     args = ap.parse_args()
 
     from gearshift.dispatch.dispatcher import AdaptiveDispatcher
@@ -66,9 +64,7 @@ def main() -> None:
             ints(args.bn), ints(args.bk), ints(args.split), ints(args.warps), ints(args.prefetch))],
         "mma_gemv": [TileConfig(rows, 0, 128, sk, w, 1, prefetch=bool(pf)) for rows, sk, w, pf in
                      itertools.product(ints(args.mma_rows), ints(args.mma_split), ints(args.mma_warps),
-                                       ints(args.prefetch))]
-        + [TileConfig(rows, 0, 128, 1, w, 1, per_sm=q) for rows, w, q in
-           itertools.product(ints(args.mma_rows), ints(args.mma_warps), ints(args.mma_per_sm)) if q],
+                                       ints(args.prefetch))],
     }
     runners = {"int4_gemv": (int4_gemv, lambda st, c, m: m == 1 and int4_gemv_supports(st, c)),
                "mma_gemv": (mma_gemv, lambda st, c, m: mma_gemv_supports(st, c, m))}

@@ -79,8 +79,6 @@ def test_supports_and_config():
     assert not mma_gemv_supports(st, TileConfig(16, 0, 128, 8, 4, 1))  # 512 columns do not split 8 ways
     assert not mma_gemv_supports(st, TileConfig(16, 0, 128, 1, 4, 1), 17)
     assert not mma_gemv_supports(quantize_int4(torch.randn(64, 512), 64), TileConfig(16, 0, 128, 1, 4, 1))
-    assert mma_gemv_supports(st, TileConfig(16, 0, 128, 1, 4, 1, per_sm=4), 16)  # stream-K
-    assert not mma_gemv_supports(st, TileConfig(16, 0, 128, 2, 4, 1, per_sm=4))  # stream-K splits K itself
     assert mma_config(28672, 4096).split_k == 2 and mma_config(4096, 14336).split_k == 8
 
 
@@ -115,25 +113,3 @@ def test_chained_accumulators_ptx():
     one, two = _mma_asm("bf16", 0x4300, True, 1), _mma_asm("bf16", 0x4300, True, 1, chains=2)
     assert one.count("mma.sync") == two.count("mma.sync") == 16
     assert two.count("add.f32") == 8 and "add.f32 d0, d0, d4;" in two and "{d4, d5, d6, d7}" in two
-
-
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="the PTX needs a CUDA GPU")
-@pytest.mark.parametrize("n,k,rows,warps,per_sm", [(1000, 4096, 16, 2, 1), (4096, 1024, 16, 4, 3), (200, 1024, 8, 2, 2),
-                                                    (3000, 2048, 8, 4, 5)])
-def test_gpu_stream_k_matches_reference(n, k, rows, warps, per_sm):
-    """Stream-K: programs own uneven slices of (tile, block) units, tiles shared by several of them."""
-    from gearshift.kernels.int4_mma_gemv import mma_gemv, mma_gemv_quantized
-
-    torch.manual_seed(n + k)
-    store = quantize_int4(torch.randn(n, k), 128).cuda()
-    cfg = TileConfig(rows, 0, 128, 1, warps, 1, per_sm=per_sm)
-    for m in (1, 3, 8, 9, 16):
-        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-        y = mma_gemv(x, store, cfg)
-        ref = linear_reference(x.float(), store, None)
-        assert ((y.float() - ref).norm() / ref.norm()).item() < 3e-3, m
-        assert torch.equal(mma_gemv(x, store, cfg), y)  # rank-ordered sums: reproducible
-    act = ActQuantSpec("int8")
-    y = mma_gemv_quantized(x, store, act, cfg)
-    ref = linear_reference(x.float(), store, act)
-    assert ((y.float() - ref).norm() / ref.norm()).item() < 3e-3

@@ -33,7 +33,7 @@ from gearshift.kernels._triton import HAS_TRITON, tl, triton
 from gearshift.kernels.config import TileConfig
 from gearshift.kernels.pdl import l2_prefetch_enabled, launch_kwargs, pdl_enabled
 from gearshift.kernels.reference import linear_reference
-from gearshift.kernels.splitk import counters, splitk_buffers
+from gearshift.kernels.splitk import splitk_buffers
 from gearshift.quant.int4 import Int4Weight
 
 BLOCK_COLS = 128  # columns per fragment call: 4 lanes x 4 words x 8 nibbles
@@ -113,7 +113,7 @@ CONSTRAINTS = {(two, tiles): ",".join(["=r"] * ((6 if two else 4) * tiles) + ["r
 
 if HAS_TRITON:
     from gearshift.kernels.pdl import grid_wait, launch_dependents, prefetch_l2
-    from gearshift.kernels.splitk import splitk_finish, streamk_finish
+    from gearshift.kernels.splitk import splitk_finish
 
     @triton.jit
     def _thread_id(like):
@@ -260,16 +260,6 @@ if HAS_TRITON:
                 sc2 = sn2
         if TRIGGER == 2:
             launch_dependents(PDL)
-        out, row, col, mask = _outputs(acc, row_a, row_b, t, m0_tok, xs_ptr, M, N, TWO_ROWS, TILES, HAS_XS)
-        tile = tl.program_id(2) * tl.num_programs(0) + pid_n  # one arrival counter per (token, row) tile
-        splitk_finish(out, y_ptr + col * stride_ym + row, ws_ptr, cnt_ptr, col * N + row, mask, tile, pid_k,
-                      M * N, SPLIT_K)
-
-
-    @triton.jit
-    def _outputs(acc, row_a, row_b, t, m0_tok, xs_ptr, M, N, TWO_ROWS: tl.constexpr, TILES: tl.constexpr,
-                 HAS_XS: tl.constexpr):
-        """The accumulators as (values, output row, token, mask) tensors."""
         # element (lane, i): accumulator i -> (token tile, row a/b, token 2t + e)
         e2 = tl.arange(0, 2)[None, :]
         col0 = m0_tok + 2 * t[:, None] + e2
@@ -300,86 +290,9 @@ if HAS_TRITON:
         mask = (row < N) & (col < M)
         if HAS_XS:  # activation codes in, real outputs out: one scale per token
             out = out * tl.load(xs_ptr + col, mask=col < M, other=0.0)
-        return out, row, col, mask
-
-
-    @triton.jit
-    def _unit_rows(tile, kb, r_off, t4, N, KW, n_groups, qw32, BN: tl.constexpr):
-        """Unit (row tile, 128-column block kb): the lane's rows, its weight word pointers at that
-        block, and its rows' scale offsets."""
-        row_a = tile * BN + r_off
-        row_b = row_a + 8
-        wa = qw32 + tl.minimum(row_a, N - 1).to(tl.int64) * KW + (kb * 16 + t4)
-        wb = qw32 + tl.minimum(row_b, N - 1).to(tl.int64) * KW + (kb * 16 + t4)
-        return row_a, row_b, wa, wb, tl.minimum(row_a, N - 1) * n_groups, tl.minimum(row_b, N - 1) * n_groups
-
-
-    @triton.jit
-    def _mma_gemv_stream_kernel(x_ptr, qw_ptr, s_ptr, mn_ptr, y_ptr, ws_ptr, cnt_ptr, xs_ptr, M, N, K, stride_xm,
-                                stride_ym, G: tl.constexpr, WARPS: tl.constexpr, ASM: tl.constexpr,
-                                CONSTRAINTS: tl.constexpr, TWO_ROWS: tl.constexpr, TILES: tl.constexpr,
-                                OFFSET: tl.constexpr, HAS_XS: tl.constexpr, PDL: tl.constexpr,
-                                TRIGGER: tl.constexpr = 1):
-        """Stream-K: the (row tile, 128-column block) units of the whole matrix are split evenly over
-        the programs (a few per SM, all resident), so there is no partial last wave and every SM
-        streams the same number of weight bytes; a tile shared by several programs is summed by the
-        last of them in rank order (splitk.streamk_finish, deterministic)."""
-        RPW: tl.constexpr = 16 if TWO_ROWS else 8
-        BN: tl.constexpr = RPW * WARPS
-        p = tl.program_id(0)
-        n_prog = tl.num_programs(0)
-        m0_tok = tl.program_id(1) * 8 * TILES
-        tid = _thread_id(tl.zeros([32 * WARPS], dtype=tl.int32))
-        g = (tid % 32) // 4
-        t = (tid % 32) % 4
-        KW = K // 8
-        KB = KW // 16
-        n_groups = K // G
-        n_tiles = tl.cdiv(N, BN)
-        units = n_tiles * KB
-        u0 = (p * units) // n_prog
-        u1 = ((p + 1) * units) // n_prog
-        x0 = x_ptr + tl.minimum(m0_tok + g, M - 1) * stride_xm + 32 * t
-        x1 = x_ptr + tl.minimum(m0_tok + 8 + g, M - 1) * stride_xm + 32 * t
-        qw32 = qw_ptr.to(tl.pointer_type(tl.int32))
-        r_off = (tid // 32) * RPW + g
-        if TRIGGER == 1:
-            launch_dependents(PDL)
-        tile = u0 // KB  # the unit being computed, then advanced by carries (no division in the loop)
-        kb = u0 % KB
-        row_a, row_b, wa, wb, sa, sb = _unit_rows(tile, kb, r_off, 4 * t, N, KW, n_groups, qw32, BN)
-        a0, a1, a2, a3, b0, b1, b2, b3 = _load_rows(wa, wb, 0, TWO_ROWS)
-        sc = _load_scales(s_ptr, mn_ptr, sa, sb, (kb * 128) // G, TWO_ROWS)
-        grid_wait(PDL)  # weights only above this line
-        zero = tl.zeros([32 * WARPS], dtype=tl.float32)
-        acc = (zero, zero, zero, zero, zero, zero, zero, zero)
-        for u in range(u0, u1):
-            wrap = kb == KB - 1
-            n_kb = tl.where(wrap, 0, kb + 1)
-            n_tile = tl.where(wrap, tile + 1, tile)
-            if u == u1 - 1:  # the last unit re-reads itself
-                n_kb = kb
-                n_tile = tile
-            _, _, wa_n, wb_n, sa_n, sb_n = _unit_rows(n_tile, n_kb, r_off, 4 * t, N, KW, n_groups, qw32, BN)
-            n0, n1, n2, n3, m0, m1, m2, m3 = _load_rows(wa_n, wb_n, 0, TWO_ROWS)
-            sn = _load_scales(s_ptr, mn_ptr, sa_n, sb_n, (n_kb * 128) // G, TWO_ROWS)
-            acc = _block(ASM, CONSTRAINTS, TWO_ROWS, TILES, OFFSET, a0, a1, a2, a3, b0, b1, b2, b3,
-                         x0 + kb * 128, x1 + kb * 128, sc, acc)
-            a0, a1, a2, a3, b0, b1, b2, b3 = n0, n1, n2, n3, m0, m1, m2, m3
-            sc = sn
-            if wrap | (u == u1 - 1):  # the tile's range in this program ends: hand it in
-                first = ((tile * KB + 1) * n_prog - 1) // units  # programs whose ranges hold the tile's
-                last = ((tile * KB + KB) * n_prog - 1) // units  # first and last block
-                row_a = tile * BN + r_off
-                out, row, col, mask = _outputs(acc, row_a, row_a + 8, t, m0_tok, xs_ptr, M, N, TWO_ROWS, TILES,
-                                               HAS_XS)
-                streamk_finish(out, y_ptr + col * stride_ym + row, ws_ptr, cnt_ptr, col * N + row, mask,
-                               tl.program_id(1) * n_tiles + tile, p - first, last - first + 1, M * N)
-                acc = (zero, zero, zero, zero, zero, zero, zero, zero)
-            kb = n_kb
-            tile = n_tile
-        if TRIGGER == 2:
-            launch_dependents(PDL)
+        tile = tl.program_id(2) * tl.num_programs(0) + pid_n  # one arrival counter per (token, row) tile
+        splitk_finish(out, y_ptr + col * stride_ym + row, ws_ptr, cnt_ptr, col * N + row, mask, tile, pid_k,
+                      M * N, SPLIT_K)
 
 
     @triton.jit
@@ -400,8 +313,7 @@ def mma_gemv_supports(store: Int4Weight, cfg: TileConfig, m: int = 1, dtype=torc
     step = BLOCK_COLS * cfg.split_k * (2 if cfg.prefetch else 1)
     q = store.qweight
     return (1 <= m <= MAX_TOKENS and g % BLOCK_COLS == 0 and k % step == 0 and dtype in (torch.bfloat16, torch.float16)
-            and q.is_contiguous() and q.data_ptr() % 16 == 0
-            and (cfg.per_sm == 0 or (cfg.split_k == 1 and not cfg.prefetch and 1 <= cfg.per_sm <= 16)))
+            and q.is_contiguous() and q.data_ptr() % 16 == 0)
 
 
 def mma_gemv(x: torch.Tensor, store: Int4Weight, cfg: TileConfig, token_scales: torch.Tensor | None = None,
@@ -424,39 +336,20 @@ def mma_gemv(x: torch.Tensor, store: Int4Weight, cfg: TileConfig, token_scales: 
     two = cfg.bm == 16  # TileConfig.bm: weight rows per warp (8: A rows 8..15 give sum(x); 16: an extra MMA does)
     tiles = 2 if m > 8 else 1  # 9..16 tokens: both token tiles share each A fragment (weights read once)
     bn = (16 if two else 8) * cfg.warps
+    grid = (triton.cdiv(n, bn), cfg.split_k, triton.cdiv(m, 8 * tiles))
+    ws, cnt = splitk_buffers(y, cfg.split_k, m * n, grid[0] * grid[2])
     xs = token_scales if token_scales is not None else y
     dt = "bf16" if x2.dtype == torch.bfloat16 else "f16"
     pdl = pdl_enabled(y) if pdl is None else (pdl and pdl_enabled(y))
-    trigger = pdl_trigger(m) if trigger is None else trigger
-    if cfg.per_sm:
-        n_tiles, kb = triton.cdiv(n, bn), store.in_features // BLOCK_COLS
-        progs = min(n_tiles * kb, cfg.per_sm * _sm_count(y.device))
-        grid = (progs, triton.cdiv(m, 8 * tiles))
-        parts = -(-kb // ((n_tiles * kb) // progs)) + 1  # most programs one tile's blocks can span
-        ws = torch.empty((parts, m * n), device=y.device, dtype=torch.float32)
-        _mma_gemv_stream_kernel[grid](x2, store.qweight, store.scales, store.mins, y, ws,
-                                      counters(y.device, n_tiles * grid[1]), xs, m, n, store.in_features,
-                                      x2.stride(0), y.stride(0), G=store.group_size, WARPS=cfg.warps,
-                                      ASM=MMA_ASM[(dt, two, tiles)], CONSTRAINTS=CONSTRAINTS[(two, tiles)],
-                                      TWO_ROWS=two, TILES=tiles, OFFSET=OFFSET[dt],
-                                      HAS_XS=token_scales is not None, PDL=pdl, TRIGGER=trigger,
-                                      num_warps=cfg.warps, num_stages=1, **launch_kwargs(pdl))
-        return y.reshape(*x.shape[:-1], n)
-    grid = (triton.cdiv(n, bn), cfg.split_k, triton.cdiv(m, 8 * tiles))
-    ws, cnt = splitk_buffers(y, cfg.split_k, m * n, grid[0] * grid[2])
     l2_prefetch = l2_prefetch_enabled(y) if l2_prefetch is None else (l2_prefetch and l2_prefetch_enabled(y))
     _mma_gemv_kernel[grid](x2, store.qweight, store.scales, store.mins, y, ws, cnt, xs, m, n, store.in_features,
                            x2.stride(0), y.stride(0), G=store.group_size, WARPS=cfg.warps, SPLIT_K=cfg.split_k,
                            ASM=MMA_ASM[(dt, two, tiles)], CONSTRAINTS=CONSTRAINTS[(two, tiles)], TWO_ROWS=two,
                            TILES=tiles, OFFSET=OFFSET[dt],
                            U=2 if cfg.prefetch else 1, HAS_XS=token_scales is not None, PDL=pdl,
-                           L2_PREFETCH=l2_prefetch, TRIGGER=trigger, num_warps=cfg.warps, num_stages=1,
-                           **launch_kwargs(pdl))
+                           L2_PREFETCH=l2_prefetch, TRIGGER=pdl_trigger(m) if trigger is None else trigger,
+                           num_warps=cfg.warps, num_stages=1, **launch_kwargs(pdl))
     return y.reshape(*x.shape[:-1], n)
-
-
-def _sm_count(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def pdl_trigger(m: int) -> int:

@@ -1,8 +1,5 @@
 """Deterministic split-K in one launch: partials to a workspace, the last program sums them.
 
-`streamk_finish` is the same for stream-K, where a tile's K range is shared by however many
-programs the even split of all (tile, block) units gives it.
-
 Each (n-tile, k-slice) program stores its fp32 partial row block to `ws[slice, n]`, then
 increments the n-tile's arrival counter. The program that arrives last reads the S partials in
 slice order (fixed order: the result is bit-reproducible run to run, unlike fp32 atomics), writes
@@ -59,21 +56,3 @@ if HAS_TRITON:
                     tot += tl.load(ws_ptr + s * n_out + offs, mask=mask, other=0.0, cache_modifier=".cg")
                 tl.store(y_ptrs, tot.to(y_ptrs.dtype.element_ty), mask=mask)
                 tl.atomic_xchg(cnt_ptr + pid_t, 0, sem="relaxed", scope="gpu")
-
-
-    @triton.jit
-    def streamk_finish(acc, y_ptrs, ws_ptr, cnt_ptr, offs, mask, tile, slot, n_parts, n_out):
-        """splitk_finish for a tile whose K range is shared by a runtime number of programs
-        (stream-K): `slot` = this program's rank among the tile's n_parts, summed in rank order."""
-        if n_parts == 1:
-            tl.store(y_ptrs, acc.to(y_ptrs.dtype.element_ty), mask=mask)
-        else:
-            tl.store(ws_ptr + slot * n_out + offs, acc, mask=mask)
-            tl.debug_barrier()
-            arrived = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel", scope="gpu")
-            if arrived == n_parts - 1:
-                tot = tl.zeros_like(acc)
-                for s in range(n_parts):
-                    tot += tl.load(ws_ptr + s * n_out + offs, mask=mask, other=0.0, cache_modifier=".cg")
-                tl.store(y_ptrs, tot.to(y_ptrs.dtype.element_ty), mask=mask)
-                tl.atomic_xchg(cnt_ptr + tile, 0, sem="relaxed", scope="gpu")
