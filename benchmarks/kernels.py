@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from gearshift.dispatch.dispatcher import AdaptiveDispatcher  # noqa: E402
 from gearshift.dispatch.policy import M_BUCKETS, PolicyMap, device_slug  # noqa: E402
 from gearshift.dispatch.profiler import PRESETS, ablations, copy_bandwidth, profile, random_store, time_us  # noqa: E402
-from gearshift.dispatch.strategies import STRATEGIES, strategies_for  # noqa: E402
+from gearshift.dispatch.strategies import strategies_for  # noqa: E402
 from gearshift.kernels.library import scaled_mm_fp8_linear, tinygemm_linear, to_fp8_rowwise, to_tinygemm  # noqa
 from gearshift.kernels.reference import linear_reference  # noqa: E402
 from gearshift.quant.modes import MODES  # noqa: E402

@@ -1,0 +1,53 @@
+"""Shared driver of the fragment-kernel ablations: for each Llama-3-8B shape, token count and
+variant, every tile config is checked against the torch reference and timed over enough weight
+copies to exceed L2; writes all timings to JSON and prints the per-shape bests with their
+32-layer step sums (GPU)."""
+import json
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+import gearshift.kernels.int4_mma_gemv as mg
+from gearshift.dispatch.profiler import n_copies, random_store, time_us
+from gearshift.kernels.config import TileConfig
+from gearshift.kernels.reference import linear_reference
+
+SHAPES = (("qkv", 6144, 4096), ("o", 4096, 4096), ("gate_up", 28672, 4096), ("down", 4096, 14336))
+
+
+def sweep(variants: dict[str, Callable[[], None]], restore: Callable[[], None], cfgs: list[TileConfig],
+          ms: list[int], out: str, name: str) -> None:
+    """variants: label -> a function that switches the kernel to that variant; restore undoes it."""
+    rows, best = [], {}
+    for shape, n, k in SHAPES:
+        probe = random_store("int4", n, k, 128, "cuda")
+        stores = [probe] + [random_store("int4", n, k, 128, "cuda") for _ in range(n_copies(probe) - 1)]
+        for m in ms:
+            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+            ref = linear_reference(x.float(), stores[0], None)
+            for label, apply in variants.items():
+                apply()
+                for cfg in cfgs:
+                    if not mg.mma_gemv_supports(stores[0], cfg, m):
+                        continue
+                    y = mg.mma_gemv(x, stores[0], cfg)
+                    rel = ((y.float() - ref).norm() / ref.norm()).item()
+                    assert rel < 3e-3, (shape, m, label, cfg.key(), rel)
+                    us = time_us([lambda s=s: mg.mma_gemv(x, s, cfg) for s in stores])
+                    rows.append(dict(shape=shape, m=m, variant=label, config=cfg.to_dict(), us=us, rel_err=rel))
+                    if (shape, m, label) not in best or us < best[(shape, m, label)][0]:
+                        best[(shape, m, label)] = (us, cfg.key())
+                restore()
+        del stores
+        torch.cuda.empty_cache()
+    dev = torch.cuda.get_device_name()
+    path = Path(out)
+    path.mkdir(parents=True, exist_ok=True)
+    (path / f"{name}_{dev.replace(' ', '_')}.json").write_text(json.dumps({"device": dev, "rows": rows}, indent=1))
+    print(f"{dev}: best us per shape (tile), 32-layer step sum in ms")
+    for m in ms:
+        for label in variants:
+            tot = sum(best[(s, m, label)][0] for s, _, _ in SHAPES) * 32 / 1000
+            print(f"M={m:2} {label:>10}: " + "  ".join(f"{s} {best[(s, m, label)][0]:5.1f} {best[(s, m, label)][1]}"
+                                                     for s, _, _ in SHAPES) + f"  step {tot:.3f}")
