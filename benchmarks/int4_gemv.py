@@ -44,7 +44,6 @@ def main() -> None:
     ap.add_argument("--mma-warps", default="1,2,4")
     ap.add_argument("--mma-split", default="1,2,4,8,16")
     ap.add_argument("--mma-rows", default="8,16", help="weight rows per warp")
-    ap.add_argument("--mma-bulk", default="0", help="1 = also the bulk-copy (TMA) form of each 16-row tile")
     args = ap.parse_args()
 
     from gearshift.dispatch.dispatcher import AdaptiveDispatcher
@@ -65,9 +64,7 @@ def main() -> None:
             ints(args.bn), ints(args.bk), ints(args.split), ints(args.warps), ints(args.prefetch))],
         "mma_gemv": [TileConfig(rows, 0, 128, sk, w, 1, prefetch=bool(pf)) for rows, sk, w, pf in
                      itertools.product(ints(args.mma_rows), ints(args.mma_split), ints(args.mma_warps),
-                                       ints(args.prefetch))]
-        + [TileConfig(16, 0, 128, sk, w, 1, bulk=True) for sk, w in
-           itertools.product(ints(args.mma_split), ints(args.mma_warps)) if 1 in ints(args.mma_bulk)],
+                                       ints(args.prefetch))],
     }
     runners = {"int4_gemv": (int4_gemv, lambda st, c, m: m == 1 and int4_gemv_supports(st, c)),
                "mma_gemv": (mma_gemv, lambda st, c, m: mma_gemv_supports(st, c, m))}

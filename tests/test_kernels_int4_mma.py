@@ -79,24 +79,7 @@ def test_supports_and_config():
     assert not mma_gemv_supports(st, TileConfig(16, 0, 128, 8, 4, 1))  # 512 columns do not split 8 ways
     assert not mma_gemv_supports(st, TileConfig(16, 0, 128, 1, 4, 1), 17)
     assert not mma_gemv_supports(quantize_int4(torch.randn(64, 512), 64), TileConfig(16, 0, 128, 1, 4, 1))
-    big = quantize_int4(torch.randn(64, 4096), 128)
-    assert mma_gemv_supports(big, TileConfig(16, 0, 128, 4, 4, 1, bulk=True))  # 8 groups per slice: 16-byte copies
-    assert not mma_gemv_supports(big, TileConfig(16, 0, 128, 8, 4, 1, bulk=True))  # 4 groups: 8 bytes
-    assert not mma_gemv_supports(big, TileConfig(16, 0, 128, 1, 4, 1, bulk=True))  # 2 KB rows: over 48 KB static
-    assert not mma_gemv_supports(big, TileConfig(8, 0, 128, 4, 4, 1, bulk=True))  # 16 rows per warp only
     assert mma_config(28672, 4096).split_k == 2 and mma_config(4096, 14336).split_k == 8
-
-
-def test_bulk_layout_and_ptx():
-    """Bulk-copy kernel: padded row slices (distinct banks for a quarter-warp), the byte count the
-    mbarrier expects equals what the 16 + 2 x 16 copies bring."""
-    from gearshift.kernels.int4_mma_gemv import BULK_PAD, bulk_issue_asm, bulk_layout
-
-    w, rowb, s, total = bulk_layout(4096, 128, 4, 4)
-    assert (w, rowb, s) == (512, 512 + BULK_PAD, 16) and total == 4 * 16 * (rowb + 2 * s) + 32
-    asm = bulk_issue_asm(w, s)
-    assert f"expect_tx.shared::cta.b64 st, [$2], {16 * 512 + 32 * 16};" in asm
-    assert asm.count("cp.async.bulk.shared::cluster.global") == 3 and "mbarrier.init" in asm
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the PTX needs a CUDA GPU")
@@ -130,26 +113,3 @@ def test_chained_accumulators_ptx():
     one, two = _mma_asm("bf16", 0x4300, True, 1), _mma_asm("bf16", 0x4300, True, 1, chains=2)
     assert one.count("mma.sync") == two.count("mma.sync") == 16
     assert two.count("add.f32") == 8 and "add.f32 d0, d0, d4;" in two and "{d4, d5, d6, d7}" in two
-
-
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="the PTX needs a CUDA GPU")
-@pytest.mark.parametrize("n,k,split,warps", [(200, 1024, 1, 2), (1000, 4096, 4, 4), (3000, 2048, 2, 2)])
-def test_gpu_bulk_kernel_matches_reference(n, k, split, warps):
-    """The bulk-copy kernel: same results as the reference and as the register kernel's plan."""
-    from gearshift.kernels.int4_mma_gemv import mma_gemv, mma_gemv_quantized
-
-    torch.manual_seed(n + k)
-    store = quantize_int4(torch.randn(n, k), 128).cuda()
-    cfg = TileConfig(16, 0, 128, split, warps, 1, bulk=True)
-    assert mma_gemv_supports(store, cfg)
-    for m in (1, 3, 8, 9, 16):
-        for dt in (torch.bfloat16, torch.float16):
-            x = torch.randn(m, k, device="cuda", dtype=dt)
-            y = mma_gemv(x, store, cfg)
-            ref = linear_reference(x.float(), store, None)
-            assert ((y.float() - ref).norm() / ref.norm()).item() < 3e-3, (m, dt)
-            assert torch.equal(mma_gemv(x, store, cfg), y)
-    act = ActQuantSpec("int8")
-    y = mma_gemv_quantized(x.to(torch.bfloat16), store, act, cfg)
-    ref = linear_reference(x.float(), store, act)
-    assert ((y.float() - ref).norm() / ref.norm()).item() < 3e-3

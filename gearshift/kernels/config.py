@@ -19,12 +19,10 @@ class TileConfig:
     scale_after: bool = True  # int4: scale/min applied to the per-tile partial sum, not per weight
     join: bool = True  # int4: interleave the two nibbles in registers, load x [BK, BM] contiguous along K
     prefetch: bool = False  # CUDA-core GEMV: load the next K tile before this tile's math
-    bulk: bool = False  # fragment kernel: the program's K slice copied to shared memory by TMA bulk copies first
 
     def key(self) -> str:
         return (f"m{self.bm}n{self.bn}k{self.bk}s{self.split_k}w{self.warps}p{self.stages}"
-                f"{'a' if self.scale_after else 'b'}{'j' if self.join else 's'}{'f' if self.prefetch else ''}"
-                + ("u" if self.bulk else ""))
+                f"{'a' if self.scale_after else 'b'}{'j' if self.join else 's'}{'f' if self.prefetch else ''}")
 
     def to_dict(self) -> dict:
         return asdict(self)

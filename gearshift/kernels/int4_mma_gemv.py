@@ -105,48 +105,6 @@ def _mma_asm(dt: str, magic: int, two_rows: bool, tiles: int = 1, chains: int = 
     return "\n".join(lines)
 
 
-BULK_PAD = 64  # bytes after each row's slice in shared memory: the 8 rows a quarter-warp reads hit distinct banks
-BULK_STATIC_SMEM = 48 * 1024  # static shared memory limit of one kernel
-
-
-def bulk_layout(k: int, group: int, split: int, warps: int) -> tuple[int, int, int, int]:
-    """(weight bytes per row slice, its stride in shared memory, scale bytes per row slice, total
-    shared bytes) of the bulk-copy kernel: 16 weight rows per warp, then their scales and mins."""
-    w_size = k // 2 // split
-    s_size = k // group // split * 2
-    rowb = w_size + BULK_PAD
-    return w_size, rowb, s_size, warps * 16 * (rowb + 2 * s_size) + 8 * warps
-
-
-def bulk_setup_asm(w_bytes: int, s_bytes: int, warps: int) -> str:
-    """The CTA's shared buffers, declared by the PTX itself (ptxas allocates them statically):
-    weight slices, scale/min slices, one mbarrier per warp. Returns their addresses."""
-    return (f"{{ .shared .align 128 .b8 wsm[{w_bytes}]; .shared .align 16 .b8 ssm[{s_bytes}]; "
-            f".shared .align 8 .b64 bars[{warps}]; mov.u32 $0, wsm; mov.u32 $1, ssm; mov.u32 $2, bars; }}")
-
-
-def bulk_issue_asm(w_size: int, s_size: int) -> str:
-    """One warp's whole K slice in flight at once through the TMA engine: lane 0 sets up the warp's
-    mbarrier for all the bytes, lanes 0-15 copy one weight row slice each, lanes 16-31 one row's
-    scales and mins. Inputs: lane, barrier, then (dst, src) for the weights, scales, mins."""
-    total = 16 * w_size + 32 * s_size
-    bulk = "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes"
-    return ("{ .reg .pred p0, pw, ps; .reg .b64 st; "
-            "setp.eq.u32 p0, $1, 0; setp.lt.u32 pw, $1, 16; setp.ge.u32 ps, $1, 16; "
-            "@p0 mbarrier.init.shared::cta.b64 [$2], 1; fence.mbarrier_init.release.cluster; "
-            "bar.warp.sync 0xffffffff; "
-            f"@p0 mbarrier.arrive.expect_tx.shared::cta.b64 st, [$2], {total}; "
-            f"@pw {bulk} [$3], [$4], {w_size}, [$2]; @ps {bulk} [$5], [$6], {s_size}, [$2]; "
-            f"@ps {bulk} [$7], [$8], {s_size}, [$2]; mov.u32 $0, 0; }}")
-
-
-BULK_WAIT_ASM = ("{ .reg .pred done; gs_bulk_wait: mbarrier.try_wait.parity.shared::cta.b64 done, [$1], 0; "
-                 "@!done bra gs_bulk_wait; mov.u32 $0, 0; }")
-BULK_TAKE_ASM = ("ld.shared.v4.b32 {$0, $1, $2, $3}, [$12]; ld.shared.v4.b32 {$4, $5, $6, $7}, [$13]; "
-                 "ld.shared.u16 $8, [$14]; ld.shared.u16 $9, [$15]; ld.shared.u16 $10, [$16]; "
-                 "ld.shared.u16 $11, [$17];")
-
-
 MMA_ASM = {(dt, two, tiles): _mma_asm(dt, magic, two, tiles) for dt, magic in (("bf16", 0x4300), ("f16", 0x6400))
            for two in (False, True) for tiles in (1, 2)}
 OFFSET = {"bf16": 128.0, "f16": 1024.0}
@@ -302,16 +260,6 @@ if HAS_TRITON:
                 sc2 = sn2
         if TRIGGER == 2:
             launch_dependents(PDL)
-        out, row, col, mask = _outputs(acc, row_a, row_b, t, m0_tok, xs_ptr, M, N, TWO_ROWS, TILES, HAS_XS)
-        tile = tl.program_id(2) * tl.num_programs(0) + pid_n  # one arrival counter per (token, row) tile
-        splitk_finish(out, y_ptr + col * stride_ym + row, ws_ptr, cnt_ptr, col * N + row, mask, tile, pid_k,
-                      M * N, SPLIT_K)
-
-
-    @triton.jit
-    def _outputs(acc, row_a, row_b, t, m0_tok, xs_ptr, M, N, TWO_ROWS: tl.constexpr, TILES: tl.constexpr,
-                 HAS_XS: tl.constexpr):
-        """The accumulators as (values, output row, token, mask) tensors."""
         # element (lane, i): accumulator i -> (token tile, row a/b, token 2t + e)
         e2 = tl.arange(0, 2)[None, :]
         col0 = m0_tok + 2 * t[:, None] + e2
@@ -342,81 +290,7 @@ if HAS_TRITON:
         mask = (row < N) & (col < M)
         if HAS_XS:  # activation codes in, real outputs out: one scale per token
             out = out * tl.load(xs_ptr + col, mask=col < M, other=0.0)
-        return out, row, col, mask
-
-
-    @triton.jit
-    def _bulk_block(TAKE: tl.constexpr, wa, wb, sa, ma, sb, mb, s_ptr):
-        """The lane's words of rows a and b and the rows' scale and min, from shared memory."""
-        a0, a1, a2, a3, b0, b1, b2, b3, ws_a, wm_a, ws_b, wm_b = tl.inline_asm_elementwise(
-            TAKE, "=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,r,r,r,r,r,r", [wa, wb, sa, ma, sb, mb],
-            dtype=(tl.int32,) * 12, is_pure=False, pack=1)
-        dt = s_ptr.dtype.element_ty
-        sc = (ws_a.to(tl.int16).to(dt, bitcast=True), wm_a.to(tl.int16).to(dt, bitcast=True),
-              ws_b.to(tl.int16).to(dt, bitcast=True), wm_b.to(tl.int16).to(dt, bitcast=True))
-        return a0, a1, a2, a3, b0, b1, b2, b3, sc
-
-
-    @triton.jit
-    def _mma_gemv_bulk_kernel(x_ptr, qw_ptr, s_ptr, mn_ptr, y_ptr, ws_ptr, cnt_ptr, xs_ptr, M, N, K, stride_xm,
-                              stride_ym, G: tl.constexpr, WARPS: tl.constexpr, SPLIT_K: tl.constexpr,
-                              ASM: tl.constexpr, CONSTRAINTS: tl.constexpr, TILES: tl.constexpr,
-                              OFFSET: tl.constexpr, HAS_XS: tl.constexpr, PDL: tl.constexpr, TRIGGER: tl.constexpr,
-                              SETUP: tl.constexpr, ISSUE: tl.constexpr, WAIT: tl.constexpr, TAKE: tl.constexpr,
-                              ROWB: tl.constexpr, S_SIZE: tl.constexpr):
-        """The fragment kernel (16 rows per warp) with its whole K slice of weights, scales and mins
-        copied to shared memory by bulk (TMA) copies before the math: every byte of the program is
-        in flight at once without holding registers, where the register loop keeps one block in
-        flight per lane and is latency-bound (Nsight Compute: L1TEX scoreboard stalls)."""
-        BN: tl.constexpr = 16 * WARPS
-        pid_n = tl.program_id(0)
-        pid_k = tl.program_id(1)
-        m0_tok = tl.program_id(2) * 8 * TILES
-        tid = _thread_id(tl.zeros([32 * WARPS], dtype=tl.int32))
-        lane = tid % 32
-        warp = tid // 32
-        g = lane // 4
-        t = lane % 4
-        KW = K // 8
-        kws = KW // SPLIT_K
-        n_groups = K // G
-        k_lo = pid_k * kws
-        wsm, ssm, bars = tl.inline_asm_elementwise(SETUP, "=r,=r,=r,r", [tid], dtype=(tl.int32,) * 3,
-                                                   is_pure=False, pack=1)
-        bar = bars + 8 * warp
-        l16 = lane % 16  # lanes 0-15: weight row l16 of the warp; 16-31: its scales and mins
-        rowc = tl.minimum(pid_n * BN + 16 * warp + l16, N - 1)  # clamped rows: copied, never stored
-        qw32 = qw_ptr.to(tl.pointer_type(tl.int32))
-        s_src = rowc * n_groups + (k_lo * 8) // G
-        if TRIGGER == 1:
-            launch_dependents(PDL)
-        tl.inline_asm_elementwise(ISSUE, "=r,r,r,r,l,r,l,r,l",
-                                  [lane, bar, wsm + (16 * warp + l16) * ROWB, qw32 + rowc.to(tl.int64) * KW + k_lo,
-                                   ssm + (32 * warp + l16) * S_SIZE, s_ptr + s_src,
-                                   ssm + (32 * warp + 16 + l16) * S_SIZE, mn_ptr + s_src],
-                                  dtype=tl.int32, is_pure=False, pack=1)
-        tl.inline_asm_elementwise(WAIT, "=r,r", [bar], dtype=tl.int32, is_pure=False, pack=1)
-        grid_wait(PDL)  # weights and scales only above this line
-        x0 = x_ptr + tl.minimum(m0_tok + g, M - 1) * stride_xm + 32 * t
-        x1 = x_ptr + tl.minimum(m0_tok + 8 + g, M - 1) * stride_xm + 32 * t
-        wa = wsm + (16 * warp + g) * ROWB + 16 * t
-        sa = ssm + (32 * warp + g) * S_SIZE
-        ma = sa + 16 * S_SIZE
-        zero = tl.zeros([32 * WARPS], dtype=tl.float32)
-        acc = (zero, zero, zero, zero, zero, zero, zero, zero)
-        for b in range(0, kws // 16):
-            gi = 2 * ((b * 128) // G)
-            wb = wa + 8 * ROWB + 64 * b
-            a0, a1, a2, a3, b0, b1, b2, b3, sc = _bulk_block(TAKE, wa + 64 * b, wb, sa + gi, ma + gi,
-                                                             sa + 8 * S_SIZE + gi, ma + 8 * S_SIZE + gi, s_ptr)
-            kw0 = k_lo + 16 * b
-            acc = _block(ASM, CONSTRAINTS, True, TILES, OFFSET, a0, a1, a2, a3, b0, b1, b2, b3,
-                         x0 + kw0 * 8, x1 + kw0 * 8, sc, acc)
-        if TRIGGER == 2:
-            launch_dependents(PDL)
-        row_a = pid_n * BN + 16 * warp + g
-        out, row, col, mask = _outputs(acc, row_a, row_a + 8, t, m0_tok, xs_ptr, M, N, True, TILES, HAS_XS)
-        tile = tl.program_id(2) * tl.num_programs(0) + pid_n
+        tile = tl.program_id(2) * tl.num_programs(0) + pid_n  # one arrival counter per (token, row) tile
         splitk_finish(out, y_ptr + col * stride_ym + row, ws_ptr, cnt_ptr, col * N + row, mask, tile, pid_k,
                       M * N, SPLIT_K)
 
@@ -439,21 +313,7 @@ def mma_gemv_supports(store: Int4Weight, cfg: TileConfig, m: int = 1, dtype=torc
     step = BLOCK_COLS * cfg.split_k * (2 if cfg.prefetch else 1)
     q = store.qweight
     return (1 <= m <= MAX_TOKENS and g % BLOCK_COLS == 0 and k % step == 0 and dtype in (torch.bfloat16, torch.float16)
-            and q.is_contiguous() and q.data_ptr() % 16 == 0 and (not cfg.bulk or bulk_supports(store, cfg)))
-
-
-def bulk_supports(store: Int4Weight, cfg: TileConfig) -> bool:
-    """Bulk copies move 16-byte multiples between 16-byte aligned addresses: each row's scale and
-    min slice must be whole 8-group runs; the buffers must fit static shared memory; 16 rows per
-    warp, one block per step; TMA needs sm_90."""
-    k, g = store.in_features, store.group_size
-    groups = k // g
-    _, _, _, smem = bulk_layout(k, g, cfg.split_k, cfg.warps)
-    dev = store.qweight.device
-    return (cfg.bm == 16 and not cfg.prefetch and groups % (8 * cfg.split_k) == 0 and smem <= BULK_STATIC_SMEM
-            and all(t.is_contiguous() and t.data_ptr() % 16 == 0 and t.element_size() == 2
-                    for t in (store.scales, store.mins))
-            and (dev.type != "cuda" or torch.cuda.get_device_capability(dev)[0] >= 9))
+            and q.is_contiguous() and q.data_ptr() % 16 == 0)
 
 
 def mma_gemv(x: torch.Tensor, store: Int4Weight, cfg: TileConfig, token_scales: torch.Tensor | None = None,
@@ -481,25 +341,14 @@ def mma_gemv(x: torch.Tensor, store: Int4Weight, cfg: TileConfig, token_scales: 
     xs = token_scales if token_scales is not None else y
     dt = "bf16" if x2.dtype == torch.bfloat16 else "f16"
     pdl = pdl_enabled(y) if pdl is None else (pdl and pdl_enabled(y))
-    trigger = pdl_trigger(m) if trigger is None else trigger
-    if cfg.bulk:
-        w_size, rowb, s_size, _ = bulk_layout(store.in_features, store.group_size, cfg.split_k, cfg.warps)
-        _mma_gemv_bulk_kernel[grid](
-            x2, store.qweight, store.scales, store.mins, y, ws, cnt, xs, m, n, store.in_features, x2.stride(0),
-            y.stride(0), G=store.group_size, WARPS=cfg.warps, SPLIT_K=cfg.split_k, ASM=MMA_ASM[(dt, True, tiles)],
-            CONSTRAINTS=CONSTRAINTS[(True, tiles)], TILES=tiles, OFFSET=OFFSET[dt], HAS_XS=token_scales is not None,
-            PDL=pdl, TRIGGER=trigger, SETUP=bulk_setup_asm(cfg.warps * 16 * rowb, cfg.warps * 32 * s_size, cfg.warps),
-            ISSUE=bulk_issue_asm(w_size, s_size), WAIT=BULK_WAIT_ASM, TAKE=BULK_TAKE_ASM, ROWB=rowb, S_SIZE=s_size,
-            num_warps=cfg.warps, num_stages=1, **launch_kwargs(pdl))
-        return y.reshape(*x.shape[:-1], n)
     l2_prefetch = l2_prefetch_enabled(y) if l2_prefetch is None else (l2_prefetch and l2_prefetch_enabled(y))
     _mma_gemv_kernel[grid](x2, store.qweight, store.scales, store.mins, y, ws, cnt, xs, m, n, store.in_features,
                            x2.stride(0), y.stride(0), G=store.group_size, WARPS=cfg.warps, SPLIT_K=cfg.split_k,
                            ASM=MMA_ASM[(dt, two, tiles)], CONSTRAINTS=CONSTRAINTS[(two, tiles)], TWO_ROWS=two,
                            TILES=tiles, OFFSET=OFFSET[dt],
                            U=2 if cfg.prefetch else 1, HAS_XS=token_scales is not None, PDL=pdl,
-                           L2_PREFETCH=l2_prefetch, TRIGGER=trigger, num_warps=cfg.warps, num_stages=1,
-                           **launch_kwargs(pdl))
+                           L2_PREFETCH=l2_prefetch, TRIGGER=pdl_trigger(m) if trigger is None else trigger,
+                           num_warps=cfg.warps, num_stages=1, **launch_kwargs(pdl))
     return y.reshape(*x.shape[:-1], n)
 
 
