@@ -161,7 +161,10 @@ def mma_configs(m: int) -> list[TileConfig]:
     return [TileConfig(rows, 0, 128, sk, w, 1, prefetch=pf) for rows, sk, w, pf in
             ((16, 1, 4, False), (16, 2, 4, False), (16, 4, 4, False), (16, 8, 4, False), (16, 16, 4, False),
              (16, 2, 2, False), (16, 8, 2, False), (8, 4, 4, False), (8, 8, 4, False), (8, 8, 1, False),
-             (16, 2, 4, True), (16, 4, 4, True))]
+             (16, 2, 4, True), (16, 4, 4, True),
+             # stop 13 sweep (int4_gemv_*_bulk.json): 14 slices for K = 14336, 2-block steps at split 8
+             (16, 14, 4, False), (16, 14, 2, False), (16, 7, 2, True), (16, 8, 4, True), (16, 8, 2, True),
+             (16, 4, 2, True), (16, 1, 2, True))]
 
 
 def _run_w4a16_mma(x2, store, act, cfg):

@@ -1,0 +1,59 @@
+"""A/B two policy maps on whole decode steps: the 128 Llama-3-8B linears of one 32-layer step
+(distinct random weights) through the dispatcher under map A and map B, alternating A, B, A, B...
+in one process so drift hits both alike; medians per M (GPU). Per-shape profiles can disagree with
+whole steps (PDL overlaps a kernel's start with its predecessor), so a map change is judged here.
+
+    python benchmarks/policy_ab.py --a gearshift/data/policy/NVIDIA_H100_80GB_HBM3.json --b merged.json \\
+        --mode w4a16 --m 1,2,4,8,16 --out benchmarks/results
+"""
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from kernels import Model, step_fn, time_step  # noqa: E402
+
+from gearshift.dispatch.dispatcher import AdaptiveDispatcher  # noqa: E402
+from gearshift.dispatch.policy import PolicyMap, device_slug  # noqa: E402
+from gearshift.dispatch.profiler import PRESETS  # noqa: E402
+from gearshift.quant.modes import MODES  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--a", required=True)
+    ap.add_argument("--b", required=True)
+    ap.add_argument("--mode", default="w4a16")
+    ap.add_argument("--m", default="1,2,4,8,16")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--out", default="benchmarks/results")
+    ap.add_argument("--tag", default="")
+    a = ap.parse_args()
+    shapes = PRESETS["llama3-8b"]["shapes"]
+    model = Model("int4", shapes, 32, 128, torch.bfloat16)
+    act = MODES[a.mode].act
+    maps = {"a": AdaptiveDispatcher(PolicyMap.load(a.a), autoload=False),
+            "b": AdaptiveDispatcher(PolicyMap.load(a.b), autoload=False)}
+    res = {}
+    for m in (int(v) for v in a.m.split(",")):
+        xs = [torch.randn(m, k, device="cuda", dtype=torch.bfloat16) for _, _, k in shapes]
+        t = {"a": [], "b": []}
+        for _ in range(a.rounds):
+            for name, d in maps.items():
+                t[name].append(time_step(step_fn(model, xs, lambda x, s, d=d: d.linear(x, s, act))))
+        res[m] = {name: statistics.median(v) for name, v in t.items()} | {"runs": t}
+        print(f"M={m:2}: A {res[m]['a']:.3f} ms  B {res[m]['b']:.3f} ms  B/A {res[m]['b'] / res[m]['a']:.3f}",
+              flush=True)
+    dev = torch.cuda.get_device_name()
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"policy_ab_{device_slug(dev)}{a.tag}.json").write_text(json.dumps(
+        {"device": dev, "a": a.a, "b": a.b, "mode": a.mode, "ms": res}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,39 @@
+"""Merge the entries of a freshly profiled policy map into another (e.g. the shipped one) for the
+given modes and M buckets, keeping everything else; records what was merged in the map's meta.
+
+    python benchmarks/policy_merge.py --base gearshift/data/policy/NVIDIA_H100_80GB_HBM3.json \\
+        --new $OUT/policy_NVIDIA_H100_80GB_HBM3.json --modes w4a16 --m 2,4,8,16 --out merged.json
+"""
+import argparse
+import json
+from pathlib import Path
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--base", required=True)
+    ap.add_argument("--new", required=True)
+    ap.add_argument("--modes", required=True, help="comma-separated mode prefixes of the entry keys, e.g. w4a16")
+    ap.add_argument("--m", required=True, help="comma-separated M buckets to take from --new")
+    ap.add_argument("--note", default="", help="recorded in meta.merged")
+    ap.add_argument("--out", required=True)
+    a = ap.parse_args()
+    base, new = json.loads(Path(a.base).read_text()), json.loads(Path(a.new).read_text())
+    if base["device"] != new["device"]:
+        raise SystemExit(f"device mismatch: {base['device']} vs {new['device']}")
+    modes, ms = a.modes.split(","), a.m.split(",")
+    taken = 0
+    for key, per_m in new["entries"].items():
+        if key.split(":")[0] not in modes:
+            continue
+        for m in ms:
+            if m in per_m:
+                base["entries"].setdefault(key, {})[m] = per_m[m]
+                taken += 1
+    base.setdefault("meta", {})["merged"] = (f"{a.modes} M={a.m} from {a.new}" + (f": {a.note}" if a.note else ""))
+    Path(a.out).write_text(json.dumps(base, indent=1))
+    print(f"merged {taken} entries into {a.out}")
+
+
+if __name__ == "__main__":
+    main()
