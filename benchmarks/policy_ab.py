@@ -32,12 +32,14 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--out", default="benchmarks/results")
     ap.add_argument("--tag", default="")
+    ap.add_argument("--cublas", action="store_true", help="also time cuBLAS bf16 on dense weights (same run)")
     a = ap.parse_args()
     shapes = PRESETS["llama3-8b"]["shapes"]
     model = Model("int4", shapes, 32, 128, torch.bfloat16)
     act = MODES[a.mode].act
     maps = {"a": AdaptiveDispatcher(PolicyMap.load(a.a), autoload=False),
             "b": AdaptiveDispatcher(PolicyMap.load(a.b), autoload=False)}
+    dense = Model("dense", shapes, 32, 0, torch.bfloat16) if a.cublas else None
     res = {}
     for m in (int(v) for v in a.m.split(",")):
         xs = [torch.randn(m, k, device="cuda", dtype=torch.bfloat16) for _, _, k in shapes]
@@ -46,8 +48,11 @@ def main() -> None:
             for name, d in maps.items():
                 t[name].append(time_step(step_fn(model, xs, lambda x, s, d=d: d.linear(x, s, act))))
         res[m] = {name: statistics.median(v) for name, v in t.items()} | {"runs": t}
-        print(f"M={m:2}: A {res[m]['a']:.3f} ms  B {res[m]['b']:.3f} ms  B/A {res[m]['b'] / res[m]['a']:.3f}",
-              flush=True)
+        line = f"M={m:2}: A {res[m]['a']:.3f} ms  B {res[m]['b']:.3f} ms  B/A {res[m]['b'] / res[m]['a']:.3f}"
+        if dense is not None:
+            res[m]["cublas_bf16"] = time_step(step_fn(dense, xs, lambda x, s: torch.nn.functional.linear(x, s.weight)))
+            line += f"  cuBLAS bf16 {res[m]['cublas_bf16']:.3f} ms"
+        print(line, flush=True)
     dev = torch.cuda.get_device_name()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
