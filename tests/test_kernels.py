@@ -161,25 +161,6 @@ def test_dequant_kernel():
         assert torch.equal(dequant_int4_triton(st, torch.float16), dequant_int4_reference(st, torch.float16))
 
 
-def test_dequant_row_range_and_chunked_linear():
-    """Rows [r0, r1) dequantize alone; the chunked dequant + GEMM (one reused buffer, each chunk's
-    product written into its column block of y) equals the whole-weight path, ragged last chunk too."""
-    from gearshift.kernels.dequant import dequant_int4_reference, dequant_int4_triton
-    from gearshift.kernels.library import dequant_cublas_linear
-
-    st = _store(300, 256, 128, seed=5)
-    full = dequant_int4_reference(st, torch.float16)
-    assert torch.equal(dequant_int4_triton(st, torch.float16, rows=(128, 300)), full[128:300])
-    with pytest.raises(ValueError):
-        dequant_int4_triton(st, torch.float16, out=torch.empty(10, 256, dtype=torch.float16, device=DEV), rows=(0, 20))
-    x = torch.randn(5, 256, device=DEV).half()
-    whole = dequant_cublas_linear(x, st, None)
-    for rows in (128, 100):  # cuBLAS may tile a narrower GEMM differently: equal up to fp32 summation order
-        assert rel(dequant_cublas_linear(x, st, None, chunk_rows=rows), whole) < 1e-3
-    act = ActQuantSpec("int8")
-    assert rel(dequant_cublas_linear(x, st, act, chunk_rows=128), dequant_cublas_linear(x, st, act)) < 1e-3
-
-
 def test_tinygemm_conversion_formula():
     """z = min + 8*scale makes tinygemm's (q-8)*s+z equal our q*s+min (checked without the kernel)."""
     st = _store(16, 256, 128)

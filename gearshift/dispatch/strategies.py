@@ -266,15 +266,7 @@ def _sup_w8(store, act, cfg):
 def _run_dequant_cublas(x2, store, act, cfg):
     from gearshift.kernels.library import dequant_cublas_linear
 
-    return dequant_cublas_linear(x2, store, act, cfg.bn if cfg is not None else 0)
-
-
-def dequant_chunk_configs(m: int) -> list[TileConfig | None]:
-    """None = the whole dense weight at once; TileConfig.bn = weight rows per L2-sized chunk (large
-    M only: a chunk's GEMM needs M x rows / 128^2 output tiles to fill the GPU)."""
-    if m < 256:
-        return [None]
-    return [None] + [TileConfig(16, rows, 0, 1, 0, 0) for rows in (1024, 2048, 4096)]
+    return dequant_cublas_linear(x2, store, act)
 
 
 def _run_cublas_dense(x2, store, act, cfg):
@@ -315,9 +307,7 @@ register(Strategy("w8a16_tc", DPRPartition((8,), (16,), "bf16", "padding"), ("w8
 register(Strategy("w8a8_tc", DPRPartition((8,), (8,), "int8", "padding"), ("w8a8", "w8a4"), _run_w8,
                   w8_configs, lambda s, a, c: a is not None and _sup_w8(s, a, c)))
 register(Strategy("dequant_cublas", DPRPartition((4,), (16,), "bf16", "library"), _INT4_MODES + _INT8_MODES,
-                  _run_dequant_cublas, dequant_chunk_configs,
-                  supports=lambda s, a, c: isinstance(s, (Int4Weight, Int8Weight))
-                  and (c is None or isinstance(s, Int4Weight))))
+                  _run_dequant_cublas, supports=lambda s, a, c: isinstance(s, (Int4Weight, Int8Weight))))
 register(Strategy("cublas", DPRPartition((16,), (16,), "bf16", "library"), ("w16a16",), _run_cublas_dense,
                   supports=lambda s, a, c: isinstance(s, DenseWeight) and a is None))
 register(Strategy("reference", DPRPartition((), (), "any", "library"), (), _run_reference, gpu_only=False))

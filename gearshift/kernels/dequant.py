@@ -35,20 +35,15 @@ if HAS_TRITON:
         tl.store(w_ptr + offs_n[:, None] * K + offs_k[None, :], w.to(w_ptr.dtype.element_ty), mask=omask)
 
 
-def dequant_int4_triton(store: Int4Weight, dtype: torch.dtype, out: torch.Tensor | None = None,
-                        rows: tuple[int, int] | None = None) -> torch.Tensor:
-    """The dense weight, or only its rows [r0, r1) (into `out` [r1 - r0, K] when given)."""
-    r0, r1 = rows if rows is not None else (0, store.out_features)
-    n, k = r1 - r0, store.in_features
+def dequant_int4_triton(store: Int4Weight, dtype: torch.dtype, out: torch.Tensor | None = None) -> torch.Tensor:
+    n, k = store.out_features, store.in_features
     w = out if out is not None else torch.empty((n, k), device=store.qweight.device, dtype=dtype)
-    if w.shape != (n, k) or not w.is_contiguous():
-        raise ValueError(f"dequant output must be a contiguous [{n}, {k}] tensor, got {tuple(w.shape)}")
     bn, bh = 16, min(256, store.group_size // 2)
     while store.group_size % (2 * bh):
         bh //= 2
     grid = (triton.cdiv(n, bn), triton.cdiv(k // 2, bh))
-    _dequant_int4_kernel[grid](store.qweight[r0:r1], store.scales[r0:r1], store.mins[r0:r1], w, n, k,
-                               G=store.group_size, BN=bn, BH=bh, num_warps=4)
+    _dequant_int4_kernel[grid](store.qweight, store.scales, store.mins, w, n, k, G=store.group_size, BN=bn, BH=bh,
+                               num_warps=4)
     return w
 
 

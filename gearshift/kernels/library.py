@@ -15,37 +15,23 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from gearshift.kernels._triton import triton_usable
+from gearshift.kernels._triton import HAS_TRITON
 from gearshift.kernels.reference import linear_reference
 from gearshift.quant.activations import ActQuantSpec, fake_quantize, quantize_activations
 from gearshift.quant.base import WeightFormat
 from gearshift.quant.int4 import Int4Weight
 
 
-def dequant_cublas_linear(x2: torch.Tensor, store: WeightFormat, act: ActQuantSpec | None,
-                          chunk_rows: int = 0) -> torch.Tensor:
-    """Same function as the reference, but with the Triton dequantizer and no cached copy.
-
-    chunk_rows > 0 (int4 on CUDA): dequantize and multiply that many weight rows at a time through
-    one reused scratch buffer, small enough to stay in L2, so the dense weight is not written to
-    and read back from DRAM; each chunk's GEMM writes its column block of y in place."""
-    if act is not None:
-        x2 = fake_quantize(x2, act)
-    if isinstance(store, Int4Weight) and triton_usable(x2):
+def dequant_cublas_linear(x2: torch.Tensor, store: WeightFormat, act: ActQuantSpec | None) -> torch.Tensor:
+    """Same function as the reference, but with the Triton dequantizer and no cached copy."""
+    if isinstance(store, Int4Weight) and HAS_TRITON and x2.is_cuda:
         from gearshift.kernels.dequant import dequant_int4_triton
 
-        n = store.out_features
-        if 0 < chunk_rows < n:
-            y = torch.empty((x2.shape[0], n), device=x2.device, dtype=x2.dtype)
-            buf = torch.empty((chunk_rows, store.in_features), device=x2.device, dtype=x2.dtype)
-            for r0 in range(0, n, chunk_rows):
-                r1 = min(r0 + chunk_rows, n)
-                w = dequant_int4_triton(store, x2.dtype, out=buf[: r1 - r0], rows=(r0, r1))
-                torch.mm(x2, w.t(), out=y[:, r0:r1])
-            return y
         w = dequant_int4_triton(store, x2.dtype)
     else:
         w = store.dequantize(x2.dtype)
+    if act is not None:
+        x2 = fake_quantize(x2, act)
     return F.linear(x2, w)
 
 
