@@ -15,11 +15,12 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from kernels import Model, step_fn, time_step  # noqa: E402
+from kernels import Model, step_fn, time_step, tinygemm_step  # noqa: E402
 
 from gearshift.dispatch.dispatcher import AdaptiveDispatcher  # noqa: E402
 from gearshift.dispatch.policy import PolicyMap, device_slug  # noqa: E402
 from gearshift.dispatch.profiler import PRESETS  # noqa: E402
+from gearshift.kernels.library import to_tinygemm  # noqa: E402
 from gearshift.quant.modes import MODES  # noqa: E402
 
 
@@ -33,6 +34,7 @@ def main() -> None:
     ap.add_argument("--out", default="benchmarks/results")
     ap.add_argument("--tag", default="")
     ap.add_argument("--cublas", action="store_true", help="also time cuBLAS bf16 on dense weights (same run)")
+    ap.add_argument("--tinygemm", action="store_true", help="also time torch's int4 kernel on converted copies")
     a = ap.parse_args()
     shapes = PRESETS["llama3-8b"]["shapes"]
     model = Model("int4", shapes, 32, 128, torch.bfloat16)
@@ -40,6 +42,7 @@ def main() -> None:
     maps = {"a": AdaptiveDispatcher(PolicyMap.load(a.a), autoload=False),
             "b": AdaptiveDispatcher(PolicyMap.load(a.b), autoload=False)}
     dense = Model("dense", shapes, 32, 0, torch.bfloat16) if a.cublas else None
+    tg = [[(to_tinygemm(s), s.group_size) for s in layer] for layer in model.stores] if a.tinygemm else None
     res = {}
     for m in (int(v) for v in a.m.split(",")):
         xs = [torch.randn(m, k, device="cuda", dtype=torch.bfloat16) for _, _, k in shapes]
@@ -52,6 +55,9 @@ def main() -> None:
         if dense is not None:
             res[m]["cublas_bf16"] = time_step(step_fn(dense, xs, lambda x, s: torch.nn.functional.linear(x, s.weight)))
             line += f"  cuBLAS bf16 {res[m]['cublas_bf16']:.3f} ms"
+        if tg is not None:
+            res[m]["tinygemm"] = statistics.median(time_step(tinygemm_step(tg, xs)) for _ in range(a.rounds))
+            line += f"  tinygemm {res[m]['tinygemm']:.3f} ms"
         print(line, flush=True)
     dev = torch.cuda.get_device_name()
     out = Path(a.out)
