@@ -1,0 +1,38 @@
+"""benchmarks/policy_merge.py: takes only the named modes and M buckets from the new map."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "policy_merge.py"
+
+
+def _map(device: str, tag: str) -> dict:
+    entry = {"strategy": f"s_{tag}", "config": None, "us": 1.0}
+    return {"version": 1, "device": device, "buckets": [1, 2, 4], "meta": {}, "timings": {},
+            "entries": {"w4a16:g128:64x64": {"1": entry, "2": entry, "4": entry},
+                        "w4a8:g128:64x64": {"1": entry, "2": entry}}}
+
+
+def _run(tmp_path, base, new, *args):
+    (tmp_path / "base.json").write_text(json.dumps(base))
+    (tmp_path / "new.json").write_text(json.dumps(new))
+    return subprocess.run([sys.executable, str(SCRIPT), "--base", str(tmp_path / "base.json"), "--new",
+                           str(tmp_path / "new.json"), "--out", str(tmp_path / "out.json"), *args],
+                          capture_output=True, text=True)
+
+
+def test_merges_only_named_modes_and_buckets(tmp_path):
+    r = _run(tmp_path, _map("H100", "old"), _map("H100", "new"), "--modes", "w4a16", "--m", "1,2", "--note", "A/B")
+    assert r.returncode == 0, r.stderr
+    out = json.loads((tmp_path / "out.json").read_text())
+    w16, w8 = out["entries"]["w4a16:g128:64x64"], out["entries"]["w4a8:g128:64x64"]
+    assert [w16[m]["strategy"] for m in ("1", "2", "4")] == ["s_new", "s_new", "s_old"]
+    assert w8["1"]["strategy"] == "s_old" and "A/B" in out["meta"]["merged"]
+
+
+def test_refuses_maps_of_other_devices(tmp_path):
+    r = _run(tmp_path, _map("H100", "old"), _map("A100", "new"), "--modes", "w4a16", "--m", "1")
+    assert r.returncode != 0 and "device mismatch" in r.stderr + r.stdout
+    assert not (tmp_path / "out.json").exists()
