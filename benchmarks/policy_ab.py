@@ -1,6 +1,7 @@
 """A/B two policy maps on whole decode steps: the 128 Llama-3-8B linears of one 32-layer step
 (distinct random weights) through the dispatcher under map A and map B, alternating A, B, A, B...
-in one process so drift hits both alike; medians per M (GPU). Per-shape profiles can disagree with
+in one process so drift hits both alike; medians per M (GPU). Every choice of both maps is first
+checked against the torch reference. Per-shape profiles can disagree with
 whole steps (PDL overlaps a kernel's start with its predecessor), so a map change is judged here.
 
     python benchmarks/policy_ab.py --a gearshift/data/policy/NVIDIA_H100_80GB_HBM3.json --b merged.json \\
@@ -21,6 +22,7 @@ from gearshift.dispatch.dispatcher import AdaptiveDispatcher  # noqa: E402
 from gearshift.dispatch.policy import PolicyMap, device_slug  # noqa: E402
 from gearshift.dispatch.profiler import PRESETS  # noqa: E402
 from gearshift.kernels.library import to_tinygemm  # noqa: E402
+from gearshift.kernels.reference import linear_reference  # noqa: E402
 from gearshift.quant.modes import MODES  # noqa: E402
 
 
@@ -44,8 +46,15 @@ def main() -> None:
     dense = Model("dense", shapes, 32, 0, torch.bfloat16) if a.cublas else None
     tg = [[(to_tinygemm(s), s.group_size) for s in layer] for layer in model.stores] if a.tinygemm else None
     res = {}
+    tol = 3e-2 if a.mode == "w4a4" else 5e-3
     for m in (int(v) for v in a.m.split(",")):
         xs = [torch.randn(m, k, device="cuda", dtype=torch.bfloat16) for _, _, k in shapes]
+        for i, store in enumerate(model.stores[0]):  # every choice of both maps against the reference
+            ref = linear_reference(xs[i].float(), store, act)
+            for name, d in maps.items():
+                err = ((d.linear(xs[i], store, act).float() - ref).norm() / ref.norm()).item()
+                if not err < tol:
+                    raise SystemExit(f"map {name} M={m} shape {shapes[i][0]}: relative error {err:.2e} > {tol}")
         t = {"a": [], "b": []}
         for _ in range(a.rounds):
             for name, d in maps.items():

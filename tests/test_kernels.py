@@ -82,6 +82,19 @@ def test_w4a8_partitions(parts, join):
     assert torch.equal(y, y_pad), "DPR partitions are exact in int32: must equal Padding"
 
 
+@pytest.mark.parametrize("split", [1, 4])
+def test_w4a8_long_k_keeps_fp32_precision(split):
+    """32 K tiles in one program: the int32 -> fp32 trick (1.5 * 2^23 + pi read as fp32) must not
+    leave 1.5 * 2^23 * scale in the fp32 accumulator, where it swamped the partial sums' low bits
+    (5e-3 relative error at split 1 on the H100 before stop 13; fp16 output rounding is 3e-4)."""
+    from gearshift.kernels.w4a8 import w4a8_linear, w4a8_reference
+
+    st = _store(32, 4096, 128, seed=7)
+    act = ActQuantSpec("int8")
+    x = torch.randn(4, 4096, device=DEV).half()
+    assert rel(w4a8_linear(x, st, act, TileConfig(16, 32, 128, split, 4, 2)), w4a8_reference(x.float(), st, act)) < 1e-3
+
+
 @pytest.mark.parametrize("join", [True, False])
 def test_w4a8_fp8(join):
     """fp8 weights are the code bytes read as e4m3 (b * 2^-9), the 2^9 folded into the scale.
@@ -150,7 +163,7 @@ def test_w4a8_per_row_store_of_wide_k():
     st = _store(16, 8192, 8192, sym=True)
     act = ActQuantSpec("int8")
     x = torch.randn(2, 8192, device=DEV).half()
-    assert rel(w4a8_linear(x, st, act, TileConfig(16, 16, 128, 2, 4, 2)), w4a8_reference(x.float(), st, act)) < 3e-2
+    assert rel(w4a8_linear(x, st, act, TileConfig(16, 16, 128, 2, 4, 2)), w4a8_reference(x.float(), st, act)) < 1e-3
 
 
 def test_dequant_kernel():

@@ -152,7 +152,9 @@ def w4a8_tc2(xq_ptr, xs_ptr, xsum_ptr, qw_ptr, s_ptr, mn_ptr, y_ptr, M, N, K, st
             else:
                 pi = tl.dot(ql.to(tl.int8), xl, out_dtype=tl.int32)
                 pi = tl.dot(qh.to(tl.int8), xh, pi, out_dtype=tl.int32)
-            if MAGIC:  # 1.5 * 2^23 + pi read as fp32 (|pi| < 2^22): int->float without I2F
+            if MAGIC:  # 1.5 * 2^23 + pi read as fp32 (|pi| < 2^22): int->float without I2F (speed
+                # ablation only: taking 1.5 * 2^23 back per row loses precision over many K tiles; the
+                # shipped w4a8 kernel subtracts it per tile, docs/kernels.md "Correctness bounds")
                 part = (pi + 0x4B400000).to(tl.float32, bitcast=True)
                 bias -= 12582912.0 * sc
             else:
