@@ -16,6 +16,7 @@ import argparse
 import json
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -41,7 +42,7 @@ def stage_check(log, dtypes=(torch.bfloat16,)) -> list[dict]:
     rows = []
     dev = torch.device("cuda")
     for dtype in dtypes:
-        for n, k, g in ((384, 1024, 128), (256, 1024, 1024)):
+        for n, k, g in ((384, 1024, 128), (256, 1024, 1024), (256, 4096, 128)):
             for mode_name in ("w4a16", "w4a8", "w4a8fp8", "w4a4", "w8a16", "w8a8"):
                 fmt = "int8" if mode_name.startswith("w8") else "int4"
                 st = random_store(fmt, n, k, g, dev, dtype)
@@ -50,7 +51,11 @@ def stage_check(log, dtypes=(torch.bfloat16,)) -> list[dict]:
                     x = torch.randn(m, k, device=dev, dtype=dtype)
                     ref = linear_reference(x.double() if False else x.float(), st, act).to(torch.float32)
                     for strat in strategies_for(mode_name):
-                        for cfg in strat.configs(m)[:2]:
+                        cfgs = strat.configs(m)[:2]
+                        # the same tiles without split-K too: one program over all K tiles (32 at
+                        # K = 4096) is where fp32 accumulation errors grow (stop 13's W4A8 bug)
+                        cfgs += [replace(c, split_k=1) for c in cfgs if c is not None and c.split_k > 1]
+                        for cfg in cfgs:
                             if not strat.supports(st, act, cfg):
                                 continue
                             try:
