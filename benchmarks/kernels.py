@@ -306,7 +306,7 @@ def main(argv=None):
     ap.add_argument("--out", default="benchmarks/results")
     ap.add_argument("--stages", default="check,profile,bench,gearbx")
     ap.add_argument("--m", default=",".join(map(str, M_BUCKETS)))
-    ap.add_argument("--modes", default="w4a16,w4a8,w4a8fp8")
+    ap.add_argument("--modes", default="w4a16,w4a8,w4a8fp8,w4a4")
     ap.add_argument("--policy", default=None, help="reuse a policy JSON instead of profiling")
     a = ap.parse_args(argv)
     out = Path(a.out)
