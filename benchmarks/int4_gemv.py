@@ -44,7 +44,6 @@ def main() -> None:
     ap.add_argument("--mma-warps", default="1,2,4")
     ap.add_argument("--mma-split", default="1,2,4,8,16")
     ap.add_argument("--mma-rows", default="8,16", help="weight rows per warp")
-    ap.add_argument("--mma-pair", default="0", help="0,2: also warp pairs (one 8-token tile per warp, M > 8)")
     args = ap.parse_args()
 
     from gearshift.dispatch.dispatcher import AdaptiveDispatcher
@@ -63,9 +62,9 @@ def main() -> None:
     fam_cfgs = {
         "int4_gemv": [TileConfig(1, bn, bk, sk, w, 2, prefetch=bool(pf)) for bn, bk, sk, w, pf in itertools.product(
             ints(args.bn), ints(args.bk), ints(args.split), ints(args.warps), ints(args.prefetch))],
-        "mma_gemv": [TileConfig(rows, pair, 128, sk, w, 1, prefetch=bool(pf)) for rows, pair, sk, w, pf in
-                     itertools.product(ints(args.mma_rows), ints(args.mma_pair), ints(args.mma_split),
-                                       ints(args.mma_warps), ints(args.prefetch))],
+        "mma_gemv": [TileConfig(rows, 0, 128, sk, w, 1, prefetch=bool(pf)) for rows, sk, w, pf in
+                     itertools.product(ints(args.mma_rows), ints(args.mma_split), ints(args.mma_warps),
+                                       ints(args.prefetch))],
     }
     runners = {"int4_gemv": (int4_gemv, lambda st, c, m: m == 1 and int4_gemv_supports(st, c)),
                "mma_gemv": (mma_gemv, lambda st, c, m: mma_gemv_supports(st, c, m))}

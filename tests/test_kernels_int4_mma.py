@@ -79,9 +79,6 @@ def test_supports_and_config():
     assert not mma_gemv_supports(st, TileConfig(16, 0, 128, 8, 4, 1))  # 512 columns do not split 8 ways
     assert not mma_gemv_supports(st, TileConfig(16, 0, 128, 1, 4, 1), 17)
     assert not mma_gemv_supports(quantize_int4(torch.randn(64, 512), 64), TileConfig(16, 0, 128, 1, 4, 1))
-    assert mma_gemv_supports(st, TileConfig(16, 2, 128, 2, 4, 1), 9)  # a warp per 8-token tile
-    assert not mma_gemv_supports(st, TileConfig(16, 2, 128, 2, 4, 1), 8)  # one tile: no pair
-    assert not mma_gemv_supports(st, TileConfig(16, 2, 128, 2, 1, 1), 16)  # pairs need an even warp count
     assert mma_config(28672, 4096).split_k == 2 and mma_config(4096, 14336).split_k == 8
 
 
@@ -116,24 +113,3 @@ def test_chained_accumulators_ptx():
     one, two = _mma_asm("bf16", 0x4300, True, 1), _mma_asm("bf16", 0x4300, True, 1, chains=2)
     assert one.count("mma.sync") == two.count("mma.sync") == 16
     assert two.count("add.f32") == 8 and "add.f32 d0, d0, d4;" in two and "{d4, d5, d6, d7}" in two
-
-
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="the PTX needs a CUDA GPU")
-@pytest.mark.parametrize("rows,split,warps,prefetch", [(16, 1, 2, False), (16, 2, 4, True), (8, 4, 4, False)])
-def test_gpu_warp_pairs_match_reference(rows, split, warps, prefetch):
-    """9..16 tokens with one 8-token tile per warp of a pair (TileConfig.bn = 2)."""
-    from gearshift.kernels.int4_mma_gemv import mma_gemv, mma_gemv_quantized
-
-    torch.manual_seed(rows + split)
-    store = quantize_int4(torch.randn(200, 1024), 128).cuda()
-    cfg = TileConfig(rows, 2, 128, split, warps, 1, prefetch=prefetch)
-    for m in (9, 13, 16):
-        x = torch.randn(m, 1024, device="cuda", dtype=torch.bfloat16)
-        y = mma_gemv(x, store, cfg)
-        ref = linear_reference(x.float(), store, None)
-        assert ((y.float() - ref).norm() / ref.norm()).item() < 3e-3, m
-        assert torch.equal(mma_gemv(x, store, cfg), y)
-    act = ActQuantSpec("int8")
-    y = mma_gemv_quantized(x, store, act, cfg)
-    ref = linear_reference(x.float(), store, act)
-    assert ((y.float() - ref).norm() / ref.norm()).item() < 3e-3

@@ -123,13 +123,8 @@ if HAS_TRITON:
 
 
     @triton.jit
-    def _load16(ptr, L1: tl.constexpr = False):
-        """The 4 int32 words at ptr (16 bytes) in the calling thread's registers; L1: keep the line
-        in L1 (a partner warp reads the same words), else stream past it."""
-        if L1:
-            return tl.inline_asm_elementwise("ld.global.nc.v4.b32 {$0, $1, $2, $3}, [$4];", "=r,=r,=r,=r,l",
-                                             [ptr], dtype=(tl.int32, tl.int32, tl.int32, tl.int32), is_pure=False,
-                                             pack=1)
+    def _load16(ptr):
+        """The 4 int32 words at ptr (16 bytes) in the calling thread's registers."""
         return tl.inline_asm_elementwise("ld.global.nc.L1::no_allocate.v4.b32 {$0, $1, $2, $3}, [$4];",
                                          "=r,=r,=r,=r,l", [ptr],
                                          dtype=(tl.int32, tl.int32, tl.int32, tl.int32), is_pure=False, pack=1)
@@ -145,10 +140,10 @@ if HAS_TRITON:
 
 
     @triton.jit
-    def _load_rows(wa_ptr, wb_ptr, kw, TWO_ROWS: tl.constexpr, L1: tl.constexpr = False):
-        a0, a1, a2, a3 = _load16(wa_ptr + kw, L1)
+    def _load_rows(wa_ptr, wb_ptr, kw, TWO_ROWS: tl.constexpr):
+        a0, a1, a2, a3 = _load16(wa_ptr + kw)
         if TWO_ROWS:
-            b0, b1, b2, b3 = _load16(wb_ptr + kw, L1)
+            b0, b1, b2, b3 = _load16(wb_ptr + kw)
             return a0, a1, a2, a3, b0, b1, b2, b3
         return a0, a1, a2, a3, a0, a1, a2, a3
 
@@ -200,23 +195,19 @@ if HAS_TRITON:
                          G: tl.constexpr, WARPS: tl.constexpr, SPLIT_K: tl.constexpr, ASM: tl.constexpr,
                          CONSTRAINTS: tl.constexpr, TWO_ROWS: tl.constexpr, TILES: tl.constexpr,
                          OFFSET: tl.constexpr, U: tl.constexpr, HAS_XS: tl.constexpr, PDL: tl.constexpr,
-                         L2_PREFETCH: tl.constexpr, TRIGGER: tl.constexpr = 1, PAIR: tl.constexpr = False):
+                         L2_PREFETCH: tl.constexpr, TRIGGER: tl.constexpr = 1):
         # Every per-lane quantity comes from the lane's own %tid.x, so the fragment plan holds
         # whatever layout Triton picks for these [32 * WARPS] tensors (one element per thread).
         RPW: tl.constexpr = 16 if TWO_ROWS else 8
-        BN: tl.constexpr = RPW * WARPS // (2 if PAIR else 1)
+        BN: tl.constexpr = RPW * WARPS
         pid_n = tl.program_id(0)
         pid_k = tl.program_id(1)
+        m0_tok = tl.program_id(2) * 8 * TILES  # B columns: tokens m0_tok + g (and m0_tok + 8 + g)
         tid = _thread_id(tl.zeros([32 * WARPS], dtype=tl.int32))
         lane = tid % 32
         g = lane // 4
         t = lane % 4
-        if PAIR:  # 9..16 tokens: warps 2i and 2i+1 share rows, one 8-token tile each (weights via L1)
-            m0_tok = (tid // 32) % 2 * 8
-            row_a = pid_n * BN + (tid // 64) * RPW + g
-        else:
-            m0_tok = tl.program_id(2) * 8 * TILES  # B columns: tokens m0_tok + g (and m0_tok + 8 + g)
-            row_a = pid_n * BN + (tid // 32) * RPW + g
+        row_a = pid_n * BN + (tid // 32) * RPW + g
         row_b = row_a + 8
         KW = tl.multiple_of(K // 8, 16 * SPLIT_K * U)
         kws = KW // SPLIT_K
@@ -243,20 +234,20 @@ if HAS_TRITON:
                 prefetch_l2(wb_ptr + k_lo, kws * 4, (lead & (row_b < N)).to(tl.int32))
         # U blocks per step, the next step's weights and scales loaded before this step's math:
         # 16*U bytes per lane and row in flight. Past the slice's end the last step re-reads itself.
-        a0, a1, a2, a3, b0, b1, b2, b3 = _load_rows(wa_ptr, wb_ptr, k_lo, TWO_ROWS, PAIR)
+        a0, a1, a2, a3, b0, b1, b2, b3 = _load_rows(wa_ptr, wb_ptr, k_lo, TWO_ROWS)
         sc = _load_scales(s_ptr, mn_ptr, sa_ptr, sb_ptr, (k_lo * 8) // G, TWO_ROWS)
         c0, c1, c2, c3, f0, f1, f2, f3 = a0, a1, a2, a3, b0, b1, b2, b3
         sc2 = sc
         if U == 2:
-            c0, c1, c2, c3, f0, f1, f2, f3 = _load_rows(wa_ptr, wb_ptr, k_lo + 16, TWO_ROWS, PAIR)
+            c0, c1, c2, c3, f0, f1, f2, f3 = _load_rows(wa_ptr, wb_ptr, k_lo + 16, TWO_ROWS)
             sc2 = _load_scales(s_ptr, mn_ptr, sa_ptr, sb_ptr, ((k_lo + 16) * 8) // G, TWO_ROWS)
         grid_wait(PDL)  # weights only above this line: x, y and the split-K buffers below
         for kw0 in range(k_lo, k_lo + kws, 16 * U):
             nxt = tl.minimum(kw0 + 16 * U, k_last)
-            n0, n1, n2, n3, m0, m1, m2, m3 = _load_rows(wa_ptr, wb_ptr, nxt, TWO_ROWS, PAIR)
+            n0, n1, n2, n3, m0, m1, m2, m3 = _load_rows(wa_ptr, wb_ptr, nxt, TWO_ROWS)
             sn = _load_scales(s_ptr, mn_ptr, sa_ptr, sb_ptr, (nxt * 8) // G, TWO_ROWS)
             if U == 2:
-                p0, p1, p2, p3, q0, q1, q2, q3 = _load_rows(wa_ptr, wb_ptr, nxt + 16, TWO_ROWS, PAIR)
+                p0, p1, p2, p3, q0, q1, q2, q3 = _load_rows(wa_ptr, wb_ptr, nxt + 16, TWO_ROWS)
                 sn2 = _load_scales(s_ptr, mn_ptr, sa_ptr, sb_ptr, ((nxt + 16) * 8) // G, TWO_ROWS)
             acc = _block(ASM, CONSTRAINTS, TWO_ROWS, TILES, OFFSET, a0, a1, a2, a3, b0, b1, b2, b3,
                          x0 + kw0 * 8, x1 + kw0 * 8, sc, acc)
@@ -271,7 +262,7 @@ if HAS_TRITON:
             launch_dependents(PDL)
         # element (lane, i): accumulator i -> (token tile, row a/b, token 2t + e)
         e2 = tl.arange(0, 2)[None, :]
-        col0 = (m0_tok + 2 * t)[:, None] + e2
+        col0 = m0_tok + 2 * t[:, None] + e2
         ra = tl.join(row_a, row_a)
         rb = tl.join(row_b, row_b)
         p_a = tl.join(acc[0], acc[1])
@@ -321,9 +312,8 @@ def mma_gemv_supports(store: Int4Weight, cfg: TileConfig, m: int = 1, dtype=torc
     k, g = store.in_features, store.group_size
     step = BLOCK_COLS * cfg.split_k * (2 if cfg.prefetch else 1)
     q = store.qweight
-    pair_ok = cfg.bn == 0 or (cfg.bn == 2 and m > 8 and cfg.warps % 2 == 0)
     return (1 <= m <= MAX_TOKENS and g % BLOCK_COLS == 0 and k % step == 0 and dtype in (torch.bfloat16, torch.float16)
-            and q.is_contiguous() and q.data_ptr() % 16 == 0 and pair_ok)
+            and q.is_contiguous() and q.data_ptr() % 16 == 0)
 
 
 def mma_gemv(x: torch.Tensor, store: Int4Weight, cfg: TileConfig, token_scales: torch.Tensor | None = None,
@@ -344,10 +334,9 @@ def mma_gemv(x: torch.Tensor, store: Int4Weight, cfg: TileConfig, token_scales: 
     n = store.out_features
     y = torch.empty((m, n), device=x2.device, dtype=out_dtype or x2.dtype)
     two = cfg.bm == 16  # TileConfig.bm: weight rows per warp (8: A rows 8..15 give sum(x); 16: an extra MMA does)
-    pair = cfg.bn == 2  # TileConfig.bn: warps per row group (2: one 8-token tile per warp, 9..16 tokens)
-    tiles = 2 if m > 8 and not pair else 1  # 9..16 tokens: both tiles share each A fragment (weights read once)
-    bn = (16 if two else 8) * cfg.warps // (2 if pair else 1)
-    grid = (triton.cdiv(n, bn), cfg.split_k, triton.cdiv(m, 16 if pair else 8 * tiles))
+    tiles = 2 if m > 8 else 1  # 9..16 tokens: both token tiles share each A fragment (weights read once)
+    bn = (16 if two else 8) * cfg.warps
+    grid = (triton.cdiv(n, bn), cfg.split_k, triton.cdiv(m, 8 * tiles))
     ws, cnt = splitk_buffers(y, cfg.split_k, m * n, grid[0] * grid[2])
     xs = token_scales if token_scales is not None else y
     dt = "bf16" if x2.dtype == torch.bfloat16 else "f16"
@@ -359,7 +348,7 @@ def mma_gemv(x: torch.Tensor, store: Int4Weight, cfg: TileConfig, token_scales: 
                            TILES=tiles, OFFSET=OFFSET[dt],
                            U=2 if cfg.prefetch else 1, HAS_XS=token_scales is not None, PDL=pdl,
                            L2_PREFETCH=l2_prefetch, TRIGGER=pdl_trigger(m) if trigger is None else trigger,
-                           PAIR=pair, num_warps=cfg.warps, num_stages=1, **launch_kwargs(pdl))
+                           num_warps=cfg.warps, num_stages=1, **launch_kwargs(pdl))
     return y.reshape(*x.shape[:-1], n)
 
 
