@@ -286,6 +286,8 @@ def write_md(path, res, device, bw):
             lines.append(f"| {name} | " + " | ".join(
                 "-" if ms[name].get(str(m)) is None else f"{ms[name][str(m)] / floor:.2f}" for m in m_list) + " |")
     lines += throughput_md(res["bench"], m_list, bw)
+    if res.get("provenance"):  # results merged from several runs say which part came from where
+        lines += ["", f"Provenance: {res['provenance']}."]
     if "gearbx" in res:
         lines += ["", "GEARBX gears (fp16 activations, per-row stores, dispatcher), ms per 32-layer step: "
                   + ", ".join(f"{k}={v}" for k, v in res["gearbx"].items())]
