@@ -16,7 +16,8 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--out", default=None, help="policy JSON path (default: ~/.cache/gearshift/policy/<device>.json)")
     p.add_argument("--m", default=None, help="comma-separated M buckets (default: 1,2,4,...,4096)")
     p.add_argument("--modes", default="w4a16,w4a8,w4a8fp8,w4a4",
-                   help="precision modes to profile (w4a4 is QSPEC's default draft mode)")
+                   help="comma-separated precision modes (default: w4a16,w4a8,w4a8fp8,w4a4; w4a4 is QSPEC's "
+                        "default draft mode)")
     p.add_argument("--group-size", type=int, default=128, help="int4 group size of the stores (-1: per row)")
     p.add_argument("--shapes", default=None, help="explicit NxK list, e.g. 6144x4096,4096x4096 (overrides --model)")
     p.set_defaults(handler=run)

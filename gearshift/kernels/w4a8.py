@@ -7,7 +7,8 @@ Per K-tile (never straddling a scale group) and output element:
 and y = acc * xscale[m]; sum_k xq over each scale group comes from the activation quantizer
 (`quantize_act_triton(group_sums=G)`), so the min term is one FMA per group, not a reduction of
 every x tile. The int32 partial never reaches memory, and becomes fp32 through a
-magic-number add rather than I2F (16 per clock per SM on Hopper: as slow as the int8 MMA itself).
+magic-number add and an exact subtract per tile rather than I2F (16 per clock per SM on Hopper:
+as slow as the int8 MMA itself).
 
 The DPR partition is a pair of compile-time constants (ADAngel sections 4.2-4.3):
 * W_PARTS=1, A_PARTS=1: Padding, P_W=(4) promoted to int8, P_X=(8): one int8 MMA.
