@@ -30,6 +30,8 @@ def main() -> None:
     ap.add_argument("--no-pdl", action="store_true",
                     help="launch kernels without programmatic dependent launch (gearshift/kernels/pdl.py)")
     ap.add_argument("--tag", default="", help="suffix of the result file name")
+    ap.add_argument("--int4-layout", default="auto", choices=("auto", "rows", "blocks16"),
+                    help="int4 byte order (auto: blocks16 on GPU, as the engine loads it)")
     args = ap.parse_args()
     from gearshift.kernels.pdl import set_pdl
     from gearshift.model.transformer import set_fused_kernels
@@ -55,7 +57,8 @@ def main() -> None:
         if weights not in models:
             models.clear()
             torch.cuda.empty_cache()
-            models[weights] = build_random_model(args.preset, weights=weights, device="cuda")
+            models[weights] = build_random_model(args.preset, weights=weights, device="cuda",
+                                                 int4_layout=args.int4_layout)
         model = models[weights]
         lin_bytes = sum(l.store.nbytes() for n, l in model.linear_layers() if n != "lm_head")
         head_bytes = model.lm_head.store.nbytes()
@@ -91,7 +94,7 @@ def main() -> None:
     doc = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "preset": args.preset,
            "copy_bandwidth_GBps": bw / 1e9, "dispatcher": type(get_dispatcher()).__name__,
            "prompt_len": args.prompt_len, "new_tokens": args.new_tokens, "fused_norm_rope": not args.no_fused,
-           "pdl": not args.no_pdl,
+           "pdl": not args.no_pdl, "int4_layout": args.int4_layout,
            "rows": rows}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

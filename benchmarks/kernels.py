@@ -13,6 +13,7 @@ Usage: python benchmarks/kernels.py --out DIR [--stages check,profile,bench,gear
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import sys
 import time
@@ -38,14 +39,16 @@ def rel(a, b):
     return ((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-30)).item()
 
 
-def stage_check(log, dtypes=(torch.bfloat16,)) -> list[dict]:
+def stage_check(log, dtypes=(torch.bfloat16,), layouts=("rows", "blocks16")) -> list[dict]:
     rows = []
     dev = torch.device("cuda")
-    for dtype in dtypes:
+    for dtype, layout in itertools.product(dtypes, layouts):
         for n, k, g in ((384, 1024, 128), (256, 1024, 1024), (256, 4096, 128)):
             for mode_name in ("w4a16", "w4a8", "w4a8fp8", "w4a4", "w8a16", "w8a8"):
                 fmt = "int8" if mode_name.startswith("w8") else "int4"
-                st = random_store(fmt, n, k, g, dev, dtype)
+                if fmt == "int8" and layout != "rows":
+                    continue
+                st = random_store(fmt, n, k, g, dev, dtype, layout)
                 act = MODES[mode_name].act
                 for m in (1, 5, 33, 200):
                     x = torch.randn(m, k, device=dev, dtype=dtype)
@@ -66,7 +69,8 @@ def stage_check(log, dtypes=(torch.bfloat16,)) -> list[dict]:
                             except Exception as e:
                                 r, bad = float("nan"), True
                                 log(f"FAIL {mode_name} {strat.name} {cfg} {type(e).__name__}: {str(e)[-1500:]}")
-                            rows.append({"dtype": str(dtype)[6:], "mode": mode_name, "strategy": strat.name,
+                            rows.append({"dtype": str(dtype)[6:], "layout": layout, "mode": mode_name,
+                                         "strategy": strat.name,
                                          "n": n, "k": k, "g": g, "m": m, "cfg": None if cfg is None else cfg.key(),
                                          "rel": r, "nan": bad})
     worst: dict = {}
@@ -82,8 +86,9 @@ def stage_check(log, dtypes=(torch.bfloat16,)) -> list[dict]:
 class Model:
     """32 layers x 4 shapes of one format, distinct random weights (the real decode working set)."""
 
-    def __init__(self, fmt, shapes, layers, group, dtype):
-        self.stores = [[random_store(fmt, n, k, group, "cuda", dtype) for _, n, k in shapes] for _ in range(layers)]
+    def __init__(self, fmt, shapes, layers, group, dtype, layout="rows"):
+        self.stores = [[random_store(fmt, n, k, group, "cuda", dtype, layout) for _, n, k in shapes]
+                       for _ in range(layers)]
         self.shapes = shapes
 
     def nbytes(self):
@@ -112,11 +117,11 @@ def time_step(run, reps=5) -> float:
     return time_us([run], rounds=1, reps=reps) / 1000.0
 
 
-def stage_bench(pm, m_list, bw, log, dtype=torch.bfloat16, layers=32) -> dict:
+def stage_bench(pm, m_list, bw, log, dtype=torch.bfloat16, layers=32, layout="blocks16") -> dict:
     shapes = PRESETS["llama3-8b"]["shapes"]
     flops = {m: 2 * m * sum(n * k for _, n, k in shapes) * layers for m in m_list}
-    res: dict = {"m": m_list, "ms": {}, "notes": []}
-    int4 = Model("int4", shapes, layers, 128, dtype)
+    res: dict = {"m": m_list, "ms": {}, "notes": [], "int4_layout": layout}
+    int4 = Model("int4", shapes, layers, 128, dtype, layout)
     floor_ms = int4.nbytes() / bw * 1000
     res["int4_bytes"] = int4.nbytes()
     res["floor_ms"] = floor_ms
@@ -210,7 +215,8 @@ def stage_gearbx(log, dtype=torch.float16) -> dict:
         for m in (1, 16):
             xs = [torch.randn(m, k, device="cuda", dtype=dtype) for _, _, k in shapes]
             sub = PolicyMap(torch.cuda.get_device_name())
-            pm = profile(shapes, [mode], [m], group=-1 if fmt == "int4" else 0, policy=sub, dtype=dtype)
+            pm = profile(shapes, [mode], [m], group=-1 if fmt == "int4" else 0, policy=sub, dtype=dtype,
+                         int4_layout="rows")  # the gear stores GEARBX builds at run time are rows
             d = AdaptiveDispatcher(pm, autoload=False)
             ms = time_step(step_fn(model, xs, lambda x, s: d.linear(x, s, None)))
             out[f"{fmt}_perrow:M{m}"] = round(ms, 4)
@@ -310,6 +316,8 @@ def main(argv=None):
     ap.add_argument("--m", default=",".join(map(str, M_BUCKETS)))
     ap.add_argument("--modes", default="w4a16,w4a8,w4a8fp8,w4a4")
     ap.add_argument("--policy", default=None, help="reuse a policy JSON instead of profiling")
+    ap.add_argument("--int4-layout", default="blocks16", choices=("rows", "blocks16"),
+                    help="int4 byte order for profile and bench (the engine's GPU default is blocks16)")
     a = ap.parse_args(argv)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -343,7 +351,7 @@ def main(argv=None):
     pm = PolicyMap.load(a.policy) if a.policy else None
     if "profile" in stages:
         shapes = PRESETS["llama3-8b"]["shapes"]
-        pm = profile(shapes, a.modes.split(","), m_list, group=128, log=log)
+        pm = profile(shapes, a.modes.split(","), m_list, group=128, log=log, int4_layout=a.int4_layout)
         pm.save(out / f"policy_{device_slug(device)}.json")
         res["ablation"] = {mode: ablations(pm, shapes, 32, mode) for mode in a.modes.split(",")}
         log(f"profile done {time.time()-t0:.0f}s")
@@ -352,7 +360,7 @@ def main(argv=None):
                 best_static = min((v for c, v in row.items() if c.startswith("only:") and v is not None), default=None)
                 log(f"abl {mode} M={m}: map={row['map']} best_static={best_static} rule={row.get('adangel_r')}")
     if "bench" in stages:
-        res["bench"] = stage_bench(pm, m_list, bw, log)
+        res["bench"] = stage_bench(pm, m_list, bw, log, layout=a.int4_layout)
         log(f"bench done {time.time()-t0:.0f}s")
     if "gearbx" in stages:
         res["gearbx"] = stage_gearbx(log)

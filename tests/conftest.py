@@ -53,9 +53,11 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-def ptx(fn, signature, constexprs, num_warps=4, num_stages=1):
+def ptx(fn, signature, constexprs, num_warps=4, num_stages=1, ints16=()):
+    # ints16: integer arguments the JIT would see as multiples of 16 (e.g. K = 4096)
     names = list(signature)
-    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n, t in signature.items() if t.startswith("*")}
+    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n, t in signature.items()
+             if t.startswith("*") or n in ints16}
     src = ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
     opts = {"num_warps": num_warps, "num_stages": num_stages}
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts).asm["ptx"]

@@ -21,12 +21,16 @@ for dt in ("bf16", "fp16"):
                cnt_ptr="*i32", **ints)
     for sa in (False, True):
         out[f"w4a16_{dt}_{'scale_after' if sa else 'dequant'}"] = ptx(w4a16._w4a16_kernel, sig, dict(
-            G=128, BM=128, BN=128, BK=128, SPLIT_K=1, SCALE_AFTER=sa, JOIN=True, ASM=True), 8, 3)
+            G=128, BM=128, BN=128, BK=128, SPLIT_K=1, SCALE_AFTER=sa, JOIN=True, ASM=True, BLOCKS=False), 8, 3)
+    for blocks in (False, True):  # the blocks16 layout must keep 16-byte weight loads
+        out[f"w4a16_{dt}_small_{'blocks16' if blocks else 'rows'}"] = ptx(w4a16._w4a16_kernel, sig, dict(
+            G=128, BM=16, BN=64, BK=128, SPLIT_K=1, SCALE_AFTER=True, JOIN=True, ASM=True, BLOCKS=blocks), 4, 3, ("N", "K", "stride_xm", "stride_ym"))
 sig = dict(xq_ptr="*i8", xs_ptr="*fp32", xsum_ptr="*fp32", qw_ptr="*u8", s_ptr="*fp16", mn_ptr="*fp16", y_ptr="*bf16", ws_ptr="*fp32",
            cnt_ptr="*i32", **ints)
 for fp8 in (False, True):
     out[f"w4a8_{'fp8' if fp8 else 'int8'}"] = ptx(w4a8._w4a8_kernel, sig, dict(
-        G=128, BM=128, BN=128, BK=128, SPLIT_K=1, FP8=fp8, W_PARTS=1, WB=4, A_PARTS=1, JOIN=True, ASM=True), 8, 3)
+        G=128, BM=128, BN=128, BK=128, SPLIT_K=1, FP8=fp8, W_PARTS=1, WB=4, A_PARTS=1, JOIN=True, ASM=True,
+        BLOCKS=False), 8, 3)
 """
 
 INT_TO_FLOAT = re.compile(r"cvt\.\w+\.(?:f32|bf16|f16)\.[su](?:8|16|32)\b")
@@ -65,3 +69,18 @@ def test_w4a8_codes_run_the_packed_ptx(ptx, name):
     """Code bytes for the int8 / fp8 MMAs come from `int4_unpack.code_bytes` (SHR, PRMT, AND per
     four codes)."""
     assert "0x7250" in ptx[name]  # the PRMT selector of the inline PTX
+
+
+@pytest.mark.parametrize("dt", ["bf16", "fp16"])
+def test_blocks16_weights_load_as_wide_as_rows(ptx, dt):
+    """The blocks16 address (int4_tile_pointers, w_tile_offset) keeps the weight copies 16 bytes
+    wide: no byte loads, no more load instructions and no fewer 16-byte copies than the row layout
+    (an address whose alignment Triton 3.6 could not see fell back to byte loads, 4-5x slower)."""
+    def loads(name):
+        p = ptx[name]
+        return sorted(re.findall(r"ld\.global(?:\.[\w:]+)*\.(v4\.b32|v2\.b32|b32|b16|b8|u8)", p)
+                      + re.findall(r"cp\.async\.c[ag]\.shared\.global[^;]*?, (0x\w+|\d+)(?:, \S+)?;", p))
+
+    rows, blocks = loads(f"w4a16_{dt}_small_rows"), loads(f"w4a16_{dt}_small_blocks16")
+    assert not {"b8", "u8"} & set(blocks) and len(blocks) <= len(rows), (rows, blocks)
+    assert sum(w in ("0x10", "16", "v4.b32") for w in blocks) >= sum(w in ("0x10", "16", "v4.b32") for w in rows)

@@ -5,7 +5,8 @@ pattern 1 = a warp streaming 512 contiguous bytes of one row. Prints us per call
 copy bandwidth measured in the same run. Usage: PYTHONPATH=. python benchmarks/mma_ablations/read_bandwidth.py
 """
 import torch, triton, triton.language as tl
-from gearshift.kernels.int4_mma_gemv import _thread_id, _load16
+from gearshift.kernels.int4_mma_gemv import WEIGHT_LOADS, _thread_id, _load16
+PLAIN: tl.constexpr = WEIGHT_LOADS["plain"]
 from gearshift.dispatch.profiler import copy_bandwidth, time_us
 
 @triton.jit
@@ -27,10 +28,10 @@ def rd(qw_ptr, out_ptr, N, K, WARPS: tl.constexpr, RPW: tl.constexpr, SPLIT_K: t
     acc = tl.zeros([32 * WARPS], dtype=tl.int32)
     for kw0 in range(pid_k * kws, (pid_k + 1) * kws, step * U):
         for u in tl.static_range(U):
-            a0, a1, a2, a3 = _load16(p + kw0 + u * step)
+            a0, a1, a2, a3 = _load16(p + kw0 + u * step, PLAIN)
             acc ^= a0 ^ a1 ^ a2 ^ a3
             if RPW == 16 and PAT == 0:
-                b0, b1, b2, b3 = _load16(p + 8 * KW + kw0 + u * step)
+                b0, b1, b2, b3 = _load16(p + 8 * KW + kw0 + u * step, PLAIN)
                 acc ^= b0 ^ b1 ^ b2 ^ b3
     tl.store(out_ptr + pid_n * 32 * WARPS + tl.arange(0, 32 * WARPS), acc)
 

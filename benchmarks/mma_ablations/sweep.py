@@ -16,18 +16,23 @@ from gearshift.kernels.reference import linear_reference
 SHAPES = (("qkv", 6144, 4096), ("o", 4096, 4096), ("gate_up", 28672, 4096), ("down", 4096, 14336))
 
 
-def sweep(variants: dict[str, Callable[[], None]], restore: Callable[[], None], cfgs: list[TileConfig],
+def sweep(variants: dict[str, Callable[[], dict | None]], restore: Callable[[], None], cfgs: list[TileConfig],
           ms: list[int], out: str, name: str) -> None:
-    """variants: label -> a function that switches the kernel to that variant; restore undoes it."""
+    """variants: label -> a function that switches the kernel to that variant and may return
+    {"layout": L} to run it on the same weights in Int4Weight layout L; restore undoes it."""
     rows, best = [], {}
     for shape, n, k in SHAPES:
         probe = random_store("int4", n, k, 128, "cuda")
-        stores = [probe] + [random_store("int4", n, k, 128, "cuda") for _ in range(n_copies(probe) - 1)]
+        plain = [probe] + [random_store("int4", n, k, 128, "cuda") for _ in range(n_copies(probe) - 1)]
+        copies = {"rows": plain}
         for m in ms:
             x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-            ref = linear_reference(x.float(), stores[0], None)
+            ref = linear_reference(x.float(), plain[0], None)
             for label, apply in variants.items():
-                apply()
+                layout = (apply() or {}).get("layout", "rows")
+                if layout not in copies:
+                    copies[layout] = [s.to_layout(layout) for s in plain]
+                stores = copies[layout]
                 for cfg in cfgs:
                     if not mg.mma_gemv_supports(stores[0], cfg, m):
                         continue
@@ -39,7 +44,7 @@ def sweep(variants: dict[str, Callable[[], None]], restore: Callable[[], None], 
                     if (shape, m, label) not in best or us < best[(shape, m, label)][0]:
                         best[(shape, m, label)] = (us, cfg.key())
                 restore()
-        del stores
+        del plain, copies, stores
         torch.cuda.empty_cache()
     dev = torch.cuda.get_device_name()
     path = Path(out)

@@ -21,6 +21,10 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                    help="compute dtype (default: bfloat16 on GPU, float32 on CPU)")
     p.add_argument("--no-cuda-graphs", dest="cuda_graphs", action="store_false",
                    help="on GPU, run every forward eagerly instead of replaying captured CUDA graphs")
+    p.add_argument("--int4-layout", default="auto", choices=("auto", "rows", "blocks16"),
+                   help="byte order of int4 weights in memory: blocks16 (1 KB chunks of 16 rows x 128 "
+                        "columns) is faster for decode on GPU, rows is the file order; auto = blocks16 "
+                        "on GPU. Outputs are identical either way")
 
 
 def resolve_device(name: str) -> str:
@@ -41,7 +45,8 @@ def load_for_modes(args, modes: list[str]):
     device = resolve_device(args.device)
     group = getattr(args, "group_size", 128)
     loaded = load_model(args.model, dtype=DTYPES[args.dtype], device=device, progress=True,
-                        cuda_graphs=getattr(args, "cuda_graphs", True))
+                        cuda_graphs=getattr(args, "cuda_graphs", True),
+                        int4_layout=getattr(args, "int4_layout", "auto"))
     want = getattr(args, "quantize", "auto")
     if want == "auto":
         have = {lin.store.weight_bits for name, lin in loaded.model.linear_layers() if name != "lm_head"}

@@ -19,6 +19,9 @@ def register(subparsers) -> argparse.ArgumentParser:
                    help="comma-separated precision modes (default: w4a16,w4a8,w4a8fp8,w4a4; w4a4 is QSPEC's "
                         "default draft mode)")
     p.add_argument("--group-size", type=int, default=128, help="int4 group size of the stores (-1: per row)")
+    p.add_argument("--int4-layout", default="blocks16", choices=("rows", "blocks16"),
+                   help="int4 byte order to time (the engine loads int4 weights as blocks16 on GPU unless "
+                        "told --int4-layout rows)")
     p.add_argument("--shapes", default=None, help="explicit NxK list, e.g. 6144x4096,4096x4096 (overrides --model)")
     p.set_defaults(handler=run)
     return p
@@ -46,7 +49,8 @@ def run(args) -> int:
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     device = torch.cuda.get_device_name()
     with tqdm(total=len(shapes) * len(modes) * len(m_list), desc=f"profile {device}", unit="point") as bar:
-        pm = profile(shapes, modes, m_list, group=args.group_size, device_name=device, progress=bar)
+        pm = profile(shapes, modes, m_list, group=args.group_size, device_name=device, progress=bar,
+                     int4_layout=args.int4_layout)
     pm.meta.update({"model": str(args.model), "layers": layers, "shapes": shapes})
     out = args.out or (cache_dir() / f"{device_slug(device)}.json")
     path = pm.save(out)

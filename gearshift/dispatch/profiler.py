@@ -22,7 +22,7 @@ from gearshift.dispatch.policy import M_BUCKETS, Choice, PolicyMap, candidate_na
 from gearshift.dispatch.strategies import STRATEGIES, group_of, mode_key, rule_strategies, strategies_for
 from gearshift.quant.activations import ActQuantSpec
 from gearshift.quant.base import DenseWeight, WeightFormat
-from gearshift.quant.int4 import Int4Weight
+from gearshift.quant.int4 import Int4Weight, blocks16_fits
 from gearshift.quant.int8 import Int8Weight
 from gearshift.quant.modes import MODES
 
@@ -54,14 +54,17 @@ def model_shapes(model: str) -> tuple[list[tuple[str, int, int]], int]:
     return shapes_from_config(cfg), int(cfg.get("num_hidden_layers", 1))
 
 
-def random_store(fmt: str, n: int, k: int, group: int, device, dtype=torch.bfloat16) -> WeightFormat:
-    """A random store of realistic value ranges (timing only; never zeros)."""
+def random_store(fmt: str, n: int, k: int, group: int, device, dtype=torch.bfloat16,
+                 layout: str = "rows") -> WeightFormat:
+    """A random store of realistic value ranges (timing only; never zeros); int4 in `layout`
+    where the shape fits it (`Int4Weight.to_layout`)."""
     if fmt == "int4":
         g = k if group <= 0 else group
         q = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, device=device)
         s = (torch.rand(n, k // g, device=device) * 0.02 + 0.005).half()
         mn = (-8 * s.float() + torch.randn_like(s.float()) * 0.001).half()
-        return Int4Weight(q, s, mn, g)
+        st = Int4Weight(q, s, mn, g)
+        return st.to_layout(layout) if blocks16_fits(n, k) else st
     if fmt == "int8":
         q = torch.randint(-127, 128, (n, k), dtype=torch.int8, device=device)
         return Int8Weight(q, torch.rand(n, device=device) * 1e-3 + 1e-4)
@@ -147,18 +150,21 @@ MODE_FORMATS = {"w4a16": "int4", "w4a8": "int4", "w4a8fp8": "int4", "w4a4": "int
 
 def profile(shapes: Iterable[tuple[str, int, int]], modes: Iterable[str], m_list=M_BUCKETS, group: int = 128,
             device_name: str | None = None, progress=None, policy: PolicyMap | None = None,
-            strategies: list[str] | None = None, dtype=torch.bfloat16, log=None) -> PolicyMap:
-    """Sweep (shape, mode, M, strategy, config); return (or extend) the policy map."""
+            strategies: list[str] | None = None, dtype=torch.bfloat16, log=None,
+            int4_layout: str = "blocks16") -> PolicyMap:
+    """Sweep (shape, mode, M, strategy, config); return (or extend) the policy map. Int4 weights
+    are timed in `int4_layout`, the engine's layout on GPU (`model.loader.use_int4_layout`)."""
     dev = torch.device("cuda")
     device_name = device_name or torch.cuda.get_device_name()
     pm = policy or PolicyMap(device_name, M_BUCKETS, meta={"dtype": str(dtype).replace("torch.", "")})
+    pm.meta["int4_layout"] = int4_layout
     for _, n, k in shapes:
         for mode_name in modes:
             fmt = MODE_FORMATS[mode_name]
             act: ActQuantSpec | None = MODES[mode_name].act
             g = group if fmt == "int4" else 0
-            stores = [random_store(fmt, n, k, g, dev, dtype)]
-            stores += [random_store(fmt, n, k, g, dev, dtype) for _ in range(n_copies(stores[0]) - 1)]
+            stores = [random_store(fmt, n, k, g, dev, dtype, int4_layout)]
+            stores += [random_store(fmt, n, k, g, dev, dtype, int4_layout) for _ in range(n_copies(stores[0]) - 1)]
             key = type_key(mode_key(stores[0], act), group_of(stores[0]), n, k)
             for m in m_list:
                 x = torch.randn(m, k, device=dev, dtype=dtype)

@@ -232,6 +232,10 @@ def _sup_w4a16(store, act, cfg):
     return isinstance(store, Int4Weight) and act is None and supports(store, cfg)
 
 
+def _sup_w4a16_gemv(store, act, cfg):
+    return _sup_w4a16(store, act, cfg) and store.layout == "rows"
+
+
 def _w4a8_runner(w_parts: int, a_parts: int):
     def run(x2, store, act, cfg):
         from gearshift.kernels.w4a8 import w4a8_linear
@@ -283,7 +287,7 @@ _INT8_MODES = ("w8a16", "w8a8", "w8a4")
 register(Strategy("w4a16_tc", DPRPartition((4,), (16,), "bf16", "padding"), ("w4a16",), _run_w4a16,
                   a16_configs, _sup_w4a16))
 register(Strategy("w4a16_gemv", DPRPartition((4,), (16,), "fp32-fma", "padding"), ("w4a16",), _run_w4a16_gemv,
-                  gemv_configs, _sup_w4a16))
+                  gemv_configs, _sup_w4a16_gemv))
 register(Strategy("w4a16_rowgemv", DPRPartition((4,), (16,), "fp32-fma", "padding"), ("w4a16",),
                   _run_w4a16_rowgemv, rowgemv_configs, _sup_rowgemv))
 register(Strategy("w4a16_mma", DPRPartition((4,), (16,), "bf16-mma.sync", "padding"), ("w4a16",),

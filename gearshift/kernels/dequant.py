@@ -10,19 +10,24 @@ from __future__ import annotations
 import torch
 
 from gearshift.kernels._triton import HAS_TRITON, tl, triton
-from gearshift.quant.int4 import Int4Weight
+from gearshift.quant.int4 import BLOCKS16, Int4Weight
 
 if HAS_TRITON:
 
     @triton.jit
     def _dequant_int4_kernel(qw_ptr, s_ptr, mn_ptr, w_ptr, N, K, G: tl.constexpr, BN: tl.constexpr,
-                             BH: tl.constexpr):
+                             BH: tl.constexpr, BLOCKS: tl.constexpr):
         pid_n = tl.program_id(0)
         pid_k = tl.program_id(1)
         offs_n = pid_n * BN + tl.arange(0, BN)
         offs_h = pid_k * BH + tl.arange(0, BH)
         mask = (offs_n[:, None] < N) & (offs_h[None, :] < K // 2)
-        qw = tl.load(qw_ptr + offs_n[:, None] * (K // 2) + offs_h[None, :], mask=mask, other=0)
+        if BLOCKS:  # quant.int4.blocks16_from_rows
+            q_off = (((offs_n // 16) * (8 * K) + (offs_n % 16) * 64)[:, None]
+                     + ((offs_h // 64) * 1024 + offs_h % 64)[None, :])
+        else:
+            q_off = offs_n[:, None] * (K // 2) + offs_h[None, :]
+        qw = tl.load(qw_ptr + q_off, mask=mask, other=0)
         n_groups = K // G
         g = (pid_k * 2 * BH) // G  # a tile never straddles a group (2*BH divides G)
         sc = tl.load(s_ptr + offs_n * n_groups + g, mask=offs_n < N, other=0.0).to(tl.float32)[:, None]
@@ -43,7 +48,7 @@ def dequant_int4_triton(store: Int4Weight, dtype: torch.dtype, out: torch.Tensor
         bh //= 2
     grid = (triton.cdiv(n, bn), triton.cdiv(k // 2, bh))
     _dequant_int4_kernel[grid](store.qweight, store.scales, store.mins, w, n, k, G=store.group_size, BN=bn, BH=bh,
-                               num_warps=4)
+                               BLOCKS=store.layout == BLOCKS16, num_warps=4)
     return w
 
 

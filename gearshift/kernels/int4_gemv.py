@@ -20,7 +20,8 @@ from gearshift.kernels._triton import HAS_TRITON, tl, triton
 from gearshift.kernels.config import TileConfig
 from gearshift.kernels.reference import linear_reference
 from gearshift.kernels.splitk import splitk_buffers
-from gearshift.quant.int4 import Int4Weight
+from gearshift.kernels.tiles import rows_only
+from gearshift.quant.int4 import ROWS, Int4Weight
 
 if HAS_TRITON:
     from gearshift.kernels.int4_unpack import ONE_BITS, nibble_f32, split8, word_bases
@@ -79,7 +80,8 @@ def int4_gemv_supports(store: Int4Weight, cfg: TileConfig) -> bool:
     """BK = 8*BW columns per step must tile each K slice and sit inside one scale group."""
     k, g = store.in_features, store.group_size
     bk = cfg.bk
-    return (bk % 8 == 0 and g % bk == 0 and k % (bk * cfg.split_k) == 0 and store.qweight.is_contiguous())
+    return (bk % 8 == 0 and g % bk == 0 and k % (bk * cfg.split_k) == 0 and store.qweight.is_contiguous()
+            and store.layout == ROWS)
 
 
 def int4_gemv(x: torch.Tensor, store: Int4Weight, cfg: TileConfig) -> torch.Tensor:
@@ -87,6 +89,7 @@ def int4_gemv(x: torch.Tensor, store: Int4Weight, cfg: TileConfig) -> torch.Tens
     x2 = x.reshape(-1, x.shape[-1])
     if x2.shape[0] != 1:
         raise ValueError(f"int4_gemv serves exactly one token, got {x2.shape[0]}")
+    rows_only(store, "int4_gemv")
     if not int4_gemv_supports(store, cfg):
         raise ValueError(f"tile {cfg.key()} does not fit K={store.in_features}, group {store.group_size}")
     x2 = x2.contiguous()

@@ -34,7 +34,7 @@ from gearshift.kernels.config import TileConfig
 from gearshift.kernels.pdl import l2_prefetch_enabled, launch_kwargs, pdl_enabled
 from gearshift.kernels.reference import linear_reference
 from gearshift.kernels.splitk import splitk_buffers
-from gearshift.quant.int4 import Int4Weight
+from gearshift.quant.int4 import BLOCKS16, Int4Weight
 
 BLOCK_COLS = 128  # columns per fragment call: 4 lanes x 4 words x 8 nibbles
 MAX_TOKENS = 16  # MMA n = 8 tokens per tile, two tiles per lane
@@ -108,6 +108,14 @@ def _mma_asm(dt: str, magic: int, two_rows: bool, tiles: int = 1, chains: int = 
 MMA_ASM = {(dt, two, tiles): _mma_asm(dt, magic, two, tiles) for dt, magic in (("bf16", 0x4300), ("f16", 0x6400))
            for two in (False, True) for tiles in (1, 2)}
 OFFSET = {"bf16": 128.0, "f16": 1024.0}
+# PTX of the weight loads (16 bytes per lane and row, read once: no L1 allocation). The L2 prefetch-size
+# forms make the row's next blocks L2 hits; benchmarks/mma_ablations/loads.py times them.
+WEIGHT_LOADS = {
+    "plain": "ld.global.nc.L1::no_allocate.v4.b32 {$0, $1, $2, $3}, [$4];",
+    "l2_128": "ld.global.nc.L1::no_allocate.L2::128B.v4.b32 {$0, $1, $2, $3}, [$4];",
+    "l2_256": "ld.global.nc.L1::no_allocate.L2::256B.v4.b32 {$0, $1, $2, $3}, [$4];",
+}
+WEIGHT_LOAD = {"name": "plain", "scales": 0}  # scales 1: the scale/min loads with an L2 prefetch size too
 CONSTRAINTS = {(two, tiles): ",".join(["=r"] * ((6 if two else 4) * tiles) + ["r"] * (8 if two else 4) + ["l"] * tiles)
                for two in (False, True) for tiles in (1, 2)}
 
@@ -123,27 +131,38 @@ if HAS_TRITON:
 
 
     @triton.jit
-    def _load16(ptr):
+    def _load16(ptr, LOAD: tl.constexpr):
         """The 4 int32 words at ptr (16 bytes) in the calling thread's registers."""
-        return tl.inline_asm_elementwise("ld.global.nc.L1::no_allocate.v4.b32 {$0, $1, $2, $3}, [$4];",
-                                         "=r,=r,=r,=r,l", [ptr],
+        return tl.inline_asm_elementwise(LOAD, "=r,=r,=r,=r,l", [ptr],
                                          dtype=(tl.int32, tl.int32, tl.int32, tl.int32), is_pure=False, pack=1)
 
 
     @triton.jit
-    def _load_scales(s_ptr, mn_ptr, sa_off, sb_off, g, TWO_ROWS: tl.constexpr):
-        sa = tl.load(s_ptr + sa_off + g)
-        ma = tl.load(mn_ptr + sa_off + g)
+    def _load_half(ptr, HINT: tl.constexpr):
+        """One 16-bit scale or min; HINT: with an L2 prefetch size (the row's next groups come along)."""
+        if HINT == 0:
+            return tl.load(ptr)
+        v = tl.inline_asm_elementwise("ld.global.nc.L2::256B.b16 $0, [$1];", "=h,l", [ptr], dtype=tl.int16,
+                                      is_pure=False, pack=1)
+        return v.to(ptr.dtype.element_ty, bitcast=True)
+
+
+    @triton.jit
+    def _load_scales(s_ptr, mn_ptr, sa_off, sb_off, g, TWO_ROWS: tl.constexpr, HINT: tl.constexpr):
+        sa = _load_half(s_ptr + sa_off + g, HINT)
+        ma = _load_half(mn_ptr + sa_off + g, HINT)
         if TWO_ROWS:
-            return sa, ma, tl.load(s_ptr + sb_off + g), tl.load(mn_ptr + sb_off + g)
+            return sa, ma, _load_half(s_ptr + sb_off + g, HINT), _load_half(mn_ptr + sb_off + g, HINT)
         return sa, ma, sa, ma
 
 
     @triton.jit
-    def _load_rows(wa_ptr, wb_ptr, kw, TWO_ROWS: tl.constexpr):
-        a0, a1, a2, a3 = _load16(wa_ptr + kw)
+    def _load_rows(wa_ptr, wb_ptr, kw, TWO_ROWS: tl.constexpr, LOAD: tl.constexpr, TILED: tl.constexpr):
+        if TILED:
+            kw = kw * 16  # 16 words of a row per block -> 256 words of the 16-row chunk
+        a0, a1, a2, a3 = _load16(wa_ptr + kw, LOAD)
         if TWO_ROWS:
-            b0, b1, b2, b3 = _load16(wb_ptr + kw)
+            b0, b1, b2, b3 = _load16(wb_ptr + kw, LOAD)
             return a0, a1, a2, a3, b0, b1, b2, b3
         return a0, a1, a2, a3, a0, a1, a2, a3
 
@@ -195,7 +214,8 @@ if HAS_TRITON:
                          G: tl.constexpr, WARPS: tl.constexpr, SPLIT_K: tl.constexpr, ASM: tl.constexpr,
                          CONSTRAINTS: tl.constexpr, TWO_ROWS: tl.constexpr, TILES: tl.constexpr,
                          OFFSET: tl.constexpr, U: tl.constexpr, HAS_XS: tl.constexpr, PDL: tl.constexpr,
-                         L2_PREFETCH: tl.constexpr, TRIGGER: tl.constexpr = 1):
+                         L2_PREFETCH: tl.constexpr, LOAD: tl.constexpr, SHINT: tl.constexpr, TILED: tl.constexpr,
+                         TRIGGER: tl.constexpr = 1):
         # Every per-lane quantity comes from the lane's own %tid.x, so the fragment plan holds
         # whatever layout Triton picks for these [32 * WARPS] tensors (one element per thread).
         RPW: tl.constexpr = 16 if TWO_ROWS else 8
@@ -215,8 +235,13 @@ if HAS_TRITON:
         tok0 = tl.minimum(m0_tok + g, M - 1)  # absent tokens repeat the last one (never stored)
         tok1 = tl.minimum(m0_tok + 8 + g, M - 1)
         qw32 = qw_ptr.to(tl.pointer_type(tl.int32))
-        wa_ptr = qw32 + tl.minimum(row_a, N - 1).to(tl.int64) * KW + 4 * t  # clamped rows: never stored
-        wb_ptr = qw32 + tl.minimum(row_b, N - 1).to(tl.int64) * KW + 4 * t
+        if TILED:  # blocks16 layout (quant.int4): a 1 KB chunk per (16 rows, block), a warp reads 512 B at once
+            ra = tl.minimum(row_a, N - 1)
+            wa_ptr = qw32 + (ra // 16).to(tl.int64) * KW * 16 + 128 * ((ra // 8) % 2) + 4 * lane
+            wb_ptr = wa_ptr + 128
+        else:
+            wa_ptr = qw32 + tl.minimum(row_a, N - 1).to(tl.int64) * KW + 4 * t  # clamped rows: never stored
+            wb_ptr = qw32 + tl.minimum(row_b, N - 1).to(tl.int64) * KW + 4 * t
         x0 = x_ptr + tok0 * stride_xm + 32 * t
         x1 = x_ptr + tok1 * stride_xm + 32 * t
         sa_ptr = tl.minimum(row_a, N - 1) * n_groups
@@ -234,21 +259,21 @@ if HAS_TRITON:
                 prefetch_l2(wb_ptr + k_lo, kws * 4, (lead & (row_b < N)).to(tl.int32))
         # U blocks per step, the next step's weights and scales loaded before this step's math:
         # 16*U bytes per lane and row in flight. Past the slice's end the last step re-reads itself.
-        a0, a1, a2, a3, b0, b1, b2, b3 = _load_rows(wa_ptr, wb_ptr, k_lo, TWO_ROWS)
-        sc = _load_scales(s_ptr, mn_ptr, sa_ptr, sb_ptr, (k_lo * 8) // G, TWO_ROWS)
+        a0, a1, a2, a3, b0, b1, b2, b3 = _load_rows(wa_ptr, wb_ptr, k_lo, TWO_ROWS, LOAD, TILED)
+        sc = _load_scales(s_ptr, mn_ptr, sa_ptr, sb_ptr, (k_lo * 8) // G, TWO_ROWS, SHINT)
         c0, c1, c2, c3, f0, f1, f2, f3 = a0, a1, a2, a3, b0, b1, b2, b3
         sc2 = sc
         if U == 2:
-            c0, c1, c2, c3, f0, f1, f2, f3 = _load_rows(wa_ptr, wb_ptr, k_lo + 16, TWO_ROWS)
-            sc2 = _load_scales(s_ptr, mn_ptr, sa_ptr, sb_ptr, ((k_lo + 16) * 8) // G, TWO_ROWS)
+            c0, c1, c2, c3, f0, f1, f2, f3 = _load_rows(wa_ptr, wb_ptr, k_lo + 16, TWO_ROWS, LOAD, TILED)
+            sc2 = _load_scales(s_ptr, mn_ptr, sa_ptr, sb_ptr, ((k_lo + 16) * 8) // G, TWO_ROWS, SHINT)
         grid_wait(PDL)  # weights only above this line: x, y and the split-K buffers below
         for kw0 in range(k_lo, k_lo + kws, 16 * U):
             nxt = tl.minimum(kw0 + 16 * U, k_last)
-            n0, n1, n2, n3, m0, m1, m2, m3 = _load_rows(wa_ptr, wb_ptr, nxt, TWO_ROWS)
-            sn = _load_scales(s_ptr, mn_ptr, sa_ptr, sb_ptr, (nxt * 8) // G, TWO_ROWS)
+            n0, n1, n2, n3, m0, m1, m2, m3 = _load_rows(wa_ptr, wb_ptr, nxt, TWO_ROWS, LOAD, TILED)
+            sn = _load_scales(s_ptr, mn_ptr, sa_ptr, sb_ptr, (nxt * 8) // G, TWO_ROWS, SHINT)
             if U == 2:
-                p0, p1, p2, p3, q0, q1, q2, q3 = _load_rows(wa_ptr, wb_ptr, nxt + 16, TWO_ROWS)
-                sn2 = _load_scales(s_ptr, mn_ptr, sa_ptr, sb_ptr, ((nxt + 16) * 8) // G, TWO_ROWS)
+                p0, p1, p2, p3, q0, q1, q2, q3 = _load_rows(wa_ptr, wb_ptr, nxt + 16, TWO_ROWS, LOAD, TILED)
+                sn2 = _load_scales(s_ptr, mn_ptr, sa_ptr, sb_ptr, ((nxt + 16) * 8) // G, TWO_ROWS, SHINT)
             acc = _block(ASM, CONSTRAINTS, TWO_ROWS, TILES, OFFSET, a0, a1, a2, a3, b0, b1, b2, b3,
                          x0 + kw0 * 8, x1 + kw0 * 8, sc, acc)
             a0, a1, a2, a3, b0, b1, b2, b3 = n0, n1, n2, n3, m0, m1, m2, m3
@@ -348,7 +373,9 @@ def mma_gemv(x: torch.Tensor, store: Int4Weight, cfg: TileConfig, token_scales: 
                            TILES=tiles, OFFSET=OFFSET[dt],
                            U=2 if cfg.prefetch else 1, HAS_XS=token_scales is not None, PDL=pdl,
                            L2_PREFETCH=l2_prefetch, TRIGGER=pdl_trigger(m) if trigger is None else trigger,
-                           num_warps=cfg.warps, num_stages=1, **launch_kwargs(pdl))
+                           LOAD=WEIGHT_LOADS[WEIGHT_LOAD["name"]], SHINT=WEIGHT_LOAD["scales"], TILED=store.layout == BLOCKS16,
+                           num_warps=cfg.warps, num_stages=1,
+                           **launch_kwargs(pdl))
     return y.reshape(*x.shape[:-1], n)
 
 

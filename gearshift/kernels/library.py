@@ -43,7 +43,7 @@ def dequant_cublas_reference(x2: torch.Tensor, store: WeightFormat, act: ActQuan
 
 def to_tinygemm(store: Int4Weight, inner_k_tiles: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
     """(packed weight, scales_and_zeros) for torch._weight_int4pack_mm; a second weight copy."""
-    q = store.qweight
+    q = store.rows_qweight()
     swapped = ((q & 0x0F) << 4) | (q >> 4)  # our even column is the low nibble; tinygemm wants it high
     packed = torch.ops.aten._convert_weight_to_int4pack(swapped.contiguous(), inner_k_tiles)
     s = store.scales.float()

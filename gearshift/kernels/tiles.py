@@ -6,6 +6,19 @@ from __future__ import annotations
 
 from gearshift.kernels._triton import HAS_TRITON, tl, triton
 from gearshift.kernels.splitk import splitk_buffers
+from gearshift.quant.int4 import ROWS, Int4Weight
+
+
+def blocks_fit(store: Int4Weight, bk: int) -> bool:
+    """The blocks16 layout needs K tiles that never split a 64-byte piece (`w_tile_offset`)."""
+    return store.layout == ROWS or 128 % bk == 0 or bk % 128 == 0
+
+
+def rows_only(store: Int4Weight, name: str) -> None:
+    """Kernels that read the row layout only say so instead of reading the wrong bytes."""
+    if store.layout != ROWS:
+        raise ValueError(f"{name} reads the row int4 layout; this store is {store.layout} "
+                         f"(Int4Weight.to_layout('rows') converts it)")
 
 if HAS_TRITON:
     from gearshift.kernels.splitk import splitk_finish
@@ -39,15 +52,35 @@ if HAS_TRITON:
 
     @triton.jit
     def int4_tile_pointers(x_ptr, qw_ptr, s_ptr, mn_ptr, offs_n, offs_m, K, stride_xm, G: tl.constexpr,
-                           BK: tl.constexpr):
-        """Int4 store [N, K//2] tile pointers at k = 0: packed weights [BN, BK/2], x's even columns
+                           BK: tl.constexpr, BLOCKS: tl.constexpr):
+        """Int4 store tile pointers at k = 0: packed weights [BN, BK/2] (row layout [N, K//2], or
+        BLOCKS: `quant.int4.blocks16_from_rows`; advance by `w_tile_offset`), x's even columns
         [BK/2, BM] (odd = +1), x contiguous [BK, BM], and the per-row scale / min group bases."""
         offs_h = tl.arange(0, BK // 2)
         n_groups = K // G
-        w_ptrs = qw_ptr + offs_n[:, None] * (K // 2) + offs_h[None, :]
+        if BLOCKS:  # byte (n, j) at (n // 16 * K/128 + j // 64) * 1024 + n % 16 * 64 + j % 64
+            if BK <= 128:  # within one 64-byte piece (plain offs_h keeps Triton 3.6's 16-byte loads)
+                h_off = offs_h
+            else:
+                h_off = (offs_h // 64) * 1024 + offs_h % 64
+            w_ptrs = qw_ptr + ((offs_n // 16) * (8 * K) + (offs_n % 16) * 64)[:, None] + h_off[None, :]
+        else:
+            w_ptrs = qw_ptr + offs_n[:, None] * (K // 2) + offs_h[None, :]
         x_ptrs = x_ptr + offs_m[None, :] * stride_xm + 2 * offs_h[:, None]
         xk_ptrs = x_ptr + offs_m[None, :] * stride_xm + tl.arange(0, BK)[:, None]
         return w_ptrs, x_ptrs, xk_ptrs, s_ptr + offs_n * n_groups, mn_ptr + offs_n * n_groups
+
+
+    @triton.jit
+    def w_tile_offset(k0, BK: tl.constexpr, BLOCKS: tl.constexpr):
+        """Bytes from the k = 0 weight pointers to K tile k0 (k0 a multiple of BK; in the blocks16
+        layout BK must divide 128 or be a multiple of it, so a tile never splits a 64-byte piece).
+        Written so that Triton sees the offset's alignment (BK/2 bytes) and keeps wide loads."""
+        if BLOCKS:
+            if BK >= 128:
+                return (k0 // 128) * 1024
+            return (k0 // 128) * 1024 + ((k0 // BK) % (128 // BK)) * (BK // 2)
+        return k0 // 2
 
 
     @triton.jit

@@ -26,28 +26,29 @@ import torch
 from gearshift.kernels._triton import HAS_TRITON, interpreting, tl, triton
 from gearshift.kernels.config import TileConfig
 from gearshift.kernels.reference import linear_reference
-from gearshift.kernels.tiles import tile_buffers
-from gearshift.quant.int4 import Int4Weight
+from gearshift.kernels.tiles import blocks_fit, rows_only, tile_buffers
+from gearshift.quant.int4 import BLOCKS16, Int4Weight
 
 if HAS_TRITON:
     from gearshift.kernels.int4_unpack import byte_nibbles, dequant_tile, offset_min
     from gearshift.kernels.tiles import (group_scales, int4_tile_pointers, k_tile_range, scales_ahead, store_tile,
-                                         tile_offsets)
+                                         tile_offsets, w_tile_offset)
 
     @triton.jit
     def _w4a16_kernel(x_ptr, qw_ptr, s_ptr, mn_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, stride_xm, stride_ym,
                       G: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                      SPLIT_K: tl.constexpr, SCALE_AFTER: tl.constexpr, JOIN: tl.constexpr, ASM: tl.constexpr):
+                      SPLIT_K: tl.constexpr, SCALE_AFTER: tl.constexpr, JOIN: tl.constexpr, ASM: tl.constexpr,
+                      BLOCKS: tl.constexpr):
         offs_n, offs_m, n_mask, m_mask = tile_offsets(N, M, BN, BM)
         t0, t1 = k_tile_range(tl.program_id(2), K, BK, SPLIT_K)
         w_ptrs, x_ptrs, xk_ptrs, sc_ptrs, mn_ptrs = int4_tile_pointers(x_ptr, qw_ptr, s_ptr, mn_ptr, offs_n, offs_m,
-                                                                       K, stride_xm, G, BK)
+                                                                       K, stride_xm, G, BK, BLOCKS)
         DT: tl.constexpr = x_ptr.dtype.element_ty
         acc = tl.zeros([BN, BM], dtype=tl.float32)
         sc_n, mn_n = group_scales(sc_ptrs, mn_ptrs, tl.minimum(t0, K // BK - 1) * BK, n_mask, G)
         for t in range(t0, t1):
             k0 = t * BK
-            qw = tl.load(w_ptrs + k0 // 2, mask=n_mask[:, None], other=0)
+            qw = tl.load(w_ptrs + w_tile_offset(k0, BK, BLOCKS), mask=n_mask[:, None], other=0)
             sc, mn, sc_n, mn_n = scales_ahead(sc_ptrs, mn_ptrs, sc_n, mn_n, k0, K, n_mask, G, BK)
             # codes: exact q (scale-after dots them raw) or OFFSET + q (dequant-first folds OFFSET
             # into the min), both from mantissa bits: no int->float conversion per weight
@@ -114,6 +115,7 @@ def w4a16_gemv(x2: torch.Tensor, store: Int4Weight, cfg: TileConfig) -> torch.Te
     m, k = x2.shape
     if m > cfg.bm:
         raise ValueError(f"gemv config covers M <= {cfg.bm}, got {m}")
+    rows_only(store, "w4a16_gemv")
     n = store.out_features
     bk = effective_bk(store, cfg)
     y = _out(x2, n, cfg.split_k)
@@ -127,7 +129,8 @@ def w4a16_gemv(x2: torch.Tensor, store: Int4Weight, cfg: TileConfig) -> torch.Te
 def supports(store: Int4Weight, cfg: TileConfig) -> bool:
     k, g = store.in_features, store.group_size
     bk = effective_bk(store, cfg)
-    return k % bk == 0 and g % bk == 0 and bk >= 32
+    return k % bk == 0 and g % bk == 0 and bk >= 32 and blocks_fit(store, bk)
+
 
 
 def effective_bk(store: Int4Weight, cfg: TileConfig) -> int:
@@ -155,7 +158,7 @@ def w4a16_linear(x2: torch.Tensor, store: Int4Weight, cfg: TileConfig, asm: bool
     _w4a16_kernel[grid](x2, store.qweight, store.scales, store.mins, y, ws, cnt, m, n, k, x2.stride(0), y.stride(0),
                         G=store.group_size, BM=cfg.bm, BN=cfg.bn, BK=bk, SPLIT_K=cfg.split_k,
                         SCALE_AFTER=cfg.scale_after, JOIN=cfg.join, ASM=not interpreting() if asm is None else asm,
-                        num_warps=cfg.warps, num_stages=cfg.stages)
+                        BLOCKS=store.layout == BLOCKS16, num_warps=cfg.warps, num_stages=cfg.stages)
     return y
 
 

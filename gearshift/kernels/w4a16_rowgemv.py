@@ -14,7 +14,8 @@ import torch
 
 from gearshift.kernels._triton import HAS_TRITON, tl, triton
 from gearshift.kernels.reference import linear_reference
-from gearshift.quant.int4 import Int4Weight
+from gearshift.kernels.tiles import rows_only
+from gearshift.quant.int4 import ROWS, Int4Weight
 
 if HAS_TRITON:
 
@@ -84,6 +85,7 @@ def w4a16_smallm(x: torch.Tensor, store: Int4Weight, bn: int = 32, bk: int = 512
     m = x2.shape[0]
     if not 1 <= m <= 16:
         raise ValueError(f"w4a16_smallm serves 1..16 tokens, got {m}")
+    rows_only(store, "w4a16_smallm")
     if not rowgemv_supports(store, bk):
         raise ValueError(f"BK {bk} does not tile K={store.in_features} with group {store.group_size}")
     n, k = store.out_features, store.in_features
@@ -97,7 +99,7 @@ def w4a16_smallm(x: torch.Tensor, store: Int4Weight, bn: int = 32, bk: int = 512
 
 def rowgemv_supports(store: Int4Weight, bk: int) -> bool:
     k, g = store.in_features, store.group_size
-    return k % bk == 0 and (bk % g == 0 or g % bk == 0)
+    return k % bk == 0 and (bk % g == 0 or g % bk == 0) and store.layout == ROWS
 
 
 def w4a16_rowgemv(x: torch.Tensor, store: Int4Weight, bn: int = 16, bk: int = 512, warps: int = 4,
@@ -106,6 +108,7 @@ def w4a16_rowgemv(x: torch.Tensor, store: Int4Weight, bn: int = 16, bk: int = 51
     x2 = x.reshape(-1, x.shape[-1])
     if x2.shape[0] != 1:
         raise ValueError("w4a16_rowgemv serves exactly one token")
+    rows_only(store, "w4a16_rowgemv")
     if not rowgemv_supports(store, bk):
         raise ValueError(f"BK {bk} does not tile K={store.in_features} with group {store.group_size}")
     x2 = x2.contiguous()

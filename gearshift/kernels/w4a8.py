@@ -27,14 +27,14 @@ from gearshift.kernels._triton import HAS_TRITON, interpreting, tl, triton
 from gearshift.kernels.act_quant import fused_group_sums, quantize_act_triton
 from gearshift.kernels.config import TileConfig
 from gearshift.kernels.reference import linear_reference
-from gearshift.kernels.tiles import tile_buffers
+from gearshift.kernels.tiles import blocks_fit, tile_buffers
 from gearshift.quant.activations import ActQuantSpec
-from gearshift.quant.int4 import Int4Weight
+from gearshift.quant.int4 import BLOCKS16, Int4Weight
 
 if HAS_TRITON:
     from gearshift.kernels.int4_unpack import code_bytes
     from gearshift.kernels.tiles import (group_scales, int4_tile_pointers, k_tile_range, scales_ahead, store_tile,
-                                         tile_offsets)
+                                         tile_offsets, w_tile_offset)
 
     @triton.jit
     def _dpr_int8(q, x, BN: tl.constexpr, BM: tl.constexpr, W_PARTS: tl.constexpr, WB: tl.constexpr,
@@ -61,18 +61,19 @@ if HAS_TRITON:
                      stride_ym,
                      G: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
                      SPLIT_K: tl.constexpr, FP8: tl.constexpr, W_PARTS: tl.constexpr, WB: tl.constexpr,
-                     A_PARTS: tl.constexpr, JOIN: tl.constexpr, ASM: tl.constexpr):
+                     A_PARTS: tl.constexpr, JOIN: tl.constexpr, ASM: tl.constexpr,
+                     BLOCKS: tl.constexpr):
         offs_n, offs_m, n_mask, m_mask = tile_offsets(N, M, BN, BM)
         t0, t1 = k_tile_range(tl.program_id(2), K, BK, SPLIT_K)
         w_ptrs, x_ptrs, xk_ptrs, sc_ptrs, mn_ptrs = int4_tile_pointers(xq_ptr, qw_ptr, s_ptr, mn_ptr, offs_n, offs_m,
-                                                                       K, stride_xm, G, BK)
+                                                                       K, stride_xm, G, BK, BLOCKS)
         acc = tl.zeros([BN, BM], dtype=tl.float32)
         sc_n, mn_n = group_scales(sc_ptrs, mn_ptrs, tl.minimum(t0, K // BK - 1) * BK, n_mask, G)
         xsum_ptrs = xsum_ptr + offs_m * (K // G)
         xsum_n = tl.load(xsum_ptrs + tl.minimum(t0, K // BK - 1) * BK // G, mask=m_mask, other=0.0)
         for t in range(t0, t1):
             k0 = t * BK
-            qw = tl.load(w_ptrs + k0 // 2, mask=n_mask[:, None], other=0)
+            qw = tl.load(w_ptrs + w_tile_offset(k0, BK, BLOCKS), mask=n_mask[:, None], other=0)
             sc, mn, sc_n, mn_n = scales_ahead(sc_ptrs, mn_ptrs, sc_n, mn_n, k0, K, n_mask, G, BK)
             xsum = xsum_n  # this tile's group sums, loaded an iteration ahead like the scales
             xsum_n = tl.load(xsum_ptrs + tl.minimum(k0 + BK, K - BK) // G, mask=m_mask, other=0.0)
@@ -111,7 +112,7 @@ if HAS_TRITON:
 def supports(store: Int4Weight, act: ActQuantSpec, cfg: TileConfig) -> bool:
     bk = min(cfg.bk, store.group_size)
     return (act.group_size is None and bk <= 2048 and store.in_features % bk == 0 and store.group_size % bk == 0
-            and bk >= 64)
+            and bk >= 64 and blocks_fit(store, bk))
 
 
 def w4a8_linear(x2: torch.Tensor, store: Int4Weight, act: ActQuantSpec, cfg: TileConfig,
@@ -148,7 +149,7 @@ def w4a8_from_codes(xq: torch.Tensor, xs: torch.Tensor, store: Int4Weight, cfg: 
     _w4a8_kernel[grid](xq, xs, xsum, store.qweight, store.scales, store.mins, y, ws, cnt, m, n, k, xq.stride(0),
                        y.stride(0), G=store.group_size, BM=cfg.bm, BN=cfg.bn, BK=bk, SPLIT_K=cfg.split_k, FP8=fp8,
                        W_PARTS=w_parts, WB=4 // w_parts, A_PARTS=a_parts, JOIN=cfg.join, ASM=not interpreting(),
-                       num_warps=cfg.warps, num_stages=cfg.stages)
+                       BLOCKS=store.layout == BLOCKS16, num_warps=cfg.warps, num_stages=cfg.stages)
     return y
 
 

@@ -153,6 +153,7 @@ def quantize_linears(loaded: LoadedModel, how: str, group_size: int = 128, progr
         if report.flagged:
             flagged.append((name, report.reason))
         lin.set_store(quantize_store(w, how, group_size).to(w.device))
+    use_int4_layout(loaded.model, loaded.info.get("int4_layout", "auto"))
     if flagged:
         note(f"{len(flagged)} of {len(todo)} linears look already quantized ({flagged[0][0]}: {flagged[0][1]}); "
              "re-quantizing compounds the error (GEARBX 13.3): prefer loading the quantized source as it is")
@@ -160,6 +161,32 @@ def quantize_linears(loaded: LoadedModel, how: str, group_size: int = 128, progr
     if todo:
         loaded.info["quantization"] = {"method": "rtn", "weights": how, "group_size": group_size}
     return len(todo)
+
+
+INT4_LAYOUTS = ("auto", "rows", "blocks16")
+
+
+def use_int4_layout(model, layout: str = "auto") -> int:
+    """Put every int4 linear that fits into `layout` (auto: blocks16 on CUDA, rows elsewhere);
+    returns how many changed. Why: the small-M fragment kernel reads blocks16 faster (a warp's
+    loads are 512 contiguous bytes) and the other GPU int4 kernels read it too; results are
+    bit-identical in either layout (tests/test_int4_layout.py)."""
+    from gearshift.quant.int4 import BLOCKS16, ROWS, Int4Weight, blocks16_fits
+
+    if layout not in INT4_LAYOUTS:
+        raise GearshiftError(f"unknown int4 layout {layout!r} (choose from {', '.join(INT4_LAYOUTS)})")
+    changed = 0
+    for _, lin in model.linear_layers():
+        st = lin.store
+        if not isinstance(st, Int4Weight):
+            continue
+        want = layout if layout != "auto" else BLOCKS16 if st.qweight.is_cuda else ROWS
+        if want == BLOCKS16 and not blocks16_fits(st.out_features, st.in_features):
+            want = ROWS  # speed only: every kernel reads rows
+        if st.layout != want:
+            lin.set_store(st.to_layout(want))
+            changed += 1
+    return changed
 
 
 # ---- sources ---------------------------------------------------------------------------------
@@ -241,11 +268,14 @@ def _attach_act_quantizers(model: Transformer, tensors: dict[str, torch.Tensor],
 
 def load_model(path: str | Path | None = None, *, dtype: torch.dtype | None = None, device: str = "cpu",
                quantize: str | None = None, group_size: int = 128, progress: bool = True,
-               cuda_graphs: bool = True) -> LoadedModel:
+               cuda_graphs: bool = True, int4_layout: str = "auto") -> LoadedModel:
     """Load `path` (HF folder, gearshift checkpoint or .gguf; None = embedded SmolLM2).
 
     On CUDA, decode-sized forwards replay captured CUDA graphs unless `cuda_graphs=False`.
+    `int4_layout` (`use_int4_layout`): byte order of int4 weights in memory; speed only.
     """
+    if int4_layout not in INT4_LAYOUTS:
+        raise GearshiftError(f"unknown int4 layout {int4_layout!r} (choose from {', '.join(INT4_LAYOUTS)})")
     dtype = dtype or default_dtype(device)
     if path is None:
         from gearshift.model.gguf_loader import smollm2_path
@@ -287,6 +317,8 @@ def load_model(path: str | Path | None = None, *, dtype: torch.dtype | None = No
         info["quantization"] = {"method": "rtn", "weights": quantize, "group_size": group_size}
     model.to(device)
     model.eval()
+    info["int4_layout"] = int4_layout
+    use_int4_layout(model, int4_layout)
     if torch.device(device).type == "cuda":
         from gearshift.dispatch import install_policy
 

@@ -205,14 +205,15 @@ def write_random_model(out: str | Path, preset: str = "tiny", seed: int = 0, dty
 
 
 def build_random_model(preset: str = "llama3-8b", weights: str = "int4", group_size: int = 128,
-                       device: str = "cuda", dtype: torch.dtype = torch.bfloat16, seed: int = 0, **overrides):
+                       device: str = "cuda", dtype: torch.dtype = torch.bfloat16, seed: int = 0,
+                       int4_layout: str = "auto", **overrides):
     """A random-weight `Transformer` built directly in memory (no files), for benchmarks.
 
     `weights="int4"` draws packed int4 codes and fp16 scales directly (no dense weights are
     ever materialized, so an 8B model builds in seconds); `"dense"` draws N(0, 0.02) tensors.
     """
     from gearshift.model.config import ModelConfig
-    from gearshift.model.loader import build_transformer
+    from gearshift.model.loader import build_transformer, use_int4_layout
     from gearshift.quant.int4 import Int4Weight
 
     cfg = preset_config(preset, **overrides)
@@ -230,5 +231,6 @@ def build_random_model(preset: str = "llama3-8b", weights: str = "int4", group_s
             tensors[name] = torch.ones(shape, device=device, dtype=dtype)
         else:
             tensors[name] = (0.02 * torch.randn(shape, generator=gen, device=device, dtype=torch.float32)).to(dtype)
-    model = build_transformer(ModelConfig.from_hf_dict(cfg), tensors, dtype)
-    return model.to(device).eval()
+    model = build_transformer(ModelConfig.from_hf_dict(cfg), tensors, dtype).to(device).eval()
+    use_int4_layout(model, int4_layout)
+    return model

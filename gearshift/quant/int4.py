@@ -31,13 +31,39 @@ def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
     return torch.stack((low, high), dim=-1).reshape(*packed.shape[:-1], packed.shape[-1] * 2)
 
 
+ROWS = "rows"  # [N, K/2]: row n's bytes contiguous
+BLOCKS16 = "blocks16"  # the same bytes as 1 KB chunks per (16 rows, 128 columns)
+LAYOUTS = (ROWS, BLOCKS16)
+
+
+def blocks16_from_rows(packed: torch.Tensor) -> torch.Tensor:
+    """[N, K/2] rows -> blocks16: chunk (r, b) = rows 16r..16r+15, columns 128b..128b+127, i.e. their
+    64-byte row pieces one after another (byte (n, j) at (n // 16 * K/128 + j // 64) * 1024 +
+    n % 16 * 64 + j % 64). Why: a warp of the small-M fragment kernel loads 16 bytes per lane from
+    8 rows at once; in this layout those 512 bytes are contiguous (fewer L1/L2 requests), and the
+    tl.dot kernels still read whole 64-byte pieces."""
+    n, hk = packed.shape
+    if n % 16 or hk % 64:
+        raise ValueError(f"the blocks16 layout needs N % 16 == 0 and K % 128 == 0, got {n}x{hk * 2}")
+    return packed.reshape(n // 16, 16, hk // 64, 64).transpose(1, 2).contiguous().reshape(n, hk)
+
+
+def rows_from_blocks16(packed: torch.Tensor) -> torch.Tensor:
+    n, hk = packed.shape
+    return packed.reshape(n // 16, hk // 64, 16, 64).transpose(1, 2).contiguous().reshape(n, hk)
+
+
+def blocks16_fits(n: int, k: int) -> bool:
+    return n % 16 == 0 and k % 128 == 0
+
+
 @register_format
 class Int4Weight(WeightFormat):
     format_name = "int4g"
     weight_bits = 4
 
     def __init__(self, qweight: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor, group_size: int,
-                 symmetric: bool = False):
+                 symmetric: bool = False, layout: str = ROWS):
         out_features, half_k = qweight.shape
         super().__init__(out_features, half_k * 2)
         if qweight.dtype != torch.uint8:
@@ -47,14 +73,32 @@ class Int4Weight(WeightFormat):
             raise ValueError(
                 f"int4 store shapes disagree: qweight {tuple(qweight.shape)}, scales {tuple(scales.shape)}, "
                 f"mins {tuple(mins.shape)}, group {group_size}")
+        if layout not in LAYOUTS:
+            raise ValueError(f"unknown int4 layout {layout!r}; known: {', '.join(LAYOUTS)}")
+        if layout == BLOCKS16 and not blocks16_fits(out_features, self.in_features):
+            raise ValueError(f"the blocks16 layout needs N % 16 == 0 and K % 128 == 0, got "
+                             f"{out_features}x{self.in_features}")
         self.group_size = int(group_size)
         self.symmetric = bool(symmetric)
+        self.layout = layout
         self.register_buffer("qweight", qweight)
         self.register_buffer("scales", scales)
         self.register_buffer("mins", mins)
 
+    def rows_qweight(self) -> torch.Tensor:
+        """qweight in the row layout, whatever this store's layout."""
+        return self.qweight if self.layout == ROWS else rows_from_blocks16(self.qweight)
+
+    def to_layout(self, layout: str) -> "Int4Weight":
+        """The same weights in `layout` (a new store sharing scales and mins; self if already so).
+        The layout changes which kernels can run and how fast, never a result."""
+        if layout == self.layout:
+            return self
+        q = blocks16_from_rows(self.qweight) if layout == BLOCKS16 else self.rows_qweight()
+        return Int4Weight(q, self.scales, self.mins, self.group_size, self.symmetric, layout)
+
     def unpacked(self) -> torch.Tensor:
-        return unpack_int4(self.qweight)
+        return unpack_int4(self.rows_qweight())
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         n, k = self.out_features, self.in_features
@@ -63,16 +107,20 @@ class Int4Weight(WeightFormat):
         return w.reshape(n, k).to(dtype)
 
     def meta(self) -> dict:
-        return {"group_size": self.group_size, "symmetric": self.symmetric}
+        m = {"group_size": self.group_size, "symmetric": self.symmetric}
+        if self.layout != ROWS:
+            m["layout"] = self.layout
+        return m
 
     @classmethod
     def from_state(cls, tensors, meta):
         return cls(tensors["qweight"], tensors["scales"], tensors["mins"], int(meta["group_size"]),
-                   bool(meta.get("symmetric", False)))
+                   bool(meta.get("symmetric", False)), meta.get("layout", ROWS))
 
     def extra_repr(self) -> str:
         kind = "sym" if self.symmetric else "asym"
-        return f"{self.out_features}x{self.in_features}, int4 g{self.group_size} {kind}"
+        lay = "" if self.layout == ROWS else f", {self.layout}"
+        return f"{self.out_features}x{self.in_features}, int4 g{self.group_size} {kind}{lay}"
 
 
 def quantize_int4(weight: torch.Tensor, group_size: int = 128, symmetric: bool = False) -> Int4Weight:
