@@ -1,5 +1,5 @@
 """Merge the entries of a freshly profiled policy map into another (e.g. the shipped one) for the
-given modes and M buckets, keeping everything else; records what was merged in the map's meta.
+given modes and M buckets, keeping everything else; appends what was merged to the map's meta.merged list.
 
     python benchmarks/policy_merge.py --base gearshift/data/policy/NVIDIA_H100_80GB_HBM3.json \\
         --new $OUT/policy_NVIDIA_H100_80GB_HBM3.json --modes w4a16 --m 2,4,8,16 --out merged.json
@@ -30,7 +30,10 @@ def main() -> None:
             if m in per_m:
                 base["entries"].setdefault(key, {})[m] = per_m[m]
                 taken += 1
-    base.setdefault("meta", {})["merged"] = (f"{a.modes} M={a.m} from {a.new}" + (f": {a.note}" if a.note else ""))
+    meta = base.setdefault("meta", {})
+    history = meta.get("merged", [])
+    history = [history] if isinstance(history, str) else list(history)  # earlier maps kept one string
+    meta["merged"] = history + [f"{a.modes} M={a.m} from {a.new}" + (f": {a.note}" if a.note else "")]
     Path(a.out).write_text(json.dumps(base, indent=1))
     print(f"merged {taken} entries into {a.out}")
 
