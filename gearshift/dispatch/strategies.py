@@ -18,7 +18,7 @@ from gearshift.kernels.dpr import DPRPartition
 from gearshift.kernels.reference import linear_reference
 from gearshift.quant.activations import ActQuantSpec
 from gearshift.quant.base import DenseWeight, WeightFormat
-from gearshift.quant.int4 import Int4Weight
+from gearshift.quant.int4 import ROWS, Int4Weight
 from gearshift.quant.int8 import Int8Weight
 
 
@@ -233,7 +233,7 @@ def _sup_w4a16(store, act, cfg):
 
 
 def _sup_w4a16_gemv(store, act, cfg):
-    return _sup_w4a16(store, act, cfg) and store.layout == "rows"
+    return _sup_w4a16(store, act, cfg) and store.layout == ROWS
 
 
 def _w4a8_runner(w_parts: int, a_parts: int):

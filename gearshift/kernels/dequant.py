@@ -13,6 +13,7 @@ from gearshift.kernels._triton import HAS_TRITON, tl, triton
 from gearshift.quant.int4 import BLOCKS16, Int4Weight
 
 if HAS_TRITON:
+    from gearshift.kernels.tiles import blocks16_row_offset
 
     @triton.jit
     def _dequant_int4_kernel(qw_ptr, s_ptr, mn_ptr, w_ptr, N, K, G: tl.constexpr, BN: tl.constexpr,
@@ -23,7 +24,7 @@ if HAS_TRITON:
         offs_h = pid_k * BH + tl.arange(0, BH)
         mask = (offs_n[:, None] < N) & (offs_h[None, :] < K // 2)
         if BLOCKS:  # quant.int4.blocks16_from_rows
-            q_off = (((offs_n // 16) * (8 * K) + (offs_n % 16) * 64)[:, None]
+            q_off = (blocks16_row_offset(offs_n, K)[:, None]
                      + ((offs_h // 64) * 1024 + offs_h % 64)[None, :])
         else:
             q_off = offs_n[:, None] * (K // 2) + offs_h[None, :]

@@ -63,12 +63,18 @@ if HAS_TRITON:
                 h_off = offs_h
             else:
                 h_off = (offs_h // 64) * 1024 + offs_h % 64
-            w_ptrs = qw_ptr + ((offs_n // 16) * (8 * K) + (offs_n % 16) * 64)[:, None] + h_off[None, :]
+            w_ptrs = qw_ptr + blocks16_row_offset(offs_n, K)[:, None] + h_off[None, :]
         else:
             w_ptrs = qw_ptr + offs_n[:, None] * (K // 2) + offs_h[None, :]
         x_ptrs = x_ptr + offs_m[None, :] * stride_xm + 2 * offs_h[:, None]
         xk_ptrs = x_ptr + offs_m[None, :] * stride_xm + tl.arange(0, BK)[:, None]
         return w_ptrs, x_ptrs, xk_ptrs, s_ptr + offs_n * n_groups, mn_ptr + offs_n * n_groups
+
+
+    @triton.jit
+    def blocks16_row_offset(offs_n, K):
+        """Byte offset of row n's first 64-byte piece in the blocks16 layout (`quant.int4`)."""
+        return (offs_n // 16) * (8 * K) + (offs_n % 16) * 64
 
 
     @triton.jit
