@@ -236,6 +236,24 @@ def _sup_w4a16_gemv(store, act, cfg):
     return _sup_w4a16(store, act, cfg) and store.layout == ROWS
 
 
+def _run_w4a16_wgmma(x2, store, act, cfg):
+    from gearshift.kernels.w4a16_wgmma import w4a16_wgmma
+
+    return w4a16_wgmma(x2, store, cfg)
+
+
+def _wgmma_configs(m: int) -> list[TileConfig]:
+    from gearshift.kernels.w4a16_wgmma import wgmma_configs
+
+    return wgmma_configs(m)
+
+
+def _sup_w4a16_wgmma(store, act, cfg):
+    from gearshift.kernels.w4a16_wgmma import wgmma_supports
+
+    return act is None and wgmma_supports(store, cfg)
+
+
 def _w4a8_runner(w_parts: int, a_parts: int):
     def run(x2, store, act, cfg):
         from gearshift.kernels.w4a8 import w4a8_linear
@@ -286,6 +304,8 @@ _INT8_MODES = ("w8a16", "w8a8", "w8a4")
 
 register(Strategy("w4a16_tc", DPRPartition((4,), (16,), "bf16", "padding"), ("w4a16",), _run_w4a16,
                   a16_configs, _sup_w4a16))
+register(Strategy("w4a16_wgmma", DPRPartition((4,), (16,), "bf16-wgmma", "padding"), ("w4a16",), _run_w4a16_wgmma,
+                  _wgmma_configs, _sup_w4a16_wgmma))
 register(Strategy("w4a16_gemv", DPRPartition((4,), (16,), "fp32-fma", "padding"), ("w4a16",), _run_w4a16_gemv,
                   gemv_configs, _sup_w4a16_gemv))
 register(Strategy("w4a16_rowgemv", DPRPartition((4,), (16,), "fp32-fma", "padding"), ("w4a16",),

@@ -19,10 +19,13 @@ class TileConfig:
     scale_after: bool = True  # int4: scale/min applied to the per-tile partial sum, not per weight
     join: bool = True  # int4: interleave the two nibbles in registers, load x [BK, BM] contiguous along K
     prefetch: bool = False  # CUDA-core GEMV: load the next K tile before this tile's math
+    a_smem: bool = False  # wgmma kernel: dequantized tile through shared memory (overlaps the next dequant)
+    maxnreg: int = 0  # wgmma kernel: register cap per thread (0: the compiler's), to fit more CTAs per SM
 
     def key(self) -> str:
         return (f"m{self.bm}n{self.bn}k{self.bk}s{self.split_k}w{self.warps}p{self.stages}"
-                f"{'a' if self.scale_after else 'b'}{'j' if self.join else 's'}{'f' if self.prefetch else ''}")
+                f"{'a' if self.scale_after else 'b'}{'j' if self.join else 's'}{'f' if self.prefetch else ''}"
+                f"{'S' if self.a_smem else ''}{f'r{self.maxnreg}' if self.maxnreg else ''}")
 
     def to_dict(self) -> dict:
         return asdict(self)

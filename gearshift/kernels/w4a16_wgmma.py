@@ -1,0 +1,344 @@
+"""W4A16 for large M on Hopper: a warp-specialized Gluon kernel (TMA + mbarriers + async wgmma).
+
+Why: the `tl.dot` tiles (`w4a16.py`) trail cuBLAS from M = 128 on because nothing overlaps a
+tile's dequantization with the previous tile's MMAs at their 1-2 programs per SM, and Triton 3.6
+does not warp-specialize that loop (docs/kernels.md, stop 12). Here the partitions are written
+out:
+
+* a one-warp load partition streams the activation tile [BM, BK] (bf16/fp16) and the packed
+  weight tile [BN, BK/2] (uint8, row or blocks16 layout) into a STAGES-deep shared-memory ring
+  with TMA, one `ready` mbarrier per slot;
+* the default partition (BN/16 warps, one warpgroup per 64 weight rows) reads the weight bytes
+  straight into the registers of the wgmma A operand, dequantizes them there (one byte -> its two
+  weights as a packed bf16 pair: (128 + q) * scale + (min - 128 scale), the nibble OR-ed into the
+  mantissa of 128.0, one FFMA each, one paired convert), and issues an async wgmma against the
+  activation tile in shared memory. Tile i+1 is dequantized while tile i's wgmma runs; a slot is
+  handed back (`empty`) once the wgmma that read it has retired.
+
+Swap-AB as the other kernels: the wgmma computes y^T [BN, BM] = W [BN, BK] x^T [BK, BM].
+The byte tile's register layout (`byte_layout`) is chosen so that splitting each byte into its
+two nibbles *is* the wgmma A-fragment layout: the compiler checks that the conversion is free
+(`convert_layout(..., assert_trivial=True)`). DPR: P_W = (4), P_X = (16), Padding on bf16 MMA.
+
+CPU: Gluon has no interpreter; tests compile this for sm_90 and run `w4a16_wgmma_emulate`,
+the torch model of its numerics. The GPU tests compare the two.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from gearshift.kernels._triton import HAS_TRITON
+from gearshift.kernels.config import TileConfig
+from gearshift.kernels.splitk import splitk_buffers
+from gearshift.quant.int4 import BLOCKS16, Int4Weight
+
+BK = 64  # 128-byte activation rows (the 128B TMA swizzle); a tile never straddles a 64..128 group
+
+HAS_GLUON = False
+if HAS_TRITON:
+    try:
+        from triton.experimental import gluon
+        from triton.experimental.gluon import language as gl
+        from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+                                                                     warpgroup_mma_wait)
+        from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+        HAS_GLUON = True
+    except Exception:  # pragma: no cover - depends on the Triton build
+        HAS_GLUON = False
+
+if HAS_GLUON:
+    # Triton 3.6 names the TMA load async_copy_global_to_shared; later releases async_load.
+    _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+    # ... and the CTA barrier thread_barrier, later barrier
+    _cta_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
+
+    @gluon.constexpr_function
+    def byte_layout(BN, BKH, warps):
+        """Register layout of the uint8 tile [BN, BK/2] whose nibble split is the wgmma A fragment
+        (16-bit, k_width 2): lane (g, t) of a warp holds rows g and g+8 and bytes t, t+4, t+8, ...
+        (weights 2t, 2t+1, 2t+8, 2t+9, ...); warps stack 16-row groups; extra rows repeat in registers."""
+        reg = [[8, 0]] + [[0, 4 << i] for i in range((BKH // 4).bit_length() - 1)]
+        rows = 16 * warps
+        while rows < BN:
+            reg.append([rows, 0])
+            rows *= 2
+        return gl.DistributedLinearLayout(
+            reg_bases=reg, lane_bases=[[0, 1], [0, 2], [1, 0], [2, 0], [4, 0]],
+            warp_bases=[[16 << i, 0] for i in range(warps.bit_length() - 1)], block_bases=[], shape=[BN, BKH])
+
+    def _dequant_ptx(cvt: str) -> str:
+        return ("{ .reg .b32 l, h, t; shl.b32 l, $2, 16; lop3.b32 l, l, 0x000F0000, 0x43000000, 0xEA; "
+                "shl.b32 h, $2, 12; lop3.b32 h, h, 0x000F0000, 0x43000000, 0xEA; "
+                "fma.rn.f32 l, l, $3, $4; fma.rn.f32 h, h, $3, $4; "
+                f"{cvt} t, h, l; mov.b32 {{$0, $1}}, t; }}")
+
+    _DEQUANT_BF16 = gl.constexpr(_dequant_ptx("cvt.rn.bf16x2.f32"))
+    _DEQUANT_F16 = gl.constexpr(_dequant_ptx("cvt.rn.f16x2.f32"))
+
+    @gluon.jit
+    def dequant_bytes(b, s, c, F16: gl.constexpr):
+        """Code byte (int32, 0..255) -> its two weights (128 + q) * s + c (c = min - 128 s), low
+        nibble first: each nibble lands in bits 16..19 of fp32 128.0 (one shift, one LOP3; reads
+        as 128 + q exactly), one FFMA, and a paired convert rounds both once to fp16/bf16."""
+        if F16:
+            lo, hi = gl.inline_asm_elementwise(_DEQUANT_F16, "=h,=h,r,r,r", [b, s, c],
+                                               dtype=(gl.float16, gl.float16), is_pure=True, pack=1)
+        else:
+            lo, hi = gl.inline_asm_elementwise(_DEQUANT_BF16, "=h,=h,r,r,r", [b, s, c],
+                                               dtype=(gl.bfloat16, gl.bfloat16), is_pure=True, pack=1)
+        return lo, hi
+
+    @gluon.jit
+    def _load_partition(x_desc, w_desc, x_bufs, w_bufs, sc_bufs, mn_bufs, ready, empty, s_ptr, mn_ptr, m0, n0, t0,
+                        num_k, K, G: gl.constexpr, BLOCKS: gl.constexpr):
+        """One warp: TMA for the activation and weight tiles, and each tile's scale / min column
+        for the BN rows (plain loads one tile ahead, stored to the slot before its second arrive)."""
+        STAGES: gl.constexpr = x_bufs.type.shape[0]
+        BKX: gl.constexpr = x_desc.block_type.shape[1]
+        BN: gl.constexpr = sc_bufs.type.shape[1]
+        rl: gl.constexpr = gl.BlockedLayout([BN // 32], [32], [1], [0])
+        rows = n0 + gl.arange(0, BN, layout=rl)
+        n_groups = K // G
+        g0 = (t0 * BKX) // G
+        sc = gl.load(s_ptr + rows * n_groups + g0)
+        mn = gl.load(mn_ptr + rows * n_groups + g0)
+        for i in range(num_k):
+            s = i % STAGES
+            mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)
+            mbarrier.expect(ready.index(s), x_desc.block_type.nbytes + w_desc.block_type.nbytes)
+            k0 = (t0 + i) * BKX
+            _tma_load(x_desc, [m0, k0], ready.index(s), x_bufs.index(s))
+            if BLOCKS:  # [N/16, K/128 * 16, 64] view: chunk row (k0 / 128) * 16 + n % 16
+                _tma_load(w_desc, [n0 // 16, (k0 // 128) * 16, (k0 % 128) // 2], ready.index(s), w_bufs.index(s))
+            else:
+                _tma_load(w_desc, [n0, k0 // 2], ready.index(s), w_bufs.index(s))
+            sc_bufs.index(s).store(sc)
+            mn_bufs.index(s).store(mn)
+            mbarrier.arrive(ready.index(s))
+            g_next = ((t0 + gl.minimum(i + 1, num_k - 1)) * BKX) // G
+            sc = gl.load(s_ptr + rows * n_groups + g_next)
+            mn = gl.load(mn_ptr + rows * n_groups + g_next)
+
+
+    @gluon.jit
+    def _mma_partition(x_bufs, w_bufs, a_bufs, sc_bufs, mn_bufs, ready, empty, y_ptr, ws_ptr, cnt_ptr, m0, n0, M, N,
+                       num_k, ROW0: gl.constexpr, BN: gl.constexpr, NPART: gl.constexpr, F16: gl.constexpr,
+                       A_SMEM: gl.constexpr, SPLIT_K: gl.constexpr, WARPS: gl.constexpr):
+        """Weight rows [ROW0, ROW0 + BN) of the tile (NPART consumer partitions split its rows)."""
+        STAGES: gl.constexpr = x_bufs.type.shape[0]
+        BM: gl.constexpr = x_bufs.type.shape[1]
+        BKX: gl.constexpr = x_bufs.type.shape[2]
+        mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
+                                                      instr_shape=[16, BM, 16])
+        dot: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
+        bl: gl.constexpr = byte_layout(BN, BKX // 2, WARPS)
+        acc = gl.zeros([BN, BM], gl.float32, layout=mma)
+        for i in range(num_k):
+            s = i % STAGES
+            mbarrier.wait(ready.index(s), (i // STAGES) & 1)
+            b = w_bufs.index(s).reshape([BN * NPART, BKX // 2]).slice(ROW0, BN).load(bl).to(gl.int32)
+            sc = sc_bufs.index(s).slice(ROW0, BN).load(gl.SliceLayout(1, bl)).to(gl.float32)
+            c = mn_bufs.index(s).slice(ROW0, BN).load(gl.SliceLayout(1, bl)).to(gl.float32) - 128.0 * sc
+            lo, hi = dequant_bytes(b, sc[:, None], c[:, None], F16)
+            w = gl.reshape(gl.join(lo, hi), [BN, BKX])
+            if A_SMEM:
+                # the dequantized tile goes to one of two shared buffers and the wgmma reads it there:
+                # tile i+1 is dequantized while tile i's wgmma runs (the buffer it overwrites was read
+                # by tile i-1's wgmma, retired by the wait below one iteration earlier)
+                a_s = a_bufs.index(i % 2)
+                a_s.store(w)
+                fence_async_shared()
+                acc = warpgroup_mma(a_s, x_bufs.index(s).permute((1, 0)), acc, is_async=True)
+                acc = warpgroup_mma_wait(1, deps=(acc,))
+                done = i - 1  # tile i-1's slot is free
+            else:
+                # A straight from registers. The wgmma must retire before the next tile's dequant:
+                # Triton 3.6 does not keep the packed A registers of an in-flight wgmma alive (a
+                # dependency on the tensor covers its 16-bit halves only), so the next dequant
+                # could overwrite them (measured: wrong rows g+8 with one wgmma left pending).
+                a = gl.convert_layout(w, dot, assert_trivial=True)
+                acc = warpgroup_mma(a, x_bufs.index(s).permute((1, 0)), acc, is_async=True)
+                acc = warpgroup_mma_wait(0, deps=(acc,))
+                done = i
+            # no proxy fence before handing the slot back: its bytes and scales were read into
+            # registers and consumed before this point
+            mbarrier.arrive(empty.index((done + STAGES) % STAGES), pred=done >= 0)
+        acc = warpgroup_mma_wait(0, deps=(acc,))
+        offs_n = n0 + ROW0 + gl.arange(0, BN, layout=gl.SliceLayout(1, mma))
+        offs_m = m0 + gl.arange(0, BM, layout=gl.SliceLayout(0, mma))
+        offs = offs_m[None, :] * N + offs_n[:, None]
+        mask = (offs_m < M)[None, :]
+        if SPLIT_K == 1:
+            gl.store(y_ptr + offs, acc.to(y_ptr.dtype.element_ty), mask=mask)
+        else:  # the deterministic one-launch reduction of splitk.py: the last slice sums in slice order
+            n_out = M * N
+            gl.store(ws_ptr + gl.program_id(2) * n_out + offs, acc, mask=mask)
+            _cta_barrier()  # every thread's partial is written before the counter moves
+            tile = (gl.program_id(1) * gl.num_programs(0) + gl.program_id(0)) * NPART + ROW0 // BN
+            arrived = gl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel", scope="gpu")
+            if arrived == SPLIT_K - 1:
+                tot = gl.zeros([BN, BM], gl.float32, layout=mma)
+                for sl in gl.static_range(SPLIT_K):
+                    tot += gl.load(ws_ptr + sl * n_out + offs, mask=mask, other=0.0, cache_modifier=".cg")
+                gl.store(y_ptr + offs, tot.to(y_ptr.dtype.element_ty), mask=mask)
+                gl.atomic_xchg(cnt_ptr + tile, 0, sem="relaxed", scope="gpu")
+
+    @gluon.jit
+    def w4a16_wgmma_kernel(x_desc, w_desc, s_ptr, mn_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, G: gl.constexpr,
+                           BN: gl.constexpr, STAGES: gl.constexpr, BLOCKS: gl.constexpr, F16: gl.constexpr,
+                           A_SMEM: gl.constexpr, SPLIT_K: gl.constexpr, CONSUMERS: gl.constexpr,
+                           num_warps: gl.constexpr):
+        BM: gl.constexpr = x_desc.block_type.shape[0]
+        BKX: gl.constexpr = x_desc.block_type.shape[1]
+        m0 = gl.program_id(1) * BM
+        n0 = gl.program_id(0) * BN
+        x_bufs = gl.allocate_shared_memory(x_desc.dtype, [STAGES] + x_desc.block_type.shape, x_desc.layout)
+        w_bufs = gl.allocate_shared_memory(w_desc.dtype, [STAGES] + w_desc.block_type.shape, w_desc.layout)
+        A_ROWS: gl.constexpr = BN if A_SMEM else 16  # a token buffer when A stays in registers
+        a_bufs = gl.allocate_shared_memory(x_desc.dtype, [2 if A_SMEM else 1, A_ROWS, BKX],
+                                           gl.NVMMASharedLayout.get_default_for([A_ROWS, BKX], x_desc.dtype))
+        sc_bufs = gl.allocate_shared_memory(gl.float16, [STAGES, BN], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
+        mn_bufs = gl.allocate_shared_memory(gl.float16, [STAGES, BN], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
+        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(STAGES):
+            mbarrier.init(ready.index(i), count=2)  # the TMA bytes, and the load warp's scale stores
+            mbarrier.init(empty.index(i), count=CONSUMERS)
+        kt = K // BKX  # K tiles, shared out over the split-K slices (grid axis 2)
+        per = gl.cdiv(kt, SPLIT_K)
+        t0 = gl.program_id(2) * per
+        num_k = gl.minimum(per, kt - t0)
+        if CONSUMERS == 1:
+            gl.warp_specialize([
+                (_mma_partition, (x_bufs, w_bufs, a_bufs, sc_bufs, mn_bufs, ready, empty, y_ptr, ws_ptr, cnt_ptr, m0,
+                                  n0, M, N, num_k, 0, BN, 1, F16, A_SMEM, SPLIT_K, num_warps)),
+                (_load_partition, (x_desc, w_desc, x_bufs, w_bufs, sc_bufs, mn_bufs, ready, empty, s_ptr, mn_ptr, m0,
+                                   n0, t0, num_k, K, G, BLOCKS)),
+            ], [1], [64])
+        else:  # two independent 4-warp consumers on the two row halves: one dequantizes while the
+            # other's wgmma runs (no CTA-wide barrier couples them; each hands slots back itself)
+            half: gl.constexpr = BN // 2
+            gl.warp_specialize([
+                (_mma_partition, (x_bufs, w_bufs, a_bufs, sc_bufs, mn_bufs, ready, empty, y_ptr, ws_ptr, cnt_ptr, m0,
+                                  n0, M, N, num_k, 0, half, 2, F16, A_SMEM, SPLIT_K, num_warps)),
+                (_mma_partition, (x_bufs, w_bufs, a_bufs, sc_bufs, mn_bufs, ready, empty, y_ptr, ws_ptr, cnt_ptr, m0,
+                                  n0, M, N, num_k, half, half, 2, F16, A_SMEM, SPLIT_K, num_warps)),
+                (_load_partition, (x_desc, w_desc, x_bufs, w_bufs, sc_bufs, mn_bufs, ready, empty, s_ptr, mn_ptr, m0,
+                                   n0, t0, num_k, K, G, BLOCKS)),
+            ], [num_warps, 1], [232, 40])
+
+    def _descriptors(x2: torch.Tensor, store: Int4Weight, bm: int, bn: int):
+        """TMA descriptors of the activations [M, K] and of the weight bytes (row layout: [N, K/2];
+        blocks16: the [N/16, K/128 * 16, 64] view whose [BN/16, 16, BK/2] box is the same tile)."""
+        xdt = gl.float16 if x2.dtype == torch.float16 else gl.bfloat16
+        x_desc = TensorDescriptor.from_tensor(x2, [bm, BK], gl.NVMMASharedLayout.get_default_for([bm, BK], xdt))
+        return x_desc, _weight_descriptor(store, bn)
+
+    def _weight_descriptor(store: Int4Weight, bn: int):
+        n, k = store.out_features, store.in_features
+        if store.layout == BLOCKS16:
+            qw = store.qweight.view(n // 16, (k // 128) * 16, 64)
+            block = [bn // 16, 16, BK // 2]
+        else:
+            qw = store.qweight
+            block = [bn, BK // 2]
+        layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=8, rank=len(block))
+        return TensorDescriptor.from_tensor(qw, block, layout)
+
+
+#: (BM tokens, BN weight rows, warps, stages, A through shared memory, register cap, split-K).
+#: A in registers retires each wgmma before the next dequant, so something else must overlap them:
+#: with 4 warps a register cap that fits 2-3 CTAs per SM, with 8 warps two independent consumer
+#: partitions (`_two_consumers`). Split-K fills the SMs where N / BN tiles are few (N = 4096).
+_SMALL = ((64, 64, 4, 6, False, 128, 1), (64, 64, 4, 4, False, 80, 1), (64, 64, 4, 6, False, 80, 1),
+          (128, 64, 4, 4, False, 128, 1), (128, 64, 4, 3, False, 128, 1), (64, 64, 4, 6, True, 128, 1),
+          (128, 64, 4, 4, True, 128, 1), (128, 128, 8, 4, False, 0, 1), (64, 128, 8, 6, False, 0, 1),
+          (64, 64, 4, 4, False, 80, 2), (64, 64, 4, 4, False, 80, 4), (128, 64, 4, 4, False, 128, 2),
+          (128, 64, 4, 3, False, 128, 4), (128, 128, 8, 4, False, 0, 2))
+_LARGE = ((256, 128, 8, 4, False, 0, 1), (256, 128, 8, 3, False, 0, 1), (256, 128, 8, 3, True, 0, 1),
+          (256, 64, 4, 4, True, 0, 1), (128, 64, 4, 4, False, 128, 1), (128, 128, 8, 4, False, 0, 1),
+          (256, 128, 8, 4, False, 0, 2))
+
+
+def wgmma_configs(m: int) -> list[TileConfig]:
+    """The tiles worth profiling at this M (BK is fixed at 64)."""
+    if m < 64:
+        return []
+    rows = _SMALL if m <= 128 else _SMALL + _LARGE if m <= 512 else _LARGE
+    return [TileConfig(bm, bn, BK, sk, w, st, a_smem=a, maxnreg=r) for bm, bn, w, st, a, r, sk in rows
+            if bm <= max(64, m)]
+
+
+def smem_bytes(cfg: TileConfig, x_bytes: int = 2) -> int:
+    """Shared memory of one CTA: the TMA ring (activations, weight bytes, scales / mins) and the
+    dequantized-A buffers."""
+    ring = cfg.stages * (cfg.bm * BK * x_bytes + cfg.bn * BK // 2 + 4 * cfg.bn)
+    return ring + (2 * cfg.bn if cfg.a_smem else 16) * BK * x_bytes + 1024
+
+
+def wgmma_supports(store, cfg: TileConfig | None, x_dtype: torch.dtype | None = None) -> bool:
+    if not HAS_GLUON or not isinstance(store, Int4Weight) or cfg is None:
+        return False
+    n, k, g = store.out_features, store.in_features, store.group_size
+    if cfg.bk != BK or cfg.split_k not in (1, 2, 4) or cfg.bm not in (64, 128, 256) or cfg.warps not in (4, 8):
+        return False
+    if cfg.bn != 16 * cfg.warps:  # one 16-row group per warp (taller tiles: ptxas serializes the wgmmas)
+        return False
+    if cfg.bm * cfg.bn // (32 * cfg.warps) > 128 or smem_bytes(cfg) > 227 * 1024:  # accumulator regs, smem
+        return False
+    if n % cfg.bn or k % BK or g % BK or k // BK < 2 * cfg.split_k:
+        return False
+    if x_dtype is not None and x_dtype not in (torch.bfloat16, torch.float16):
+        return False
+    return _is_sm90_or_cpu()
+
+
+@functools.lru_cache(maxsize=1)
+def _is_sm90_or_cpu() -> bool:
+    """wgmma exists on sm_90 only; on a CPU-only machine the kernel can still be compiled."""
+    return not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] == 9
+
+
+def _two_consumers(cfg: TileConfig) -> bool:
+    """8 warps with A in registers run as two independent 4-warp consumer partitions (with A in
+    shared memory, as one 8-warp partition whose wgmmas overlap the next dequant instead)."""
+    return cfg.warps == 8 and not cfg.a_smem
+
+
+def w4a16_wgmma(x2: torch.Tensor, store: Int4Weight, cfg: TileConfig) -> torch.Tensor:
+    """x2 [M, K] bf16/fp16 -> [M, N] in x2's dtype, on an sm_90 GPU."""
+    if not wgmma_supports(store, cfg, x2.dtype):
+        raise ValueError(f"w4a16_wgmma cannot run {cfg} on this store/device "
+                         f"({store.out_features}x{store.in_features}, group {getattr(store, 'group_size', '?')}, "
+                         f"x {x2.dtype}); wgmma_supports() says which")
+    if x2.stride(1) != 1 or (x2.stride(0) * x2.element_size()) % 16 or x2.data_ptr() % 16:
+        x2 = x2.contiguous()
+    m = x2.shape[0]
+    n, k = store.out_features, store.in_features
+    y = torch.empty((m, n), device=x2.device, dtype=x2.dtype)
+    x_desc, w_desc = _descriptors(x2, store, cfg.bm, cfg.bn)
+    grid = (n // cfg.bn, -(-m // cfg.bm), cfg.split_k)
+    consumers = 2 if _two_consumers(cfg) else 1
+    ws, cnt = splitk_buffers(y, cfg.split_k, m * n, grid[0] * grid[1] * consumers)
+    regs = cfg.maxnreg or (168 if consumers == 2 else 0)
+    w4a16_wgmma_kernel[grid](x_desc, w_desc, store.scales, store.mins, y, ws, cnt, m, n, k, G=store.group_size,
+                             BN=cfg.bn, STAGES=cfg.stages, BLOCKS=store.layout == BLOCKS16,
+                             F16=x2.dtype == torch.float16, A_SMEM=cfg.a_smem, SPLIT_K=cfg.split_k,
+                             CONSUMERS=consumers, num_warps=cfg.warps // consumers,
+                             **({"maxnreg": regs} if regs else {}))
+    return y
+
+
+def w4a16_wgmma_emulate(x2: torch.Tensor, store: Int4Weight) -> torch.Tensor:
+    """The kernel's numerics in torch: each weight (128 + q) * s + (m - 128 s) in fp32 (one
+    rounding: an FMA), rounded once to x's dtype, then an fp32-accumulated product."""
+    q = store.unpacked().float()
+    g = store.group_size
+    s = store.scales.float().repeat_interleave(g, dim=1)
+    c = store.mins.float().repeat_interleave(g, dim=1) - 128.0 * s
+    w = torch.addcmul(c, q + 128.0, s).to(x2.dtype)  # the kernel's FMA rounds once; this may round twice
+    return (x2.float() @ w.float().t()).to(x2.dtype)

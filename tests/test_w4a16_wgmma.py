@@ -1,0 +1,128 @@
+"""The warp-specialized Gluon W4A16 kernel (`kernels/w4a16_wgmma.py`).
+
+Gluon has no CPU interpreter, so on CPU: the torch model of its numerics against the reference,
+the config / support rules, the clear error on a store it cannot read, and an sm_90 compile of
+the kernel (which also proves the byte tile's register layout is exactly the wgmma A fragment:
+the kernel asserts that conversion is free). On a Hopper GPU: the kernel against its torch model.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gearshift.dispatch.profiler import PRESETS, random_store
+from gearshift.kernels.config import TileConfig
+from gearshift.kernels.reference import linear_reference
+from gearshift.kernels.w4a16_wgmma import (BK, HAS_GLUON, smem_bytes, w4a16_wgmma, w4a16_wgmma_emulate,
+                                           wgmma_configs, wgmma_supports)
+from gearshift.quant.int4 import BLOCKS16, ROWS, Int4Weight
+
+pytestmark = pytest.mark.skipif(not HAS_GLUON, reason="this Triton has no Gluon")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_emulation_is_the_reference_up_to_rounding(dtype):
+    torch.manual_seed(0)
+    st = random_store("int4", 96, 512, 128, "cpu")
+    x = torch.randn(37, 512, dtype=dtype)
+    emu = w4a16_wgmma_emulate(x, st).float()
+    ref = linear_reference(x.float(), st, None)
+    assert ((emu - ref).norm() / ref.norm()).item() < 1e-2
+
+
+def _shape_only_store(n, k, layout):
+    """An int4 store of the right shapes whose values are never read (support rules only)."""
+    g = k // 128
+    return Int4Weight(torch.empty(n, k // 2, dtype=torch.uint8), torch.ones(n, g, dtype=torch.float16),
+                      torch.zeros(n, g, dtype=torch.float16), 128, layout=layout)
+
+
+def test_configs_fit_the_llama_shapes():
+    for _, n, k in PRESETS["llama3-8b"]["shapes"]:
+        for layout in (ROWS, BLOCKS16):
+            st = _shape_only_store(n, k, layout)
+            for m in (64, 100, 128, 256, 512, 1024, 4096):
+                for cfg in wgmma_configs(m):
+                    assert cfg.bk == BK and cfg.bn == 16 * cfg.warps and cfg.bm <= max(64, m)
+                    assert smem_bytes(cfg) <= 227 * 1024
+                    assert wgmma_supports(st, cfg), (n, k, m, cfg)
+    assert wgmma_configs(16) == []  # small M belongs to the fragment kernels
+
+
+def test_unsupported_stores_are_refused_with_a_reason():
+    st = random_store("int4", 128, 256, 32, "cpu")  # groups of 32 columns: a 64-column tile would straddle them
+    cfg = wgmma_configs(128)[0]
+    assert not wgmma_supports(st, cfg)
+    with pytest.raises(ValueError, match="w4a16_wgmma cannot run"):
+        w4a16_wgmma(torch.randn(4, 256, dtype=torch.bfloat16), st, cfg)
+    assert not wgmma_supports(random_store("int4", 128, 256, 128, "cpu"), TileConfig(64, 128, 64, 1, 4, 4))
+
+
+_COMPILE = r"""
+import torch
+from triton.runtime.jit import mangle_type
+from triton.experimental.gluon._runtime import GluonASTSource
+from gearshift.dispatch.profiler import random_store
+from gearshift.kernels import w4a16_wgmma as W
+
+def gluon_ptx(bm, bn, warps, stages, a_smem, layout, f16, maxnreg=None, split_k=1, consumers=1):
+    x = torch.empty(bm, 4096, dtype=torch.float16 if f16 else torch.bfloat16)
+    st = random_store("int4", 4096, 4096, 128, "cpu", layout=layout)
+    xd, wd = W._descriptors(x, st, bm, bn)
+    sig = {"x_desc": mangle_type(xd), "w_desc": mangle_type(wd), "s_ptr": "*fp16", "mn_ptr": "*fp16",
+           "y_ptr": "*fp16" if f16 else "*bf16", "ws_ptr": "*fp32", "cnt_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32"}
+    attrs = {(list(sig).index(n),): [["tt.divisibility", 16]] for n in ("s_ptr", "mn_ptr", "y_ptr", "N", "K")}
+    cx = {"G": 128, "BN": bn, "STAGES": stages, "BLOCKS": layout == "blocks16", "F16": f16, "A_SMEM": a_smem,
+          "SPLIT_K": split_k, "CONSUMERS": consumers, "num_warps": warps}
+    sig.update({name: "constexpr" for name in cx})
+    names = list(sig)
+    src = GluonASTSource(fn=W.w4a16_wgmma_kernel, signature=sig,
+                         constexprs={(names.index(k),): v for k, v in cx.items()}, attrs=attrs)
+    opts = {"num_warps": warps, **({"maxnreg": maxnreg} if maxnreg else {})}
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts).asm["ptx"]
+
+out["reg_rows_bf16"] = gluon_ptx(128, 64, 4, 4, False, "rows", False, 128, 2)
+out["smem_blocks16_bf16"] = gluon_ptx(256, 128, 8, 4, True, "blocks16", False)
+out["smem_rows_fp16"] = gluon_ptx(64, 64, 4, 6, True, "rows", True)
+out["two_consumers_blocks16_bf16"] = gluon_ptx(256, 128, 4, 4, False, "blocks16", False, 168, 1, 2)
+"""
+
+
+@pytest.fixture(scope="module")
+def gluon_ptx(compile_sm90):
+    return compile_sm90(_COMPILE)
+
+
+@pytest.mark.parametrize("name", ["reg_rows_bf16", "smem_blocks16_bf16", "smem_rows_fp16",
+                                  "two_consumers_blocks16_bf16"])
+def test_compiles_for_sm90_with_tma_and_wgmma(gluon_ptx, name):
+    p = gluon_ptx[name]
+    assert "wgmma.mma_async" in p and "cp.async.bulk.tensor" in p and "mbarrier" in p
+    assert "setmaxnreg" in p  # the load warp and the MMA warps run with their own register budgets
+    # the byte -> weight conversion is the mantissa trick (no integer-to-float cvt in the loop)
+    assert "cvt.rn.f32.u32" not in p and "cvt.rn.f32.s32" not in p
+    if name == "reg_rows_bf16":  # split-K: partials meet in the one-launch reduction (an acq_rel counter)
+        assert "atom.global.gpu.acq_rel.add" in p
+
+
+_GPU = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
+                          reason="needs a Hopper GPU")
+
+
+@_GPU
+@pytest.mark.parametrize("layout", [ROWS, BLOCKS16])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_kernel_matches_its_torch_model(layout, dtype):
+    torch.manual_seed(0)
+    st = random_store("int4", 384, 1024, 128, "cuda", layout=layout)
+    for m in (1, 64, 100, 300):
+        x = torch.randn(m, 1024, device="cuda", dtype=dtype)
+        emu = w4a16_wgmma_emulate(x, st).float()
+        for cfg in wgmma_configs(max(m, 64)):
+            if not wgmma_supports(st, cfg):
+                continue
+            y = w4a16_wgmma(x, st, cfg)
+            assert ((y.float() - emu).norm() / emu.norm()).item() < 1e-3, (m, cfg)
+            if cfg.split_k > 1:  # the reduction sums in a fixed order: the same bits every run
+                assert torch.equal(y, w4a16_wgmma(x, st, cfg)), (m, cfg)
