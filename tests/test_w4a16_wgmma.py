@@ -66,15 +66,15 @@ from triton.experimental.gluon._runtime import GluonASTSource
 from gearshift.dispatch.profiler import random_store
 from gearshift.kernels import w4a16_wgmma as W
 
-def gluon_ptx(bm, bn, warps, stages, a_smem, layout, f16, maxnreg=None, split_k=1, consumers=1):
+def gluon_ptx(bm, bn, warps, stages, a_smem, layout, f16, maxnreg=None, split_k=1, consumers=1, token_scales=False):
     x = torch.empty(bm, 4096, dtype=torch.float16 if f16 else torch.bfloat16)
     st = random_store("int4", 4096, 4096, 128, "cpu", layout=layout)
     xd, wd = W._descriptors(x, st, bm, bn)
     sig = {"x_desc": mangle_type(xd), "w_desc": mangle_type(wd), "s_ptr": "*fp16", "mn_ptr": "*fp16",
-           "y_ptr": "*fp16" if f16 else "*bf16", "ws_ptr": "*fp32", "cnt_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32"}
+           "y_ptr": "*fp16" if f16 else "*bf16", "ws_ptr": "*fp32", "cnt_ptr": "*i32", "xs_ptr": "*fp32", "M": "i32", "N": "i32", "K": "i32"}
     attrs = {(list(sig).index(n),): [["tt.divisibility", 16]] for n in ("s_ptr", "mn_ptr", "y_ptr", "N", "K")}
     cx = {"G": 128, "BN": bn, "STAGES": stages, "BLOCKS": layout == "blocks16", "F16": f16, "A_SMEM": a_smem,
-          "SPLIT_K": split_k, "CONSUMERS": consumers, "num_warps": warps}
+          "SPLIT_K": split_k, "CONSUMERS": consumers, "TOKEN_SCALES": token_scales, "num_warps": warps}
     sig.update({name: "constexpr" for name in cx})
     names = list(sig)
     src = GluonASTSource(fn=W.w4a16_wgmma_kernel, signature=sig,
@@ -84,7 +84,7 @@ def gluon_ptx(bm, bn, warps, stages, a_smem, layout, f16, maxnreg=None, split_k=
 
 out["reg_rows_bf16"] = gluon_ptx(128, 64, 4, 4, False, "rows", False, 128, 2)
 out["smem_blocks16_bf16"] = gluon_ptx(256, 128, 8, 4, True, "blocks16", False)
-out["smem_rows_fp16"] = gluon_ptx(64, 64, 4, 6, True, "rows", True)
+out["smem_rows_fp16"] = gluon_ptx(64, 64, 4, 6, True, "rows", True, token_scales=True)
 out["two_consumers_blocks16_bf16"] = gluon_ptx(256, 128, 4, 4, False, "blocks16", False, 168, 1, 2)
 """
 
@@ -126,3 +126,34 @@ def test_kernel_matches_its_torch_model(layout, dtype):
             assert ((y.float() - emu).norm() / emu.norm()).item() < 1e-3, (m, cfg)
             if cfg.split_k > 1:  # the reduction sums in a fixed order: the same bits every run
                 assert torch.equal(y, w4a16_wgmma(x, st, cfg)), (m, cfg)
+
+
+def test_quantized_modes_are_served_by_the_same_kernel():
+    from gearshift.dispatch.strategies import STRATEGIES, strategies_for
+    from gearshift.quant.activations import ActQuantSpec
+
+    for mode in ("w4a8", "w4a4", "w4a8fp8"):
+        assert "w4a8_wgmma" in {s.name for s in strategies_for(mode)}
+    st = random_store("int4", 128, 256, 128, "cpu")
+    cfg = wgmma_configs(128)[0]
+    sup = STRATEGIES["w4a8_wgmma"].supports
+    assert sup(st, ActQuantSpec("int8"), cfg) and sup(st, ActQuantSpec("fp8"), cfg)
+    assert not sup(st, None, cfg) and not sup(st, ActQuantSpec("int8", group_size=32), cfg)
+
+
+@_GPU
+@pytest.mark.parametrize("act_dtype", ["int8", "int4", "fp8"])
+def test_quantized_activations_match_the_reference(act_dtype):
+    from gearshift.kernels.w4a16_wgmma import w4a8_wgmma
+    from gearshift.quant.activations import ActQuantSpec
+
+    torch.manual_seed(0)
+    act = ActQuantSpec(act_dtype)
+    st = random_store("int4", 256, 1024, 128, "cuda", layout=BLOCKS16)
+    bound = 3e-2 if act_dtype == "int4" else 5e-3  # W4A4: the quantizers' rounding (docs/kernels.md bounds)
+    for m in (64, 200):
+        x = torch.randn(m, 1024, device="cuda", dtype=torch.bfloat16)
+        ref = linear_reference(x.float(), st, act)
+        for cfg in wgmma_configs(m)[:4]:
+            y = w4a8_wgmma(x, st, act, cfg).float()
+            assert ((y - ref).norm() / ref.norm()).item() < bound, (act_dtype, m, cfg)

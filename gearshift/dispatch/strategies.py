@@ -254,6 +254,18 @@ def _sup_w4a16_wgmma(store, act, cfg):
     return act is None and wgmma_supports(store, cfg)
 
 
+def _run_w4a8_wgmma(x2, store, act, cfg):
+    from gearshift.kernels.w4a16_wgmma import w4a8_wgmma
+
+    return w4a8_wgmma(x2, store, act, cfg)
+
+
+def _sup_w4a8_wgmma(store, act, cfg):
+    from gearshift.kernels.w4a16_wgmma import wgmma_supports
+
+    return isinstance(act, ActQuantSpec) and act.group_size is None and wgmma_supports(store, cfg)
+
+
 def _w4a8_runner(w_parts: int, a_parts: int):
     def run(x2, store, act, cfg):
         from gearshift.kernels.w4a8 import w4a8_linear
@@ -306,6 +318,8 @@ register(Strategy("w4a16_tc", DPRPartition((4,), (16,), "bf16", "padding"), ("w4
                   a16_configs, _sup_w4a16))
 register(Strategy("w4a16_wgmma", DPRPartition((4,), (16,), "bf16-wgmma", "padding"), ("w4a16",), _run_w4a16_wgmma,
                   _wgmma_configs, _sup_w4a16_wgmma))
+register(Strategy("w4a8_wgmma", DPRPartition((4,), (8,), "bf16-wgmma", "padding"), ("w4a8", "w4a4", "w4a8fp8"),
+                  _run_w4a8_wgmma, _wgmma_configs, _sup_w4a8_wgmma))
 register(Strategy("w4a16_gemv", DPRPartition((4,), (16,), "fp32-fma", "padding"), ("w4a16",), _run_w4a16_gemv,
                   gemv_configs, _sup_w4a16_gemv))
 register(Strategy("w4a16_rowgemv", DPRPartition((4,), (16,), "fp32-fma", "padding"), ("w4a16",),

@@ -125,9 +125,10 @@ if HAS_GLUON:
 
 
     @gluon.jit
-    def _mma_partition(x_bufs, w_bufs, a_bufs, sc_bufs, mn_bufs, ready, empty, y_ptr, ws_ptr, cnt_ptr, m0, n0, M, N,
-                       num_k, ROW0: gl.constexpr, BN: gl.constexpr, NPART: gl.constexpr, F16: gl.constexpr,
-                       A_SMEM: gl.constexpr, SPLIT_K: gl.constexpr, WARPS: gl.constexpr):
+    def _mma_partition(x_bufs, w_bufs, a_bufs, sc_bufs, mn_bufs, ready, empty, y_ptr, ws_ptr, cnt_ptr, xs_ptr, m0, n0,
+                       M, N, num_k, ROW0: gl.constexpr, BN: gl.constexpr, NPART: gl.constexpr, F16: gl.constexpr,
+                       A_SMEM: gl.constexpr, SPLIT_K: gl.constexpr, TOKEN_SCALES: gl.constexpr,
+                       WARPS: gl.constexpr):
         """Weight rows [ROW0, ROW0 + BN) of the tile (NPART consumer partitions split its rows)."""
         STAGES: gl.constexpr = x_bufs.type.shape[0]
         BM: gl.constexpr = x_bufs.type.shape[1]
@@ -172,6 +173,8 @@ if HAS_GLUON:
         offs_m = m0 + gl.arange(0, BM, layout=gl.SliceLayout(0, mma))
         offs = offs_m[None, :] * N + offs_n[:, None]
         mask = (offs_m < M)[None, :]
+        if TOKEN_SCALES:  # the activations were integer / fp8 codes: each token's scale multiplies its column
+            acc = acc * gl.load(xs_ptr + offs_m, mask=offs_m < M, other=0.0)[None, :]
         if SPLIT_K == 1:
             gl.store(y_ptr + offs, acc.to(y_ptr.dtype.element_ty), mask=mask)
         else:  # the deterministic one-launch reduction of splitk.py: the last slice sums in slice order
@@ -188,10 +191,10 @@ if HAS_GLUON:
                 gl.atomic_xchg(cnt_ptr + tile, 0, sem="relaxed", scope="gpu")
 
     @gluon.jit
-    def w4a16_wgmma_kernel(x_desc, w_desc, s_ptr, mn_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, G: gl.constexpr,
+    def w4a16_wgmma_kernel(x_desc, w_desc, s_ptr, mn_ptr, y_ptr, ws_ptr, cnt_ptr, xs_ptr, M, N, K, G: gl.constexpr,
                            BN: gl.constexpr, STAGES: gl.constexpr, BLOCKS: gl.constexpr, F16: gl.constexpr,
                            A_SMEM: gl.constexpr, SPLIT_K: gl.constexpr, CONSUMERS: gl.constexpr,
-                           num_warps: gl.constexpr):
+                           TOKEN_SCALES: gl.constexpr, num_warps: gl.constexpr):
         BM: gl.constexpr = x_desc.block_type.shape[0]
         BKX: gl.constexpr = x_desc.block_type.shape[1]
         m0 = gl.program_id(1) * BM
@@ -214,8 +217,9 @@ if HAS_GLUON:
         num_k = gl.minimum(per, kt - t0)
         if CONSUMERS == 1:
             gl.warp_specialize([
-                (_mma_partition, (x_bufs, w_bufs, a_bufs, sc_bufs, mn_bufs, ready, empty, y_ptr, ws_ptr, cnt_ptr, m0,
-                                  n0, M, N, num_k, 0, BN, 1, F16, A_SMEM, SPLIT_K, num_warps)),
+                (_mma_partition, (x_bufs, w_bufs, a_bufs, sc_bufs, mn_bufs, ready, empty, y_ptr, ws_ptr, cnt_ptr,
+                                  xs_ptr, m0, n0, M, N, num_k, 0, BN, 1, F16, A_SMEM, SPLIT_K, TOKEN_SCALES,
+                                  num_warps)),
                 (_load_partition, (x_desc, w_desc, x_bufs, w_bufs, sc_bufs, mn_bufs, ready, empty, s_ptr, mn_ptr, m0,
                                    n0, t0, num_k, K, G, BLOCKS)),
             ], [1], [64])
@@ -223,10 +227,12 @@ if HAS_GLUON:
             # other's wgmma runs (no CTA-wide barrier couples them; each hands slots back itself)
             half: gl.constexpr = BN // 2
             gl.warp_specialize([
-                (_mma_partition, (x_bufs, w_bufs, a_bufs, sc_bufs, mn_bufs, ready, empty, y_ptr, ws_ptr, cnt_ptr, m0,
-                                  n0, M, N, num_k, 0, half, 2, F16, A_SMEM, SPLIT_K, num_warps)),
-                (_mma_partition, (x_bufs, w_bufs, a_bufs, sc_bufs, mn_bufs, ready, empty, y_ptr, ws_ptr, cnt_ptr, m0,
-                                  n0, M, N, num_k, half, half, 2, F16, A_SMEM, SPLIT_K, num_warps)),
+                (_mma_partition, (x_bufs, w_bufs, a_bufs, sc_bufs, mn_bufs, ready, empty, y_ptr, ws_ptr, cnt_ptr,
+                                  xs_ptr, m0, n0, M, N, num_k, 0, half, 2, F16, A_SMEM, SPLIT_K, TOKEN_SCALES,
+                                  num_warps)),
+                (_mma_partition, (x_bufs, w_bufs, a_bufs, sc_bufs, mn_bufs, ready, empty, y_ptr, ws_ptr, cnt_ptr,
+                                  xs_ptr, m0, n0, M, N, num_k, half, half, 2, F16, A_SMEM, SPLIT_K, TOKEN_SCALES,
+                                  num_warps)),
                 (_load_partition, (x_desc, w_desc, x_bufs, w_bufs, sc_bufs, mn_bufs, ready, empty, s_ptr, mn_ptr, m0,
                                    n0, t0, num_k, K, G, BLOCKS)),
             ], [num_warps, 1], [232, 40])
@@ -309,8 +315,10 @@ def _two_consumers(cfg: TileConfig) -> bool:
     return cfg.warps == 8 and not cfg.a_smem
 
 
-def w4a16_wgmma(x2: torch.Tensor, store: Int4Weight, cfg: TileConfig) -> torch.Tensor:
-    """x2 [M, K] bf16/fp16 -> [M, N] in x2's dtype, on an sm_90 GPU."""
+def w4a16_wgmma(x2: torch.Tensor, store: Int4Weight, cfg: TileConfig,
+                token_scales: torch.Tensor | None = None) -> torch.Tensor:
+    """x2 [M, K] bf16/fp16 -> [M, N] in x2's dtype, on an sm_90 GPU. With `token_scales` [M]
+    (fp32), x2 holds activation codes and row m of the result is multiplied by token_scales[m]."""
     if not wgmma_supports(store, cfg, x2.dtype):
         raise ValueError(f"w4a16_wgmma cannot run {cfg} on this store/device "
                          f"({store.out_features}x{store.in_features}, group {getattr(store, 'group_size', '?')}, "
@@ -325,12 +333,26 @@ def w4a16_wgmma(x2: torch.Tensor, store: Int4Weight, cfg: TileConfig) -> torch.T
     consumers = 2 if _two_consumers(cfg) else 1
     ws, cnt = splitk_buffers(y, cfg.split_k, m * n, grid[0] * grid[1] * consumers)
     regs = cfg.maxnreg or (168 if consumers == 2 else 0)
-    w4a16_wgmma_kernel[grid](x_desc, w_desc, store.scales, store.mins, y, ws, cnt, m, n, k, G=store.group_size,
+    xs = y if token_scales is None else token_scales
+    w4a16_wgmma_kernel[grid](x_desc, w_desc, store.scales, store.mins, y, ws, cnt, xs, m, n, k, G=store.group_size,
                              BN=cfg.bn, STAGES=cfg.stages, BLOCKS=store.layout == BLOCKS16,
                              F16=x2.dtype == torch.float16, A_SMEM=cfg.a_smem, SPLIT_K=cfg.split_k,
-                             CONSUMERS=consumers, num_warps=cfg.warps // consumers,
+                             CONSUMERS=consumers, TOKEN_SCALES=token_scales is not None,
+                             num_warps=cfg.warps // consumers,
                              **({"maxnreg": regs} if regs else {}))
     return y
+
+
+def w4a8_wgmma(x2: torch.Tensor, store: Int4Weight, act, cfg: TileConfig) -> torch.Tensor:
+    """W4A8 / W4A4 / W4A8-fp8 at M >= 64: the activations are quantized per token (Triton), their
+    codes stored as exact 16-bit floats, and the same kernel runs them, scaling each token's
+    output by its activation scale. DPR padding: P_X = (8) padded to 16 bits, as `w4a8_mma` does
+    at M <= 16. Every product of a code and a 16-bit weight is exact in fp32, so this computes
+    Q(x) @ dequant(W)^T with one rounding less than the torch reference."""
+    from gearshift.kernels.act_quant import quantize_act_triton
+
+    codes, scales = quantize_act_triton(x2, act, codes_dtype=x2.dtype)
+    return w4a16_wgmma(codes, store, cfg, token_scales=scales)
 
 
 def w4a16_wgmma_emulate(x2: torch.Tensor, store: Int4Weight) -> torch.Tensor:
