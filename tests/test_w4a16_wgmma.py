@@ -14,7 +14,7 @@ import torch
 from gearshift.dispatch.profiler import PRESETS, random_store
 from gearshift.kernels.config import TileConfig
 from gearshift.kernels.reference import linear_reference
-from gearshift.kernels.w4a16_wgmma import (BK, HAS_GLUON, smem_bytes, w4a16_wgmma, w4a16_wgmma_emulate,
+from gearshift.kernels.w4a16_wgmma import (BKS, HAS_GLUON, smem_bytes, w4a16_wgmma, w4a16_wgmma_emulate,
                                            wgmma_configs, wgmma_supports)
 from gearshift.quant.int4 import BLOCKS16, ROWS, Int4Weight
 
@@ -44,7 +44,7 @@ def test_configs_fit_the_llama_shapes():
             st = _shape_only_store(n, k, layout)
             for m in (64, 100, 128, 256, 512, 1024, 4096):
                 for cfg in wgmma_configs(m):
-                    assert cfg.bk == BK and cfg.bn == 16 * cfg.warps and cfg.bm <= max(64, m)
+                    assert cfg.bk in BKS and cfg.bn == 16 * cfg.warps and cfg.bm <= max(64, m)
                     assert smem_bytes(cfg) <= 227 * 1024
                     assert wgmma_supports(st, cfg), (n, k, m, cfg)
     assert wgmma_configs(16) == []  # small M belongs to the fragment kernels

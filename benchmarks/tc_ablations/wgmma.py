@@ -26,7 +26,7 @@ ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDe
 ap.add_argument("--ms", default="128,256,512,1024,2048,4096")
 ap.add_argument("--layout", default="blocks16", choices=("rows", "blocks16"))
 ap.add_argument("--policy", default="gearshift/data/policy/NVIDIA_H100_80GB_HBM3.json")
-ap.add_argument("--configs", default=None, help="'bm,bn,warps,stages,a_smem,maxnreg;...' instead of wgmma_configs(m)")
+ap.add_argument("--configs", default=None, help="'bm,bn,warps,stages,a_smem,maxnreg,split,bk;...' instead of wgmma_configs(m)")
 ap.add_argument("--skip-check", action="store_true")
 ap.add_argument("--tag", default="wgmma")
 args = ap.parse_args()
@@ -39,7 +39,7 @@ t_start = time.time()
 
 def configs(m):
     if args.configs:
-        return [TileConfig(bm, bn, 64, 1, w, st, a_smem=bool(a), maxnreg=r) for bm, bn, w, st, a, r in
+        return [TileConfig(bm, bn, bk, sk, w, st, a_smem=bool(a), maxnreg=r) for bm, bn, w, st, a, r, sk, bk in
                 (tuple(int(v) for v in c.split(",")) for c in args.configs.split(";"))]
     return wgmma_configs(m)
 

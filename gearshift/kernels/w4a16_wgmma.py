@@ -5,20 +5,23 @@ tile's dequantization with the previous tile's MMAs at their 1-2 programs per SM
 does not warp-specialize that loop (docs/kernels.md, stop 12). Here the partitions are written
 out:
 
-* a one-warp load partition streams the activation tile [BM, BK] (bf16/fp16) and the packed
-  weight tile [BN, BK/2] (uint8, row or blocks16 layout) into a STAGES-deep shared-memory ring
-  with TMA, one `ready` mbarrier per slot;
-* the default partition (BN/16 warps, one warpgroup per 64 weight rows) reads the weight bytes
-  straight into the registers of the wgmma A operand, dequantizes them there (one byte -> its two
-  weights as a packed bf16 pair: (128 + q) * scale + (min - 128 scale), the nibble OR-ed into the
-  mantissa of 128.0, one FFMA each, one paired convert), and issues an async wgmma against the
-  activation tile in shared memory. Tile i+1 is dequantized while tile i's wgmma runs; a slot is
-  handed back (`empty`) once the wgmma that read it has retired.
+* a one-warp load partition streams the activation tile [BM, 64] (bf16/fp16) and the packed
+  weight tile [BN, 32] (uint8, row or blocks16 layout) into a STAGES-deep shared-memory ring with
+  TMA, and stores each tile's scale / min column beside them; `ready` counts both;
+* one or two consumer partitions read the weight bytes straight into the registers of the wgmma
+  A operand and dequantize them there (one byte -> its two weights as a packed 16-bit pair:
+  (128 + q) * scale + (min - 128 scale), the nibble OR-ed into the mantissa of 128.0, one FFMA
+  each, one paired convert). With A in registers each wgmma retires before the next dequant (see
+  `_mma_partition`), and the overlap comes from 2-3 CTAs per SM (a register cap) or from two
+  independent 4-warp consumers; with A through shared memory (`a_smem`) one wgmma stays in
+  flight while the next tile is dequantized. A slot is handed back (`empty`) once the wgmma that
+  read it has retired. Optional split-K uses `splitk.py`'s deterministic reduction.
 
-Swap-AB as the other kernels: the wgmma computes y^T [BN, BM] = W [BN, BK] x^T [BK, BM].
+Swap-AB as the other kernels: the wgmma computes y^T [BN, BM] = W [BN, 64] x^T [64, BM].
 The byte tile's register layout (`byte_layout`) is chosen so that splitting each byte into its
 two nibbles *is* the wgmma A-fragment layout: the compiler checks that the conversion is free
-(`convert_layout(..., assert_trivial=True)`). DPR: P_W = (4), P_X = (16), Padding on bf16 MMA.
+(`convert_layout(..., assert_trivial=True)`). DPR: P_W = (4), P_X = (16), Padding on bf16 MMA;
+`w4a8_wgmma` runs quantized activations' codes through it (P_X = (8) padded to 16 bits).
 
 CPU: Gluon has no interpreter; tests compile this for sm_90 and run `w4a16_wgmma_emulate`,
 the torch model of its numerics. The GPU tests compare the two.
@@ -35,7 +38,8 @@ from gearshift.kernels.config import TileConfig
 from gearshift.kernels.splitk import splitk_buffers
 from gearshift.quant.int4 import BLOCKS16, Int4Weight
 
-BK = 64  # 128-byte activation rows (the 128B TMA swizzle); a tile never straddles a 64..128 group
+BK = 64  # the default K tile: 128-byte activation rows (the 128B TMA swizzle); 128 is a config too
+BKS = (64, 128)
 
 HAS_GLUON = False
 if HAS_TRITON:
@@ -122,7 +126,6 @@ if HAS_GLUON:
             g_next = ((t0 + gl.minimum(i + 1, num_k - 1)) * BKX) // G
             sc = gl.load(s_ptr + rows * n_groups + g_next)
             mn = gl.load(mn_ptr + rows * n_groups + g_next)
-
 
     @gluon.jit
     def _mma_partition(x_bufs, w_bufs, a_bufs, sc_bufs, mn_bufs, ready, empty, y_ptr, ws_ptr, cnt_ptr, xs_ptr, m0, n0,
@@ -237,66 +240,68 @@ if HAS_GLUON:
                                    n0, t0, num_k, K, G, BLOCKS)),
             ], [num_warps, 1], [232, 40])
 
-    def _descriptors(x2: torch.Tensor, store: Int4Weight, bm: int, bn: int):
+    def _descriptors(x2: torch.Tensor, store: Int4Weight, bm: int, bn: int, bk: int = BK):
         """TMA descriptors of the activations [M, K] and of the weight bytes (row layout: [N, K/2];
-        blocks16: the [N/16, K/128 * 16, 64] view whose [BN/16, 16, BK/2] box is the same tile)."""
+        blocks16: the [N/16, K/128 * 16, 64] view whose [BN/16, 16, bk/2] box is the same tile)."""
         xdt = gl.float16 if x2.dtype == torch.float16 else gl.bfloat16
-        x_desc = TensorDescriptor.from_tensor(x2, [bm, BK], gl.NVMMASharedLayout.get_default_for([bm, BK], xdt))
-        return x_desc, _weight_descriptor(store, bn)
+        x_desc = TensorDescriptor.from_tensor(x2, [bm, bk], gl.NVMMASharedLayout.get_default_for([bm, bk], xdt))
+        return x_desc, _weight_descriptor(store, bn, bk)
 
-    def _weight_descriptor(store: Int4Weight, bn: int):
+    def _weight_descriptor(store: Int4Weight, bn: int, bk: int):
         n, k = store.out_features, store.in_features
         if store.layout == BLOCKS16:
             qw = store.qweight.view(n // 16, (k // 128) * 16, 64)
-            block = [bn // 16, 16, BK // 2]
+            block = [bn // 16, 16, bk // 2]
         else:
             qw = store.qweight
-            block = [bn, BK // 2]
+            block = [bn, bk // 2]
         layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=8, rank=len(block))
         return TensorDescriptor.from_tensor(qw, block, layout)
 
 
-#: (BM tokens, BN weight rows, warps, stages, A through shared memory, register cap, split-K).
+#: (BM tokens, BN weight rows, warps, stages, A through shared memory, register cap, split-K, BK).
 #: A in registers retires each wgmma before the next dequant, so something else must overlap them:
 #: with 4 warps a register cap that fits 2-3 CTAs per SM, with 8 warps two independent consumer
 #: partitions (`_two_consumers`). Split-K fills the SMs where N / BN tiles are few (N = 4096).
-_SMALL = ((64, 64, 4, 6, False, 128, 1), (64, 64, 4, 4, False, 80, 1), (64, 64, 4, 6, False, 80, 1),
-          (128, 64, 4, 4, False, 128, 1), (128, 64, 4, 3, False, 128, 1), (64, 64, 4, 6, True, 128, 1),
-          (128, 64, 4, 4, True, 128, 1), (128, 128, 8, 4, False, 0, 1), (64, 128, 8, 6, False, 0, 1),
-          (64, 64, 4, 4, False, 80, 2), (64, 64, 4, 4, False, 80, 4), (128, 64, 4, 4, False, 128, 2),
-          (128, 64, 4, 3, False, 128, 4), (128, 128, 8, 4, False, 0, 2))
-_LARGE = ((256, 128, 8, 4, False, 0, 1), (256, 128, 8, 3, False, 0, 1), (256, 128, 8, 3, True, 0, 1),
-          (256, 64, 4, 4, True, 0, 1), (128, 64, 4, 4, False, 128, 1), (128, 128, 8, 4, False, 0, 1),
-          (256, 128, 8, 4, False, 0, 2))
+#: BK = 128 halves the per-tile barrier / wait overhead at the price of fewer stages.
+_SMALL = ((64, 64, 4, 6, False, 128, 1, 64), (64, 64, 4, 4, False, 80, 1, 64), (64, 64, 4, 6, False, 80, 1, 64),
+          (128, 64, 4, 4, False, 128, 1, 64), (128, 64, 4, 3, False, 128, 1, 64), (64, 64, 4, 6, True, 128, 1, 64),
+          (128, 64, 4, 4, True, 128, 1, 64), (128, 128, 8, 4, False, 0, 1, 64), (64, 128, 8, 6, False, 0, 1, 64),
+          (64, 64, 4, 4, False, 80, 2, 64), (64, 64, 4, 4, False, 80, 4, 64), (128, 64, 4, 4, False, 128, 2, 64),
+          (128, 64, 4, 3, False, 128, 4, 64), (128, 128, 8, 4, False, 0, 2, 64), (128, 64, 4, 3, False, 128, 1, 128),
+          (64, 64, 4, 4, False, 80, 1, 128))
+_LARGE = ((256, 128, 8, 4, False, 0, 1, 64), (256, 128, 8, 3, False, 0, 1, 64), (256, 128, 8, 3, True, 0, 1, 64),
+          (256, 64, 4, 4, True, 0, 1, 64), (128, 64, 4, 4, False, 128, 1, 64), (128, 128, 8, 4, False, 0, 1, 64),
+          (256, 128, 8, 4, False, 0, 2, 64), (256, 128, 8, 3, False, 0, 1, 128), (128, 64, 4, 3, False, 128, 1, 128))
 
 
 def wgmma_configs(m: int) -> list[TileConfig]:
-    """The tiles worth profiling at this M (BK is fixed at 64)."""
+    """The tiles worth profiling at this M."""
     if m < 64:
         return []
     rows = _SMALL if m <= 128 else _SMALL + _LARGE if m <= 512 else _LARGE
-    return [TileConfig(bm, bn, BK, sk, w, st, a_smem=a, maxnreg=r) for bm, bn, w, st, a, r, sk in rows
+    return [TileConfig(bm, bn, bk, sk, w, st, a_smem=a, maxnreg=r) for bm, bn, w, st, a, r, sk, bk in rows
             if bm <= max(64, m)]
 
 
 def smem_bytes(cfg: TileConfig, x_bytes: int = 2) -> int:
     """Shared memory of one CTA: the TMA ring (activations, weight bytes, scales / mins) and the
     dequantized-A buffers."""
-    ring = cfg.stages * (cfg.bm * BK * x_bytes + cfg.bn * BK // 2 + 4 * cfg.bn)
-    return ring + (2 * cfg.bn if cfg.a_smem else 16) * BK * x_bytes + 1024
+    ring = cfg.stages * (cfg.bm * cfg.bk * x_bytes + cfg.bn * cfg.bk // 2 + 4 * cfg.bn)
+    return ring + (2 * cfg.bn if cfg.a_smem else 16) * cfg.bk * x_bytes + 1024
 
 
 def wgmma_supports(store, cfg: TileConfig | None, x_dtype: torch.dtype | None = None) -> bool:
     if not HAS_GLUON or not isinstance(store, Int4Weight) or cfg is None:
         return False
     n, k, g = store.out_features, store.in_features, store.group_size
-    if cfg.bk != BK or cfg.split_k not in (1, 2, 4) or cfg.bm not in (64, 128, 256) or cfg.warps not in (4, 8):
+    if cfg.bk not in BKS or cfg.split_k not in (1, 2, 4) or cfg.bm not in (64, 128, 256) or cfg.warps not in (4, 8):
         return False
     if cfg.bn != 16 * cfg.warps:  # one 16-row group per warp (taller tiles: ptxas serializes the wgmmas)
         return False
     if cfg.bm * cfg.bn // (32 * cfg.warps) > 128 or smem_bytes(cfg) > 227 * 1024:  # accumulator regs, smem
         return False
-    if n % cfg.bn or k % BK or g % BK or k // BK < 2 * cfg.split_k:
+    if n % cfg.bn or k % cfg.bk or g % cfg.bk or k // cfg.bk < 2 * cfg.split_k:
         return False
     if x_dtype is not None and x_dtype not in (torch.bfloat16, torch.float16):
         return False
@@ -328,7 +333,7 @@ def w4a16_wgmma(x2: torch.Tensor, store: Int4Weight, cfg: TileConfig,
     m = x2.shape[0]
     n, k = store.out_features, store.in_features
     y = torch.empty((m, n), device=x2.device, dtype=x2.dtype)
-    x_desc, w_desc = _descriptors(x2, store, cfg.bm, cfg.bn)
+    x_desc, w_desc = _descriptors(x2, store, cfg.bm, cfg.bn, cfg.bk)
     grid = (n // cfg.bn, -(-m // cfg.bm), cfg.split_k)
     consumers = 2 if _two_consumers(cfg) else 1
     ws, cnt = splitk_buffers(y, cfg.split_k, m * n, grid[0] * grid[1] * consumers)
