@@ -220,3 +220,29 @@ def test_step_cost_sums_the_map_and_proxies_w4a4():
     assert linear_step_us(pm, lins, "w4a8", 1) == 7.0  # lm_head left out
     assert linear_step_us(pm, lins, "w4a4", 1) == 7.0  # same kernels as w4a8 when w4a4 was not profiled
     assert linear_step_us(pm, lins, "w4a16", 1) is None
+
+
+def test_bundled_map_choices_can_run_their_shapes():
+    """Every int4 entry of a shipped map is supported by its strategy on a store of that shape, in
+    both int4 layouts; an unsupported entry would make the dispatcher fall back silently."""
+    import re
+
+    from gearshift.dispatch.policy import bundled_dir
+    from gearshift.kernels.w4a16_wgmma import HAS_GLUON
+    from gearshift.quant.int4 import BLOCKS16, ROWS, Int4Weight
+    from gearshift.quant.modes import MODES
+
+    for path in sorted(bundled_dir().glob("*.json")):
+        pm = PolicyMap.load(path)
+        for key, row in pm.entries.items():
+            mt = re.fullmatch(r"(w4a(?:16|8|8fp8|4)):g(\d+):(\d+)x(\d+)", key)
+            if mt is None:
+                continue
+            mode, g, n, k = mt.group(1), int(mt.group(2)), int(mt.group(3)), int(mt.group(4))
+            for layout in (ROWS, BLOCKS16):
+                st = Int4Weight(torch.empty(n, k // 2, dtype=torch.uint8), torch.ones(n, k // g, dtype=torch.float16),
+                                torch.zeros(n, k // g, dtype=torch.float16), g, layout=layout)
+                for m, c in zip(pm.buckets, row):
+                    if c is None or (c.strategy.endswith("_wgmma") and not HAS_GLUON):
+                        continue
+                    assert STRATEGIES[c.strategy].supports(st, MODES[mode].act, c.config), (path.name, key, m, layout)
