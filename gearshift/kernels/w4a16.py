@@ -132,7 +132,6 @@ def supports(store: Int4Weight, cfg: TileConfig) -> bool:
     return k % bk == 0 and g % bk == 0 and bk >= 32 and blocks_fit(store, bk)
 
 
-
 def effective_bk(store: Int4Weight, cfg: TileConfig) -> int:
     """BK may not straddle a scale group; a smaller group shrinks the tile."""
     return min(cfg.bk, store.group_size)

@@ -106,10 +106,11 @@ if HAS_GLUON:
         BN: gl.constexpr = sc_bufs.type.shape[1]
         rl: gl.constexpr = gl.BlockedLayout([BN // 32], [32], [1], [0])
         rows = n0 + gl.arange(0, BN, layout=rl)
-        n_groups = K // G
+        s_rows = s_ptr + rows * (K // G)  # each row's first group; + g below
+        mn_rows = mn_ptr + rows * (K // G)
         g0 = (t0 * BKX) // G
-        sc = gl.load(s_ptr + rows * n_groups + g0)
-        mn = gl.load(mn_ptr + rows * n_groups + g0)
+        sc = gl.load(s_rows + g0)
+        mn = gl.load(mn_rows + g0)
         for i in range(num_k):
             s = i % STAGES
             mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)
@@ -124,8 +125,8 @@ if HAS_GLUON:
             mn_bufs.index(s).store(mn)
             mbarrier.arrive(ready.index(s))
             g_next = ((t0 + gl.minimum(i + 1, num_k - 1)) * BKX) // G
-            sc = gl.load(s_ptr + rows * n_groups + g_next)
-            mn = gl.load(mn_ptr + rows * n_groups + g_next)
+            sc = gl.load(s_rows + g_next)
+            mn = gl.load(mn_rows + g_next)
 
     @gluon.jit
     def _mma_partition(x_bufs, w_bufs, a_bufs, sc_bufs, mn_bufs, ready, empty, y_ptr, ws_ptr, cnt_ptr, xs_ptr, m0, n0,
@@ -314,6 +315,12 @@ def _is_sm90_or_cpu() -> bool:
     return not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] == 9
 
 
+#: register cap of the two-consumer launch: 3 warpgroups share the 64K registers of an SM
+#: (65536 / 384 = 170, rounded down to setmaxnreg's multiple of 8); `warp_specialize` then hands
+#: the consumer partitions 232 each and the load warp 40
+TWO_CONSUMER_REGS = 168
+
+
 def _two_consumers(cfg: TileConfig) -> bool:
     """8 warps with A in registers run as two independent 4-warp consumer partitions (with A in
     shared memory, as one 8-warp partition whose wgmmas overlap the next dequant instead)."""
@@ -337,7 +344,7 @@ def w4a16_wgmma(x2: torch.Tensor, store: Int4Weight, cfg: TileConfig,
     grid = (n // cfg.bn, -(-m // cfg.bm), cfg.split_k)
     consumers = 2 if _two_consumers(cfg) else 1
     ws, cnt = splitk_buffers(y, cfg.split_k, m * n, grid[0] * grid[1] * consumers)
-    regs = cfg.maxnreg or (168 if consumers == 2 else 0)
+    regs = cfg.maxnreg or (TWO_CONSUMER_REGS if consumers == 2 else 0)
     xs = y if token_scales is None else token_scales
     w4a16_wgmma_kernel[grid](x_desc, w_desc, store.scales, store.mins, y, ws, cnt, xs, m, n, k, G=store.group_size,
                              BN=cfg.bn, STAGES=cfg.stages, BLOCKS=store.layout == BLOCKS16,
