@@ -97,10 +97,12 @@ if HAS_GLUON:
         return lo, hi
 
     @gluon.jit
-    def _load_partition(x_desc, w_desc, x_bufs, w_bufs, sc_bufs, mn_bufs, ready, empty, s_ptr, mn_ptr, m0, n0, t0,
-                        num_k, K, G: gl.constexpr, BLOCKS: gl.constexpr):
+    def _load_partition(x_desc, w_desc, x_bufs, w_bufs, sc_bufs, mn_bufs, sum_bufs, ready, empty, s_ptr, mn_ptr,
+                        sum_ptr, m0, n0, t0, num_k, M, K, G: gl.constexpr, BLOCKS: gl.constexpr, SUMS: gl.constexpr):
         """One warp: TMA for the activation and weight tiles, and each tile's scale / min column
-        for the BN rows (plain loads one tile ahead, stored to the slot before its second arrive)."""
+        for the BN rows (plain loads one tile ahead, stored to the slot before its second arrive).
+        With SUMS (the int8 kernel, one group per tile), also the BM tokens' code sums over the
+        tile's group (`sum_ptr` [M, K / G] fp32)."""
         STAGES: gl.constexpr = x_bufs.type.shape[0]
         BKX: gl.constexpr = x_desc.block_type.shape[1]
         BN: gl.constexpr = sc_bufs.type.shape[1]
@@ -111,6 +113,12 @@ if HAS_GLUON:
         g0 = (t0 * BKX) // G
         sc = gl.load(s_rows + g0)
         mn = gl.load(mn_rows + g0)
+        if SUMS:
+            BM: gl.constexpr = sum_bufs.type.shape[1]
+            tl_: gl.constexpr = gl.BlockedLayout([BM // 32], [32], [1], [0])
+            toks = m0 + gl.arange(0, BM, layout=tl_)
+            sum_rows = sum_ptr + toks * (K // G)
+            xsum = gl.load(sum_rows + g0, mask=toks < M, other=0.0)
         for i in range(num_k):
             s = i % STAGES
             mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)
@@ -123,10 +131,43 @@ if HAS_GLUON:
                 _tma_load(w_desc, [n0, k0 // 2], ready.index(s), w_bufs.index(s))
             sc_bufs.index(s).store(sc)
             mn_bufs.index(s).store(mn)
+            if SUMS:
+                sum_bufs.index(s).store(xsum)
             mbarrier.arrive(ready.index(s))
             g_next = ((t0 + gl.minimum(i + 1, num_k - 1)) * BKX) // G
             sc = gl.load(s_rows + g_next)
             mn = gl.load(mn_rows + g_next)
+            if SUMS:
+                xsum = gl.load(sum_rows + g_next, mask=toks < M, other=0.0)
+
+    @gluon.jit
+    def _store_tile(acc, mma: gl.constexpr, y_ptr, ws_ptr, cnt_ptr, xs_ptr, m0, n0, M, N, part, NPART: gl.constexpr,
+                    SPLIT_K: gl.constexpr, TOKEN_SCALES: gl.constexpr):
+        """Writes the fp32 tile acc [BN weight rows from n0, BM tokens from m0] (layout `mma`) to y
+        [M, N]: times each token's scale with TOKEN_SCALES; with SPLIT_K > 1 through splitk.py's
+        deterministic one-launch reduction (`part`: this consumer's row block of the CTA)."""
+        BN: gl.constexpr = acc.type.shape[0]
+        BM: gl.constexpr = acc.type.shape[1]
+        offs_n = n0 + gl.arange(0, BN, layout=gl.SliceLayout(1, mma))
+        offs_m = m0 + gl.arange(0, BM, layout=gl.SliceLayout(0, mma))
+        offs = offs_m[None, :] * N + offs_n[:, None]
+        mask = (offs_m < M)[None, :]
+        if TOKEN_SCALES:  # the activations were integer / fp8 codes: each token's scale multiplies its column
+            acc = acc * gl.load(xs_ptr + offs_m, mask=offs_m < M, other=0.0)[None, :]
+        if SPLIT_K == 1:
+            gl.store(y_ptr + offs, acc.to(y_ptr.dtype.element_ty), mask=mask)
+        else:  # the deterministic one-launch reduction of splitk.py: the last slice sums in slice order
+            n_out = M * N
+            gl.store(ws_ptr + gl.program_id(2) * n_out + offs, acc, mask=mask)
+            _cta_barrier()  # every thread's partial is written before the counter moves
+            tile = (gl.program_id(1) * gl.num_programs(0) + gl.program_id(0)) * NPART + part
+            arrived = gl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel", scope="gpu")
+            if arrived == SPLIT_K - 1:
+                tot = gl.zeros([BN, BM], gl.float32, layout=mma)
+                for sl in gl.static_range(SPLIT_K):
+                    tot += gl.load(ws_ptr + sl * n_out + offs, mask=mask, other=0.0, cache_modifier=".cg")
+                gl.store(y_ptr + offs, tot.to(y_ptr.dtype.element_ty), mask=mask)
+                gl.atomic_xchg(cnt_ptr + tile, 0, sem="relaxed", scope="gpu")
 
     @gluon.jit
     def _mma_partition(x_bufs, w_bufs, a_bufs, sc_bufs, mn_bufs, ready, empty, y_ptr, ws_ptr, cnt_ptr, xs_ptr, m0, n0,
@@ -173,26 +214,8 @@ if HAS_GLUON:
             # registers and consumed before this point
             mbarrier.arrive(empty.index((done + STAGES) % STAGES), pred=done >= 0)
         acc = warpgroup_mma_wait(0, deps=(acc,))
-        offs_n = n0 + ROW0 + gl.arange(0, BN, layout=gl.SliceLayout(1, mma))
-        offs_m = m0 + gl.arange(0, BM, layout=gl.SliceLayout(0, mma))
-        offs = offs_m[None, :] * N + offs_n[:, None]
-        mask = (offs_m < M)[None, :]
-        if TOKEN_SCALES:  # the activations were integer / fp8 codes: each token's scale multiplies its column
-            acc = acc * gl.load(xs_ptr + offs_m, mask=offs_m < M, other=0.0)[None, :]
-        if SPLIT_K == 1:
-            gl.store(y_ptr + offs, acc.to(y_ptr.dtype.element_ty), mask=mask)
-        else:  # the deterministic one-launch reduction of splitk.py: the last slice sums in slice order
-            n_out = M * N
-            gl.store(ws_ptr + gl.program_id(2) * n_out + offs, acc, mask=mask)
-            _cta_barrier()  # every thread's partial is written before the counter moves
-            tile = (gl.program_id(1) * gl.num_programs(0) + gl.program_id(0)) * NPART + ROW0 // BN
-            arrived = gl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel", scope="gpu")
-            if arrived == SPLIT_K - 1:
-                tot = gl.zeros([BN, BM], gl.float32, layout=mma)
-                for sl in gl.static_range(SPLIT_K):
-                    tot += gl.load(ws_ptr + sl * n_out + offs, mask=mask, other=0.0, cache_modifier=".cg")
-                gl.store(y_ptr + offs, tot.to(y_ptr.dtype.element_ty), mask=mask)
-                gl.atomic_xchg(cnt_ptr + tile, 0, sem="relaxed", scope="gpu")
+        _store_tile(acc, mma, y_ptr, ws_ptr, cnt_ptr, xs_ptr, m0, n0 + ROW0, M, N, ROW0 // BN, NPART, SPLIT_K,
+                    TOKEN_SCALES)
 
     @gluon.jit
     def w4a16_wgmma_kernel(x_desc, w_desc, s_ptr, mn_ptr, y_ptr, ws_ptr, cnt_ptr, xs_ptr, M, N, K, G: gl.constexpr,
@@ -224,8 +247,8 @@ if HAS_GLUON:
                 (_mma_partition, (x_bufs, w_bufs, a_bufs, sc_bufs, mn_bufs, ready, empty, y_ptr, ws_ptr, cnt_ptr,
                                   xs_ptr, m0, n0, M, N, num_k, 0, BN, 1, F16, A_SMEM, SPLIT_K, TOKEN_SCALES,
                                   num_warps)),
-                (_load_partition, (x_desc, w_desc, x_bufs, w_bufs, sc_bufs, mn_bufs, ready, empty, s_ptr, mn_ptr, m0,
-                                   n0, t0, num_k, K, G, BLOCKS)),
+                (_load_partition, (x_desc, w_desc, x_bufs, w_bufs, sc_bufs, mn_bufs, sc_bufs, ready, empty, s_ptr,
+                                   mn_ptr, s_ptr, m0, n0, t0, num_k, M, K, G, BLOCKS, False)),
             ], [1], [64])
         else:  # two independent 4-warp consumers on the two row halves: one dequantizes while the
             # other's wgmma runs (no CTA-wide barrier couples them; each hands slots back itself)
@@ -237,8 +260,8 @@ if HAS_GLUON:
                 (_mma_partition, (x_bufs, w_bufs, a_bufs, sc_bufs, mn_bufs, ready, empty, y_ptr, ws_ptr, cnt_ptr,
                                   xs_ptr, m0, n0, M, N, num_k, half, half, 2, F16, A_SMEM, SPLIT_K, TOKEN_SCALES,
                                   num_warps)),
-                (_load_partition, (x_desc, w_desc, x_bufs, w_bufs, sc_bufs, mn_bufs, ready, empty, s_ptr, mn_ptr, m0,
-                                   n0, t0, num_k, K, G, BLOCKS)),
+                (_load_partition, (x_desc, w_desc, x_bufs, w_bufs, sc_bufs, mn_bufs, sc_bufs, ready, empty, s_ptr,
+                                   mn_ptr, s_ptr, m0, n0, t0, num_k, M, K, G, BLOCKS, False)),
             ], [num_warps, 1], [232, 40])
 
     def _descriptors(x2: torch.Tensor, store: Int4Weight, bm: int, bn: int, bk: int = BK):

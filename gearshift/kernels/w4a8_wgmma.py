@@ -1,0 +1,241 @@
+"""W4A8 / W4A4 for large M on Hopper with int8 tensor cores: the Gluon kernel of `w4a16_wgmma`
+with an int8 wgmma and a per-group fp32 scale-after.
+
+Why: `w4a8_wgmma` runs the activation codes through the 16-bit MMA, so W4A8 there is never faster
+than W4A16. The int8 MMA has twice the bf16 rate and needs no per-weight dequantization: a byte's
+two nibbles *are* two int8 operands (0..15), one AND and one shift.
+
+DPR: P_W = (4) padded to 8 bits, P_X = (8) (int8 codes; W4A4's int4 codes are int8 too), int32
+partial products, reconstruct in fp32 per group. One K tile is one quantization group (BK = G), so
+the int32 result of a tile is exact and
+
+    y[n, t] += s[n, g] * sum_k q[n, k] c[t, k] + min[n, g] * sum_k c[t, k]
+
+with the code sums per (token, group) from the activation quantizer (`quantize_act_triton(...,
+group_sums=G)`) and the token scale applied in the epilogue. The int32 -> fp32 conversion avoids
+I2F (16 per clock per SM on Hopper): |partial| < 2^22, so its bits plus those of 1.5 * 2^23 read
+as 1.5 * 2^23 + partial, and one FMA with s and the exact constant -1.5 * 2^23 * s gives
+round(partial * s).
+
+Partitions and rings are `w4a16_wgmma`'s (one TMA load warp that also stages the scales, mins and
+code sums of each tile; one or two 4-warp consumers, A in registers, each wgmma retired before the
+next tile's operands are built). CPU: `w4a8_wgmma_int8_emulate` is the torch model of the numerics.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from gearshift.kernels.config import TileConfig
+from gearshift.kernels.splitk import splitk_buffers
+from gearshift.kernels.w4a16_wgmma import (HAS_GLUON, TWO_CONSUMER_REGS, _is_sm90_or_cpu, _weight_descriptor)
+from gearshift.quant.int4 import BLOCKS16, Int4Weight
+
+#: the int8 codes of these activation formats run on the int8 MMA
+INT8_CODES = ("int8", "int4")
+#: 1.5 * 2^23: an int32 |v| < 2^22 added to its bit pattern reads as MAGIC + v in fp32
+MAGIC = 12582912.0
+MAGIC_BITS = 0x4B400000
+
+if HAS_GLUON:
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import mbarrier, warpgroup_mma, warpgroup_mma_wait
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    from gearshift.kernels.w4a16_wgmma import _load_partition, _store_tile
+
+    _MAGIC = gl.constexpr(MAGIC)
+    _MAGIC_BITS = gl.constexpr(MAGIC_BITS)
+
+    @gluon.constexpr_function
+    def byte_layout_i8(BN, BKH, warps):
+        """Register layout of the uint8 tile [BN, BK/2] whose nibble split is the int8 wgmma A
+        fragment (k_width 4): lane (g, t) of a warp holds rows g and g+8 and bytes 2t, 2t+1 (weights
+        4t..4t+3, one 32-bit register after the split), then the same 16 weights further (+8 bytes)
+        and each further 32-weight step; warps stack 16-row groups; extra rows repeat in registers."""
+        reg = [[0, 1], [8, 0]] + [[0, 8 << i] for i in range((BKH // 8).bit_length() - 1)]
+        rows = 16 * warps
+        while rows < BN:
+            reg.append([rows, 0])
+            rows *= 2
+        return gl.DistributedLinearLayout(
+            reg_bases=reg, lane_bases=[[0, 2], [0, 4], [1, 0], [2, 0], [4, 0]],
+            warp_bases=[[16 << i, 0] for i in range(warps.bit_length() - 1)], block_bases=[], shape=[BN, BKH])
+
+    # {b0, b0, b1, b1} -> {lo(b0), hi(b0), lo(b1), hi(b1)}: three ALU ops per four weights
+    _SPLIT = gl.constexpr("{ .reg .b32 t; shr.b32 t, $1, 4; and.b32 t, t, 0x0F000F00; "
+                          "and.b32 $0, $1, 0x000F000F; or.b32 $0, $0, t; }")
+
+    @gluon.jit
+    def split_nibbles(b2):
+        """b2: the uint8 tile with each byte twice ([BN, BK], the fragment layout) -> the int8
+        weights 0..15, low nibble first, four per 32-bit register."""
+        return gl.inline_asm_elementwise(_SPLIT, "=r,r", [b2], dtype=gl.int8, is_pure=True, pack=4)
+
+    @gluon.jit
+    def _i8_mma_partition(x_bufs, w_bufs, sc_bufs, mn_bufs, sum_bufs, ready, empty, y_ptr, ws_ptr, cnt_ptr, xs_ptr,
+                          m0, n0, M, N, num_k, ROW0: gl.constexpr, BN: gl.constexpr, NPART: gl.constexpr,
+                          SPLIT_K: gl.constexpr, WARPS: gl.constexpr):
+        """Weight rows [ROW0, ROW0 + BN) of the tile: per K tile (= group) an int32 wgmma, then
+        acc += s * partial + min * codesum in fp32."""
+        STAGES: gl.constexpr = x_bufs.type.shape[0]
+        BM: gl.constexpr = x_bufs.type.shape[1]
+        BKX: gl.constexpr = x_bufs.type.shape[2]
+        mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
+                                                      instr_shape=[16, BM, 32])
+        dot: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=4)
+        bl: gl.constexpr = byte_layout_i8(BN, BKX // 2, WARPS)
+        acc = gl.zeros([BN, BM], gl.float32, layout=mma)
+        part = gl.zeros([BN, BM], gl.int32, layout=mma)  # each tile overwrites it (use_acc=False)
+        for i in range(num_k):
+            s = i % STAGES
+            mbarrier.wait(ready.index(s), (i // STAGES) & 1)
+            b = w_bufs.index(s).reshape([BN * NPART, BKX // 2]).slice(ROW0, BN).load(bl)
+            q = split_nibbles(gl.reshape(gl.join(b, b), [BN, BKX]))
+            a = gl.convert_layout(q, dot, assert_trivial=True)
+            part = warpgroup_mma(a, x_bufs.index(s).permute((1, 0)), part, use_acc=False, is_async=True)
+            # retire before the next tile's A registers are built (see w4a16_wgmma's register-A note)
+            part = warpgroup_mma_wait(0, deps=(part,))
+            sc = sc_bufs.index(s).slice(ROW0, BN).load(gl.SliceLayout(1, mma)).to(gl.float32)
+            mn = mn_bufs.index(s).slice(ROW0, BN).load(gl.SliceLayout(1, mma)).to(gl.float32)
+            xsum = sum_bufs.index(s).load(gl.SliceLayout(0, mma))
+            mbarrier.arrive(empty.index(s))
+            f = (part + _MAGIC_BITS).to(gl.float32, bitcast=True)  # MAGIC + partial, exactly
+            acc += f * sc[:, None] + (-_MAGIC * sc)[:, None]  # one FMA: round(partial * s)
+            acc += mn[:, None] * xsum[None, :]
+        _store_tile(acc, mma, y_ptr, ws_ptr, cnt_ptr, xs_ptr, m0, n0 + ROW0, M, N, ROW0 // BN, NPART, SPLIT_K, True)
+
+    @gluon.jit
+    def w4a8_int8_wgmma_kernel(x_desc, w_desc, s_ptr, mn_ptr, sum_ptr, xs_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K,
+                               G: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, BLOCKS: gl.constexpr,
+                               SPLIT_K: gl.constexpr, CONSUMERS: gl.constexpr, num_warps: gl.constexpr):
+        BM: gl.constexpr = x_desc.block_type.shape[0]
+        BKX: gl.constexpr = x_desc.block_type.shape[1]
+        gl.static_assert(BKX == G, "one K tile per quantization group")
+        m0 = gl.program_id(1) * BM
+        n0 = gl.program_id(0) * BN
+        x_bufs = gl.allocate_shared_memory(x_desc.dtype, [STAGES] + x_desc.block_type.shape, x_desc.layout)
+        w_bufs = gl.allocate_shared_memory(w_desc.dtype, [STAGES] + w_desc.block_type.shape, w_desc.layout)
+        flat: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[0])
+        sc_bufs = gl.allocate_shared_memory(gl.float16, [STAGES, BN], flat)
+        mn_bufs = gl.allocate_shared_memory(gl.float16, [STAGES, BN], flat)
+        sum_bufs = gl.allocate_shared_memory(gl.float32, [STAGES, BM], flat)
+        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(STAGES):
+            mbarrier.init(ready.index(i), count=2)  # the TMA bytes, and the load warp's column stores
+            mbarrier.init(empty.index(i), count=CONSUMERS)
+        kt = K // BKX
+        per = gl.cdiv(kt, SPLIT_K)
+        t0 = gl.program_id(2) * per
+        num_k = gl.minimum(per, kt - t0)
+        if CONSUMERS == 1:
+            gl.warp_specialize([
+                (_i8_mma_partition, (x_bufs, w_bufs, sc_bufs, mn_bufs, sum_bufs, ready, empty, y_ptr, ws_ptr,
+                                     cnt_ptr, xs_ptr, m0, n0, M, N, num_k, 0, BN, 1, SPLIT_K, num_warps)),
+                (_load_partition, (x_desc, w_desc, x_bufs, w_bufs, sc_bufs, mn_bufs, sum_bufs, ready, empty, s_ptr,
+                                   mn_ptr, sum_ptr, m0, n0, t0, num_k, M, K, G, BLOCKS, True)),
+            ], [1], [64])
+        else:
+            half: gl.constexpr = BN // 2
+            gl.warp_specialize([
+                (_i8_mma_partition, (x_bufs, w_bufs, sc_bufs, mn_bufs, sum_bufs, ready, empty, y_ptr, ws_ptr,
+                                     cnt_ptr, xs_ptr, m0, n0, M, N, num_k, 0, half, 2, SPLIT_K, num_warps)),
+                (_i8_mma_partition, (x_bufs, w_bufs, sc_bufs, mn_bufs, sum_bufs, ready, empty, y_ptr, ws_ptr,
+                                     cnt_ptr, xs_ptr, m0, n0, M, N, num_k, half, half, 2, SPLIT_K, num_warps)),
+                (_load_partition, (x_desc, w_desc, x_bufs, w_bufs, sc_bufs, mn_bufs, sum_bufs, ready, empty, s_ptr,
+                                   mn_ptr, sum_ptr, m0, n0, t0, num_k, M, K, G, BLOCKS, True)),
+            ], [num_warps, 1], [232, 40])
+
+    def _code_descriptor(codes: torch.Tensor, bm: int, bk: int):
+        layout = gl.NVMMASharedLayout.get_default_for([bm, bk], gl.int8)
+        return TensorDescriptor.from_tensor(codes, [bm, bk], layout)
+
+
+#: (BM tokens, BN weight rows, warps, stages, register cap, split-K). BK is the group size.
+#: The int32 partial and the fp32 accumulator both live in registers: BM * BN / threads <= 64 each.
+_CONFIGS = ((64, 64, 4, 6, 128, 1), (64, 64, 4, 4, 128, 2), (128, 64, 4, 4, 0, 1), (128, 64, 4, 4, 168, 1),
+            (128, 128, 8, 4, 0, 1), (128, 128, 8, 3, 0, 1), (64, 128, 8, 6, 0, 1), (128, 64, 4, 4, 0, 2),
+            (128, 128, 8, 4, 0, 2), (64, 128, 8, 4, 0, 2))
+
+
+def int8_wgmma_configs(m: int, group: int = 128) -> list[TileConfig]:
+    """The tiles worth profiling at this M."""
+    if m < 64:
+        return []
+    return [TileConfig(bm, bn, group, sk, w, st, maxnreg=r) for bm, bn, w, st, r, sk in _CONFIGS if bm <= max(64, m)]
+
+
+def smem_bytes(cfg: TileConfig) -> int:
+    return cfg.stages * (cfg.bm * cfg.bk + cfg.bn * cfg.bk // 2 + 4 * cfg.bn + 4 * cfg.bm) + 1024
+
+
+def int8_wgmma_supports(store, act, cfg: TileConfig | None) -> bool:
+    if not HAS_GLUON or not isinstance(store, Int4Weight) or cfg is None:
+        return False
+    if getattr(act, "dtype", None) not in INT8_CODES or getattr(act, "group_size", 0) is not None:
+        return False
+    n, k, g = store.out_features, store.in_features, store.group_size
+    if cfg.bk != g or g not in (64, 128) or cfg.split_k not in (1, 2, 4) or cfg.bm not in (64, 128):
+        return False
+    if cfg.warps not in (4, 8) or cfg.bn != 16 * cfg.warps or cfg.a_smem:
+        return False
+    if cfg.bm * cfg.bn // (32 * cfg.warps) > 64 or smem_bytes(cfg) > 227 * 1024:
+        return False
+    if n % cfg.bn or k % g or k // g < 2 * cfg.split_k:
+        return False
+    from gearshift.kernels.act_quant import fused_group_sums
+
+    return fused_group_sums(k, g) and _is_sm90_or_cpu()
+
+
+def w4a8_int8_wgmma(x2: torch.Tensor, store: Int4Weight, act, cfg: TileConfig) -> torch.Tensor:
+    """x2 [M, K] bf16/fp16 -> [M, N]: the activations quantized per token to int8 codes (with
+    their per-group sums), then the int8 wgmma kernel."""
+    from gearshift.kernels.act_quant import quantize_act_triton
+
+    if not int8_wgmma_supports(store, act, cfg):
+        raise ValueError(f"w4a8_int8_wgmma cannot run {cfg} with activations {act} on this store/device "
+                         f"({store.out_features}x{store.in_features}, group {getattr(store, 'group_size', '?')}); "
+                         "int8_wgmma_supports() says which")
+    codes, scales, sums = quantize_act_triton(x2, act, group_sums=store.group_size)
+    return int8_wgmma_codes(codes, scales, sums, store, cfg, x2.dtype)
+
+
+def int8_wgmma_codes(codes: torch.Tensor, scales: torch.Tensor, sums: torch.Tensor, store: Int4Weight,
+                     cfg: TileConfig, out_dtype: torch.dtype) -> torch.Tensor:
+    """The kernel on already quantized activations: codes [M, K] int8, scales [M] fp32, sums
+    [M, K / G] fp32."""
+    m, n, k = codes.shape[0], store.out_features, store.in_features
+    y = torch.empty((m, n), device=codes.device, dtype=out_dtype)
+    x_desc = _code_descriptor(codes, cfg.bm, cfg.bk)
+    w_desc = _weight_descriptor(store, cfg.bn, cfg.bk)
+    consumers = 2 if cfg.warps == 8 else 1
+    grid = (n // cfg.bn, -(-m // cfg.bm), cfg.split_k)
+    ws, cnt = splitk_buffers(y, cfg.split_k, m * n, grid[0] * grid[1] * consumers)
+    regs = cfg.maxnreg or (TWO_CONSUMER_REGS if consumers == 2 else 0)
+    w4a8_int8_wgmma_kernel[grid](x_desc, w_desc, store.scales, store.mins, sums, scales, y, ws, cnt, m, n, k,
+                                 G=store.group_size, BN=cfg.bn, STAGES=cfg.stages, BLOCKS=store.layout == BLOCKS16,
+                                 SPLIT_K=cfg.split_k, CONSUMERS=consumers, num_warps=cfg.warps // consumers,
+                                 **({"maxnreg": regs} if regs else {}))
+    return y
+
+
+def w4a8_int8_wgmma_emulate(codes: torch.Tensor, scales: torch.Tensor, store: Int4Weight,
+                            out_dtype: torch.dtype) -> torch.Tensor:
+    """The kernel's numerics in torch: exact per-group integer products, then in fp32 per group
+    acc += round(s * partial), acc += min * codesum, and the token scale at the end."""
+    g = store.group_size
+    q = store.unpacked().to(torch.float64)  # [N, K], 0..15
+    c = codes.to(torch.float64)
+    m, k = c.shape
+    acc = torch.zeros((store.out_features, m), dtype=torch.float32, device=c.device)
+    for j in range(k // g):
+        cols = slice(j * g, (j + 1) * g)
+        part = (q[:, cols] @ c[:, cols].t())  # exact: |partial| < 2^22
+        s = store.scales[:, j].float()[:, None]
+        mn = store.mins[:, j].float()[:, None]
+        acc = acc + (part * s.double()).float()
+        acc = acc + mn * c[:, cols].sum(1).float()[None, :]
+    return (acc * scales.float().reshape(1, -1)).t().to(out_dtype)
