@@ -76,9 +76,10 @@ if HAS_GLUON:
     @gluon.jit
     def _i8_mma_partition(x_bufs, w_bufs, sc_bufs, mn_bufs, sum_bufs, ready, empty, y_ptr, ws_ptr, cnt_ptr, xs_ptr,
                           m0, n0, M, N, num_k, ROW0: gl.constexpr, BN: gl.constexpr, NPART: gl.constexpr,
-                          SPLIT_K: gl.constexpr, WARPS: gl.constexpr):
+                          SPLIT_K: gl.constexpr, WARPS: gl.constexpr, ABLATE: gl.constexpr):
         """Weight rows [ROW0, ROW0 + BN) of the tile: per K tile (= group) an int32 wgmma, then
-        acc += s * partial + min * codesum in fp32."""
+        acc += s * partial + min * codesum in fp32. ABLATE (timing experiments only, wrong results):
+        bit 1 drops the fp32 scale-after, bit 2 the weight split (constant A), bit 4 the wgmma."""
         STAGES: gl.constexpr = x_bufs.type.shape[0]
         BM: gl.constexpr = x_bufs.type.shape[1]
         BKX: gl.constexpr = x_bufs.type.shape[2]
@@ -91,25 +92,35 @@ if HAS_GLUON:
         for i in range(num_k):
             s = i % STAGES
             mbarrier.wait(ready.index(s), (i // STAGES) & 1)
-            b = w_bufs.index(s).reshape([BN * NPART, BKX // 2]).slice(ROW0, BN).load(bl)
-            q = split_nibbles(gl.reshape(gl.join(b, b), [BN, BKX]))
-            a = gl.convert_layout(q, dot, assert_trivial=True)
-            part = warpgroup_mma(a, x_bufs.index(s).permute((1, 0)), part, use_acc=False, is_async=True)
-            # retire before the next tile's A registers are built (see w4a16_wgmma's register-A note)
-            part = warpgroup_mma_wait(0, deps=(part,))
+            if ABLATE & 2:
+                a = gl.full([BN, BKX], i, gl.int8, layout=dot)
+            else:
+                b = w_bufs.index(s).reshape([BN * NPART, BKX // 2]).slice(ROW0, BN).load(bl)
+                q = split_nibbles(gl.reshape(gl.join(b, b), [BN, BKX]))
+                a = gl.convert_layout(q, dot, assert_trivial=True)
+            if ABLATE & 4:
+                part = part + gl.convert_layout(gl.sum(a.to(gl.int32), 1), gl.SliceLayout(1, mma))[:, None]
+            else:
+                part = warpgroup_mma(a, x_bufs.index(s).permute((1, 0)), part, use_acc=False, is_async=True)
+                # retire before the next tile's A registers are built (see w4a16_wgmma's register-A note)
+                part = warpgroup_mma_wait(0, deps=(part,))
             sc = sc_bufs.index(s).slice(ROW0, BN).load(gl.SliceLayout(1, mma)).to(gl.float32)
             mn = mn_bufs.index(s).slice(ROW0, BN).load(gl.SliceLayout(1, mma)).to(gl.float32)
             xsum = sum_bufs.index(s).load(gl.SliceLayout(0, mma))
             mbarrier.arrive(empty.index(s))
-            f = (part + _MAGIC_BITS).to(gl.float32, bitcast=True)  # MAGIC + partial, exactly
-            acc += f * sc[:, None] + (-_MAGIC * sc)[:, None]  # one FMA: round(partial * s)
-            acc += mn[:, None] * xsum[None, :]
+            if ABLATE & 1:
+                acc += part.to(gl.float32, bitcast=True)
+            else:
+                f = (part + _MAGIC_BITS).to(gl.float32, bitcast=True)  # MAGIC + partial, exactly
+                acc += f * sc[:, None] + (-_MAGIC * sc)[:, None]  # one FMA: round(partial * s)
+                acc += mn[:, None] * xsum[None, :]
         _store_tile(acc, mma, y_ptr, ws_ptr, cnt_ptr, xs_ptr, m0, n0 + ROW0, M, N, ROW0 // BN, NPART, SPLIT_K, True)
 
     @gluon.jit
     def w4a8_int8_wgmma_kernel(x_desc, w_desc, s_ptr, mn_ptr, sum_ptr, xs_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K,
                                G: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, BLOCKS: gl.constexpr,
-                               SPLIT_K: gl.constexpr, CONSUMERS: gl.constexpr, num_warps: gl.constexpr):
+                               SPLIT_K: gl.constexpr, CONSUMERS: gl.constexpr, num_warps: gl.constexpr,
+                               ABLATE: gl.constexpr = 0):
         BM: gl.constexpr = x_desc.block_type.shape[0]
         BKX: gl.constexpr = x_desc.block_type.shape[1]
         gl.static_assert(BKX == G, "one K tile per quantization group")
@@ -133,7 +144,7 @@ if HAS_GLUON:
         if CONSUMERS == 1:
             gl.warp_specialize([
                 (_i8_mma_partition, (x_bufs, w_bufs, sc_bufs, mn_bufs, sum_bufs, ready, empty, y_ptr, ws_ptr,
-                                     cnt_ptr, xs_ptr, m0, n0, M, N, num_k, 0, BN, 1, SPLIT_K, num_warps)),
+                                     cnt_ptr, xs_ptr, m0, n0, M, N, num_k, 0, BN, 1, SPLIT_K, num_warps, ABLATE)),
                 (_load_partition, (x_desc, w_desc, x_bufs, w_bufs, sc_bufs, mn_bufs, sum_bufs, ready, empty, s_ptr,
                                    mn_ptr, sum_ptr, m0, n0, t0, num_k, M, K, G, BLOCKS, True)),
             ], [1], [64])
@@ -141,9 +152,9 @@ if HAS_GLUON:
             half: gl.constexpr = BN // 2
             gl.warp_specialize([
                 (_i8_mma_partition, (x_bufs, w_bufs, sc_bufs, mn_bufs, sum_bufs, ready, empty, y_ptr, ws_ptr,
-                                     cnt_ptr, xs_ptr, m0, n0, M, N, num_k, 0, half, 2, SPLIT_K, num_warps)),
+                                     cnt_ptr, xs_ptr, m0, n0, M, N, num_k, 0, half, 2, SPLIT_K, num_warps, ABLATE)),
                 (_i8_mma_partition, (x_bufs, w_bufs, sc_bufs, mn_bufs, sum_bufs, ready, empty, y_ptr, ws_ptr,
-                                     cnt_ptr, xs_ptr, m0, n0, M, N, num_k, half, half, 2, SPLIT_K, num_warps)),
+                                     cnt_ptr, xs_ptr, m0, n0, M, N, num_k, half, half, 2, SPLIT_K, num_warps, ABLATE)),
                 (_load_partition, (x_desc, w_desc, x_bufs, w_bufs, sc_bufs, mn_bufs, sum_bufs, ready, empty, s_ptr,
                                    mn_ptr, sum_ptr, m0, n0, t0, num_k, M, K, G, BLOCKS, True)),
             ], [num_warps, 1], [232, 40])
@@ -204,9 +215,9 @@ def w4a8_int8_wgmma(x2: torch.Tensor, store: Int4Weight, act, cfg: TileConfig) -
 
 
 def int8_wgmma_codes(codes: torch.Tensor, scales: torch.Tensor, sums: torch.Tensor, store: Int4Weight,
-                     cfg: TileConfig, out_dtype: torch.dtype) -> torch.Tensor:
+                     cfg: TileConfig, out_dtype: torch.dtype, ablate: int = 0) -> torch.Tensor:
     """The kernel on already quantized activations: codes [M, K] int8, scales [M] fp32, sums
-    [M, K / G] fp32."""
+    [M, K / G] fp32. `ablate` != 0 only for timing experiments (see `_i8_mma_partition`)."""
     m, n, k = codes.shape[0], store.out_features, store.in_features
     y = torch.empty((m, n), device=codes.device, dtype=out_dtype)
     x_desc = _code_descriptor(codes, cfg.bm, cfg.bk)
@@ -218,7 +229,7 @@ def int8_wgmma_codes(codes: torch.Tensor, scales: torch.Tensor, sums: torch.Tens
     w4a8_int8_wgmma_kernel[grid](x_desc, w_desc, store.scales, store.mins, sums, scales, y, ws, cnt, m, n, k,
                                  G=store.group_size, BN=cfg.bn, STAGES=cfg.stages, BLOCKS=store.layout == BLOCKS16,
                                  SPLIT_K=cfg.split_k, CONSUMERS=consumers, num_warps=cfg.warps // consumers,
-                                 **({"maxnreg": regs} if regs else {}))
+                                 ABLATE=ablate, **({"maxnreg": regs} if regs else {}))
     return y
 
 

@@ -1,0 +1,63 @@
+"""Where the int8-wgmma W4A8 kernel's time goes: the same tiles with parts removed (`ablate` bits
+of `kernels/w4a8_wgmma._i8_mma_partition`: 1 = no fp32 scale-after, 2 = no weight split
+(constant A), 4 = no wgmma). Results are wrong by construction; only the times matter.
+
+Usage on the GPU: PYTHONPATH=. python benchmarks/tc_ablations/int8_wgmma_parts.py [--ncu]
+(--ncu: one launch of the full kernel, for `ncu -k regex:w4a8_int8`). Writes $OUT/<tag>.json.
+"""
+import argparse, json, os
+
+import torch
+
+from gearshift.dispatch.profiler import PRESETS, n_copies, random_store, time_us
+from gearshift.kernels.act_quant import quantize_act_triton
+from gearshift.kernels.config import TileConfig
+from gearshift.kernels.w4a8_wgmma import int8_wgmma_codes
+from gearshift.quant.activations import ActQuantSpec
+
+ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+ap.add_argument("--ms", default="1024,4096")
+ap.add_argument("--configs", default="128,128,8,3,0,1;128,64,4,4,168,1")
+ap.add_argument("--ablate", default="0,1,2,3,4,7")
+ap.add_argument("--ncu", action="store_true")
+ap.add_argument("--tag", default="int8_wgmma_parts")
+args = ap.parse_args()
+dev = "cuda"
+act = ActQuantSpec("int8")
+cfgs = [TileConfig(bm, bn, 128, sk, w, st, maxnreg=r) for bm, bn, w, st, r, sk in
+        (tuple(int(v) for v in c.split(",")) for c in args.configs.split(";"))]
+shapes = {name: (n, k) for name, n, k in PRESETS["llama3-8b"]["shapes"]}
+if args.ncu:
+    n, k = shapes["qkv"]
+    st = random_store("int4", n, k, 128, dev, layout="blocks16")
+    x = torch.randn(4096, k, device=dev, dtype=torch.bfloat16)
+    codes, scales, sums = quantize_act_triton(x, act, group_sums=128)
+    for c in cfgs:
+        int8_wgmma_codes(codes, scales, sums, st, c, x.dtype)
+    torch.cuda.synchronize()
+    raise SystemExit(0)
+res = []
+for m in [int(v) for v in args.ms.split(",")]:
+    for name in ("qkv", "gate_up"):
+        n, k = shapes[name]
+        st0 = random_store("int4", n, k, 128, dev, layout="blocks16")
+        copies = [st0] + [random_store("int4", n, k, 128, dev, layout="blocks16") for _ in range(n_copies(st0) - 1)]
+        x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
+        codes, scales, sums = quantize_act_triton(x, act, group_sums=128)
+        for c in cfgs:
+            row = {"m": m, "shape": name, "cfg": c.key()}
+            for ab in (int(v) for v in args.ablate.split(",")):
+                t = time_us([lambda s=s, ab=ab: int8_wgmma_codes(codes, scales, sums, s, c, x.dtype, ablate=ab)
+                             for s in copies])
+                row[str(ab)] = t
+            row["tops"] = 2 * m * n * k / row["0"] / 1e6
+            res.append(row)
+            print(row, flush=True)
+        del copies, st0
+        torch.cuda.empty_cache()
+json.dump({"device": torch.cuda.get_device_name(), "rows": res},
+          open(os.path.join(os.environ.get("OUT", "."), f"{args.tag}.json"), "w"), indent=1)
+print(f"\n{'M':>5} {'shape':8} {'cfg':24} " + " ".join(f"{'ab' + a:>8}" for a in args.ablate.split(",")) + "  TOPS")
+for r in res:
+    print(f"{r['m']:5d} {r['shape']:8} {r['cfg']:24} " + " ".join(f"{r[a]:8.1f}" for a in args.ablate.split(","))
+          + f"  {r['tops']:.0f}")
