@@ -154,6 +154,10 @@ def test_act_quant_group_sums(spec):
     assert torch.allclose(sums, q.float().view(5, 3, 128).sum(-1), rtol=1e-6, atol=1e-3)
     with pytest.raises(ValueError, match="multiples"):
         quantize_act_triton(x, spec, group_sums=256)
+    # group-major for the wgmma kernels' TMA: [K / G, M], rows padded to 16 bytes
+    q2, _, sums_t = quantize_act_triton(x, spec, group_sums=128, sums_by_group=True)
+    assert torch.equal(q2, q) and sums_t.shape == (3, 5) and sums_t.stride() == (8, 1)
+    assert torch.equal(sums_t, sums.t())
 
 
 def test_w4a8_per_row_store_of_wide_k():

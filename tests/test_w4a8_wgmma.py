@@ -25,8 +25,8 @@ pytestmark = pytest.mark.skipif(not HAS_GLUON, reason="this Triton has no Gluon"
 def test_emulation_is_the_reference(act_dtype):
     torch.manual_seed(0)
     act = ActQuantSpec(act_dtype)
-    st = random_store("int4", 96, 512, 128, "cpu")
-    x = torch.randn(37, 512)
+    st = random_store("int4", 96, 1024, 128, "cpu")
+    x = torch.randn(37, 1024)
     codes, scales = quantize_act_reference(x, act)
     emu = w4a8_int8_wgmma_emulate(codes, scales, st, torch.float32)
     ref = linear_reference(x, st, act)
@@ -52,18 +52,20 @@ from triton.runtime.jit import mangle_type
 from triton.experimental.gluon._runtime import GluonASTSource
 from gearshift.dispatch.profiler import random_store
 from gearshift.kernels import w4a8_wgmma as W
-from gearshift.kernels.w4a16_wgmma import _weight_descriptor
+from gearshift.kernels.w4a16_wgmma import _weight_descriptor, group_descriptors
 
 def gluon_ptx(bm, bn, warps, stages, layout, maxnreg=None, split_k=1, consumers=1):
     st = random_store("int4", 4096, 4096, 128, "cpu", layout=layout)
     xd = W._code_descriptor(torch.empty(bm, 4096, dtype=torch.int8), bm, 128)
     wd = _weight_descriptor(st, bn, 128)
-    sig = {"x_desc": mangle_type(xd), "w_desc": mangle_type(wd), "s_ptr": "*fp16", "mn_ptr": "*fp16",
-           "sum_ptr": "*fp32", "xs_ptr": "*fp32", "y_ptr": "*bf16", "ws_ptr": "*fp32", "cnt_ptr": "*i32",
+    sd, md = group_descriptors(st, bn)
+    ud = W._sums_descriptor(torch.empty(32, bm, dtype=torch.float32), bm)
+    sig = {"x_desc": mangle_type(xd), "w_desc": mangle_type(wd), "sc_desc": mangle_type(sd),
+           "mn_desc": mangle_type(md), "sum_desc": mangle_type(ud), "xs_ptr": "*fp32", "y_ptr": "*bf16", "ws_ptr": "*fp32", "cnt_ptr": "*i32",
            "M": "i32", "N": "i32", "K": "i32"}
-    attrs = {(list(sig).index(n),): [["tt.divisibility", 16]] for n in ("s_ptr", "mn_ptr", "sum_ptr", "y_ptr", "N", "K")}
+    attrs = {(list(sig).index(n),): [["tt.divisibility", 16]] for n in ("y_ptr", "N", "K")}
     cx = {"G": 128, "BN": bn, "STAGES": stages, "BLOCKS": layout == "blocks16", "SPLIT_K": split_k,
-          "CONSUMERS": consumers, "num_warps": warps}
+          "CONSUMERS": consumers, "num_warps": warps, "ABLATE": 0}
     sig.update({name: "constexpr" for name in cx})
     names = list(sig)
     src = GluonASTSource(fn=W.w4a8_int8_wgmma_kernel, signature=sig,
@@ -108,7 +110,7 @@ def test_kernel_matches_its_model_and_the_reference(layout, act_dtype):
     bound = 3e-2 if act_dtype == "int4" else 5e-3  # the quantizers' rounding (docs/kernels.md bounds)
     for m in (1, 64, 100, 300):
         x = torch.randn(m, 1024, device="cuda", dtype=torch.bfloat16)
-        codes, scales, sums = quantize_act_triton(x, act, group_sums=128)
+        codes, scales, sums = quantize_act_triton(x, act, group_sums=128, sums_by_group=True)
         emu = w4a8_int8_wgmma_emulate(codes, scales, st, torch.float32).cpu()
         ref = linear_reference(x.float(), st, act).cpu()
         for cfg in int8_wgmma_configs(max(m, 64)):

@@ -19,7 +19,7 @@ if HAS_TRITON:
     from gearshift.kernels.pdl import grid_wait, launch_dependents
 
     @triton.jit
-    def _act_quant_kernel(x_ptr, q_ptr, s_ptr, sum_ptr, K, stride_x, stride_q,
+    def _act_quant_kernel(x_ptr, q_ptr, s_ptr, sum_ptr, K, stride_x, stride_q, sum_row, sum_group,
                           QMAX: tl.constexpr, FP8: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr,
                           GROUP: tl.constexpr):
         launch_dependents(PDL)  # the GEMM after this may start prefetching its weights
@@ -44,7 +44,7 @@ if HAS_TRITON:
             if GROUP > 0:  # per-group sums of the codes (exact for int8; fp32 sums of e4m3 values)
                 gs = tl.sum(tl.reshape(q.to(tl.float32), (BLOCK // GROUP, GROUP)), 1)
                 go = k0 // GROUP + tl.arange(0, BLOCK // GROUP)
-                tl.store(sum_ptr + row * (K // GROUP) + go, gs, mask=go < K // GROUP)
+                tl.store(sum_ptr + row * sum_row + go * sum_group, gs, mask=go < K // GROUP)
         tl.store(s_ptr + row, scale)
 
 
@@ -60,14 +60,15 @@ def fused_group_sums(k: int, group: int) -> bool:
 
 
 def quantize_act_triton(x2: torch.Tensor, spec: ActQuantSpec, codes_dtype: torch.dtype | None = None,
-                        group_sums: int = 0):
+                        group_sums: int = 0, sums_by_group: bool = False):
     """x2 [M, K] -> codes [M, K] (int8 or float8_e4m3fn) and fp32 scales [M].
 
     codes_dtype=torch.bfloat16/float16 stores the same codes as 16-bit floats (every int8, int4 and
     e4m3 code is exact there), for kernels that feed them to 16-bit tensor cores.
     group_sums=G > 0 also returns the fp32 sums of the codes over each G columns [M, K // G]: the
     W4A8 GEMM needs them for the weight mins, and summing here (where x is read anyway) saves a
-    reduction over every K tile of every output tile there."""
+    reduction over every K tile of every output tile there. sums_by_group=True returns them as
+    [K // G, M] instead, rows padded to 16 bytes (a TMA box per group for the wgmma kernels)."""
     if spec.group_size is not None:
         raise ValueError("the Triton activation quantizer is per token only")
     m, k = x2.shape
@@ -79,9 +80,17 @@ def quantize_act_triton(x2: torch.Tensor, spec: ActQuantSpec, codes_dtype: torch
     if group_sums and not fused_group_sums(k, group_sums):
         raise ValueError(f"group sums need K ({k}) and the block ({block}) to be multiples of {group_sums}")
     # without group sums the kernel never touches sum_ptr: s stands in for it (no allocation)
-    sums = torch.empty((m, k // group_sums), device=x2.device, dtype=torch.float32) if group_sums else s
+    if group_sums and sums_by_group:
+        sums = torch.empty((k // group_sums, -(-m // 4) * 4), device=x2.device, dtype=torch.float32)[:, :m]
+    elif group_sums:
+        sums = torch.empty((m, k // group_sums), device=x2.device, dtype=torch.float32)
+    else:
+        sums = s
     pdl = pdl_enabled(q)
-    _act_quant_kernel[(m,)](x2, q, s, sums, k, x2.stride(0), q.stride(0), QMAX=_QMAX[spec.dtype], FP8=fp8,
+    sum_row, sum_group = (sums.stride(0), sums.stride(1)) if group_sums else (0, 0)
+    if sums_by_group:
+        sum_row, sum_group = sum_group, sum_row
+    _act_quant_kernel[(m,)](x2, q, s, sums, k, x2.stride(0), q.stride(0), sum_row, sum_group, QMAX=_QMAX[spec.dtype], FP8=fp8,
                             BLOCK=block, PDL=pdl, GROUP=group_sums, num_warps=8 if block >= 2048 else 4,
                             **launch_kwargs(pdl))
     return (q, s, sums) if group_sums else (q, s)

@@ -28,7 +28,8 @@ import torch
 
 from gearshift.kernels.config import TileConfig
 from gearshift.kernels.splitk import splitk_buffers
-from gearshift.kernels.w4a16_wgmma import (HAS_GLUON, TWO_CONSUMER_REGS, _is_sm90_or_cpu, _weight_descriptor)
+from gearshift.kernels.w4a16_wgmma import (HAS_GLUON, TWO_CONSUMER_REGS, _is_sm90_or_cpu, _weight_descriptor,
+                                           group_descriptors)
 from gearshift.quant.int4 import BLOCKS16, Int4Weight
 
 #: the int8 codes of these activation formats run on the int8 MMA
@@ -43,7 +44,7 @@ if HAS_GLUON:
     from triton.experimental.gluon.language.nvidia.hopper import mbarrier, warpgroup_mma, warpgroup_mma_wait
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    from gearshift.kernels.w4a16_wgmma import _load_partition, _store_tile
+    from gearshift.kernels.w4a16_wgmma import _load_partition, _store_tile, group_column
 
     _MAGIC = gl.constexpr(MAGIC)
     _MAGIC_BITS = gl.constexpr(MAGIC_BITS)
@@ -75,7 +76,7 @@ if HAS_GLUON:
 
     @gluon.jit
     def _i8_mma_partition(x_bufs, w_bufs, sc_bufs, mn_bufs, sum_bufs, ready, empty, y_ptr, ws_ptr, cnt_ptr, xs_ptr,
-                          m0, n0, M, N, num_k, ROW0: gl.constexpr, BN: gl.constexpr, NPART: gl.constexpr,
+                          m0, n0, M, N, t0, num_k, ROW0: gl.constexpr, BN: gl.constexpr, NPART: gl.constexpr,
                           SPLIT_K: gl.constexpr, WARPS: gl.constexpr, ABLATE: gl.constexpr):
         """Weight rows [ROW0, ROW0 + BN) of the tile: per K tile (= group) an int32 wgmma, then
         acc += s * partial + min * codesum in fp32. ABLATE (timing experiments only, wrong results):
@@ -104,9 +105,10 @@ if HAS_GLUON:
                 part = warpgroup_mma(a, x_bufs.index(s).permute((1, 0)), part, use_acc=False, is_async=True)
                 # retire before the next tile's A registers are built (see w4a16_wgmma's register-A note)
                 part = warpgroup_mma_wait(0, deps=(part,))
-            sc = sc_bufs.index(s).slice(ROW0, BN).load(gl.SliceLayout(1, mma)).to(gl.float32)
-            mn = mn_bufs.index(s).slice(ROW0, BN).load(gl.SliceLayout(1, mma)).to(gl.float32)
-            xsum = sum_bufs.index(s).load(gl.SliceLayout(0, mma))
+            j = (t0 + i) % 8  # the tile's group among the 8 of the scale box
+            sc = group_column(sc_bufs.index(s).slice(ROW0, BN), j, gl.SliceLayout(1, mma), BN, WARPS)
+            mn = group_column(mn_bufs.index(s).slice(ROW0, BN), j, gl.SliceLayout(1, mma), BN, WARPS)
+            xsum = sum_bufs.index(s).reshape([BM]).load(gl.SliceLayout(0, mma))
             mbarrier.arrive(empty.index(s))
             if ABLATE & 1:
                 acc += part.to(gl.float32, bitcast=True)
@@ -117,7 +119,7 @@ if HAS_GLUON:
         _store_tile(acc, mma, y_ptr, ws_ptr, cnt_ptr, xs_ptr, m0, n0 + ROW0, M, N, ROW0 // BN, NPART, SPLIT_K, True)
 
     @gluon.jit
-    def w4a8_int8_wgmma_kernel(x_desc, w_desc, s_ptr, mn_ptr, sum_ptr, xs_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K,
+    def w4a8_int8_wgmma_kernel(x_desc, w_desc, sc_desc, mn_desc, sum_desc, xs_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K,
                                G: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, BLOCKS: gl.constexpr,
                                SPLIT_K: gl.constexpr, CONSUMERS: gl.constexpr, num_warps: gl.constexpr,
                                ABLATE: gl.constexpr = 0):
@@ -128,14 +130,13 @@ if HAS_GLUON:
         n0 = gl.program_id(0) * BN
         x_bufs = gl.allocate_shared_memory(x_desc.dtype, [STAGES] + x_desc.block_type.shape, x_desc.layout)
         w_bufs = gl.allocate_shared_memory(w_desc.dtype, [STAGES] + w_desc.block_type.shape, w_desc.layout)
-        flat: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[0])
-        sc_bufs = gl.allocate_shared_memory(gl.float16, [STAGES, BN], flat)
-        mn_bufs = gl.allocate_shared_memory(gl.float16, [STAGES, BN], flat)
-        sum_bufs = gl.allocate_shared_memory(gl.float32, [STAGES, BM], flat)
+        sc_bufs = gl.allocate_shared_memory(gl.float16, [STAGES, BN, 8], sc_desc.layout)
+        mn_bufs = gl.allocate_shared_memory(gl.float16, [STAGES, BN, 8], mn_desc.layout)
+        sum_bufs = gl.allocate_shared_memory(gl.float32, [STAGES, 1, BM], sum_desc.layout)
         ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         for i in gl.static_range(STAGES):
-            mbarrier.init(ready.index(i), count=2)  # the TMA bytes, and the load warp's column stores
+            mbarrier.init(ready.index(i), count=1)  # the TMA bytes
             mbarrier.init(empty.index(i), count=CONSUMERS)
         kt = K // BKX
         per = gl.cdiv(kt, SPLIT_K)
@@ -144,24 +145,29 @@ if HAS_GLUON:
         if CONSUMERS == 1:
             gl.warp_specialize([
                 (_i8_mma_partition, (x_bufs, w_bufs, sc_bufs, mn_bufs, sum_bufs, ready, empty, y_ptr, ws_ptr,
-                                     cnt_ptr, xs_ptr, m0, n0, M, N, num_k, 0, BN, 1, SPLIT_K, num_warps, ABLATE)),
-                (_load_partition, (x_desc, w_desc, x_bufs, w_bufs, sc_bufs, mn_bufs, sum_bufs, ready, empty, s_ptr,
-                                   mn_ptr, sum_ptr, m0, n0, t0, num_k, M, K, G, BLOCKS, True)),
+                                     cnt_ptr, xs_ptr, m0, n0, M, N, t0, num_k, 0, BN, 1, SPLIT_K, num_warps, ABLATE)),
+                (_load_partition, (x_desc, w_desc, sc_desc, mn_desc, sum_desc, x_bufs, w_bufs, sc_bufs, mn_bufs,
+                                   sum_bufs, ready, empty, m0, n0, t0, num_k, G, BLOCKS, True)),
             ], [1], [64])
         else:
             half: gl.constexpr = BN // 2
             gl.warp_specialize([
                 (_i8_mma_partition, (x_bufs, w_bufs, sc_bufs, mn_bufs, sum_bufs, ready, empty, y_ptr, ws_ptr,
-                                     cnt_ptr, xs_ptr, m0, n0, M, N, num_k, 0, half, 2, SPLIT_K, num_warps, ABLATE)),
+                                     cnt_ptr, xs_ptr, m0, n0, M, N, t0, num_k, 0, half, 2, SPLIT_K, num_warps, ABLATE)),
                 (_i8_mma_partition, (x_bufs, w_bufs, sc_bufs, mn_bufs, sum_bufs, ready, empty, y_ptr, ws_ptr,
-                                     cnt_ptr, xs_ptr, m0, n0, M, N, num_k, half, half, 2, SPLIT_K, num_warps, ABLATE)),
-                (_load_partition, (x_desc, w_desc, x_bufs, w_bufs, sc_bufs, mn_bufs, sum_bufs, ready, empty, s_ptr,
-                                   mn_ptr, sum_ptr, m0, n0, t0, num_k, M, K, G, BLOCKS, True)),
+                                     cnt_ptr, xs_ptr, m0, n0, M, N, t0, num_k, half, half, 2, SPLIT_K, num_warps, ABLATE)),
+                (_load_partition, (x_desc, w_desc, sc_desc, mn_desc, sum_desc, x_bufs, w_bufs, sc_bufs, mn_bufs,
+                                   sum_bufs, ready, empty, m0, n0, t0, num_k, G, BLOCKS, True)),
             ], [num_warps, 1], [232, 40])
 
     def _code_descriptor(codes: torch.Tensor, bm: int, bk: int):
         layout = gl.NVMMASharedLayout.get_default_for([bm, bk], gl.int8)
         return TensorDescriptor.from_tensor(codes, [bm, bk], layout)
+
+    def _sums_descriptor(sums_t: torch.Tensor, bm: int):
+        """The code sums [K / G, M] (rows 16-byte aligned): one [1, bm] box per group."""
+        layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
+        return TensorDescriptor.from_tensor(sums_t, [1, bm], layout)
 
 
 #: (BM tokens, BN weight rows, warps, stages, register cap, split-K). BK is the group size.
@@ -179,7 +185,7 @@ def int8_wgmma_configs(m: int, group: int = 128) -> list[TileConfig]:
 
 
 def smem_bytes(cfg: TileConfig) -> int:
-    return cfg.stages * (cfg.bm * cfg.bk + cfg.bn * cfg.bk // 2 + 4 * cfg.bn + 4 * cfg.bm) + 1024
+    return cfg.stages * (cfg.bm * cfg.bk + cfg.bn * cfg.bk // 2 + 32 * cfg.bn + 4 * cfg.bm) + 1024
 
 
 def int8_wgmma_supports(store, act, cfg: TileConfig | None) -> bool:
@@ -194,7 +200,7 @@ def int8_wgmma_supports(store, act, cfg: TileConfig | None) -> bool:
         return False
     if cfg.bm * cfg.bn // (32 * cfg.warps) > 64 or smem_bytes(cfg) > 227 * 1024:
         return False
-    if n % cfg.bn or k % g or k // g < 2 * cfg.split_k:
+    if n % cfg.bn or k % g or k // g < 2 * cfg.split_k or (k // g) % 8 or store.scales.dtype != torch.float16:
         return False
     from gearshift.kernels.act_quant import fused_group_sums
 
@@ -210,23 +216,24 @@ def w4a8_int8_wgmma(x2: torch.Tensor, store: Int4Weight, act, cfg: TileConfig) -
         raise ValueError(f"w4a8_int8_wgmma cannot run {cfg} with activations {act} on this store/device "
                          f"({store.out_features}x{store.in_features}, group {getattr(store, 'group_size', '?')}); "
                          "int8_wgmma_supports() says which")
-    codes, scales, sums = quantize_act_triton(x2, act, group_sums=store.group_size)
+    codes, scales, sums = quantize_act_triton(x2, act, group_sums=store.group_size, sums_by_group=True)
     return int8_wgmma_codes(codes, scales, sums, store, cfg, x2.dtype)
 
 
 def int8_wgmma_codes(codes: torch.Tensor, scales: torch.Tensor, sums: torch.Tensor, store: Int4Weight,
                      cfg: TileConfig, out_dtype: torch.dtype, ablate: int = 0) -> torch.Tensor:
     """The kernel on already quantized activations: codes [M, K] int8, scales [M] fp32, sums
-    [M, K / G] fp32. `ablate` != 0 only for timing experiments (see `_i8_mma_partition`)."""
+    [K / G, M] fp32 with 16-byte aligned rows (`quantize_act_triton(..., sums_by_group=True)`). `ablate` != 0 only for timing experiments (see `_i8_mma_partition`)."""
     m, n, k = codes.shape[0], store.out_features, store.in_features
     y = torch.empty((m, n), device=codes.device, dtype=out_dtype)
     x_desc = _code_descriptor(codes, cfg.bm, cfg.bk)
     w_desc = _weight_descriptor(store, cfg.bn, cfg.bk)
+    sc_desc, mn_desc = group_descriptors(store, cfg.bn)
     consumers = 2 if cfg.warps == 8 else 1
     grid = (n // cfg.bn, -(-m // cfg.bm), cfg.split_k)
     ws, cnt = splitk_buffers(y, cfg.split_k, m * n, grid[0] * grid[1] * consumers)
     regs = cfg.maxnreg or (TWO_CONSUMER_REGS if consumers == 2 else 0)
-    w4a8_int8_wgmma_kernel[grid](x_desc, w_desc, store.scales, store.mins, sums, scales, y, ws, cnt, m, n, k,
+    w4a8_int8_wgmma_kernel[grid](x_desc, w_desc, sc_desc, mn_desc, _sums_descriptor(sums, cfg.bm), scales, y, ws, cnt, m, n, k,
                                  G=store.group_size, BN=cfg.bn, STAGES=cfg.stages, BLOCKS=store.layout == BLOCKS16,
                                  SPLIT_K=cfg.split_k, CONSUMERS=consumers, num_warps=cfg.warps // consumers,
                                  ABLATE=ablate, **({"maxnreg": regs} if regs else {}))
