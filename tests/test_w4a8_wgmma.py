@@ -44,6 +44,8 @@ def test_support_rules():
     assert not int8_wgmma_supports(st, None, c)
     assert not int8_wgmma_supports(random_store("int4", 256, 1024, 64, "cpu"), ActQuantSpec("int8"), c)  # BK != G
     assert int8_wgmma_configs(16) == []
+    # scales and mins travel by TMA in 8-group boxes: rows of K / G groups must be 16-byte aligned
+    assert not int8_wgmma_supports(random_store("int4", 256, 1536, 128, "cpu"), ActQuantSpec("int8"), c)
 
 
 _COMPILE = r"""
@@ -52,13 +54,13 @@ from triton.runtime.jit import mangle_type
 from triton.experimental.gluon._runtime import GluonASTSource
 from gearshift.dispatch.profiler import random_store
 from gearshift.kernels import w4a8_wgmma as W
-from gearshift.kernels.w4a16_wgmma import _weight_descriptor, group_descriptors
+from gearshift.kernels.w4a16_wgmma import _weight_descriptor
 
 def gluon_ptx(bm, bn, warps, stages, layout, maxnreg=None, split_k=1, consumers=1):
     st = random_store("int4", 4096, 4096, 128, "cpu", layout=layout)
     xd = W._code_descriptor(torch.empty(bm, 4096, dtype=torch.int8), bm, 128)
     wd = _weight_descriptor(st, bn, 128)
-    sd, md = group_descriptors(st, bn)
+    sd, md = W.group_descriptors(st, bn)
     ud = W._sums_descriptor(torch.empty(32, bm, dtype=torch.float32), bm)
     sig = {"x_desc": mangle_type(xd), "w_desc": mangle_type(wd), "sc_desc": mangle_type(sd),
            "mn_desc": mangle_type(md), "sum_desc": mangle_type(ud), "xs_ptr": "*fp32", "y_ptr": "*bf16", "ws_ptr": "*fp32", "cnt_ptr": "*i32",

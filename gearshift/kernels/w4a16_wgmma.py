@@ -96,54 +96,44 @@ if HAS_GLUON:
                                                dtype=(gl.bfloat16, gl.bfloat16), is_pure=True, pack=1)
         return lo, hi
 
-    @gluon.constexpr_function
-    def group_cols_layout(BN, warps):
-        """Register layout of a [BN, 8] tile of per-group scales (8 consecutive groups of BN rows):
-        lane (g, t) of a warp holds rows g and g+8 of its 16, all 8 groups; the 4 lanes t share them
-        (the rows of the wgmma fragments)."""
-        reg = [[0, 1], [0, 2], [0, 4], [8, 0]]
-        rows = 16 * warps
-        while rows < BN:
-            reg.append([rows, 0])
-            rows *= 2
-        return gl.DistributedLinearLayout(
-            reg_bases=reg, lane_bases=[[0, 0], [0, 0], [1, 0], [2, 0], [4, 0]],
-            warp_bases=[[16 << i, 0] for i in range(warps.bit_length() - 1)], block_bases=[], shape=[BN, 8])
+    @gluon.jit
+    def tma_tiles(x_desc, w_desc, x_buf, w_buf, bar, m0, n0, k0, BLOCKS: gl.constexpr):
+        """The activation tile [BM, BK] at (m0, k0) and the weight bytes of rows n0.. for columns
+        k0..k0+BK (row layout: [BN, BK/2]; blocks16: the [N/16, K/128 * 16, 64] view, chunk row
+        (k0 / 128) * 16 + n % 16, whose [BN/16, 16, BK/2] box is the same tile)."""
+        _tma_load(x_desc, [m0, k0], bar, x_buf)
+        if BLOCKS:
+            _tma_load(w_desc, [n0 // 16, (k0 // 128) * 16, (k0 % 128) // 2], bar, w_buf)
+        else:
+            _tma_load(w_desc, [n0, k0 // 2], bar, w_buf)
 
     @gluon.jit
-    def group_column(buf, j, target: gl.constexpr, BN: gl.constexpr, WARPS: gl.constexpr):
-        """Column j (0..7) of a [BN, 8] fp16 tile in shared memory, as fp32 in `target` (the rows of
-        a fragment layout): a TMA box is at least 16 bytes wide, so the load warp copies 8 groups."""
-        cl: gl.constexpr = group_cols_layout(BN, WARPS)
-        t = buf.load(cl).to(gl.float32)
-        cols = gl.arange(0, 8, layout=gl.SliceLayout(0, cl))
-        return gl.convert_layout(gl.sum(gl.where(cols[None, :] == j, t, 0.0), axis=1), target)
-
-    @gluon.jit
-    def _load_partition(x_desc, w_desc, sc_desc, mn_desc, sum_desc, x_bufs, w_bufs, sc_bufs, mn_bufs, sum_bufs, ready,
-                        empty, m0, n0, t0, num_k, G: gl.constexpr, BLOCKS: gl.constexpr, SUMS: gl.constexpr):
-        """One warp, TMA only: per K tile the activation and weight tiles, the scales and mins of
-        the tile's group and the next 7 ([BN, 8] boxes), and with SUMS (the int8 kernel, one group
-        per tile) the BM tokens' code sums over the group (from the quantizer's [K / G, M] sums)."""
+    def _load_partition(x_desc, w_desc, x_bufs, w_bufs, sc_bufs, mn_bufs, ready, empty, s_ptr, mn_ptr, m0, n0, t0,
+                        num_k, K, G: gl.constexpr, BLOCKS: gl.constexpr):
+        """One warp: TMA for the activation and weight tiles, and each tile's scale / min column
+        for the BN rows (plain loads one tile ahead, stored to the slot before its second arrive)."""
         STAGES: gl.constexpr = x_bufs.type.shape[0]
         BKX: gl.constexpr = x_desc.block_type.shape[1]
-        NB: gl.constexpr = (x_desc.block_type.nbytes + w_desc.block_type.nbytes + 2 * sc_desc.block_type.nbytes
-                            + (sum_desc.block_type.nbytes if SUMS else 0))
+        BN: gl.constexpr = sc_bufs.type.shape[1]
+        rl: gl.constexpr = gl.BlockedLayout([BN // 32], [32], [1], [0])
+        rows = n0 + gl.arange(0, BN, layout=rl)
+        s_rows = s_ptr + rows * (K // G)  # each row's first group; + g below
+        mn_rows = mn_ptr + rows * (K // G)
+        g0 = (t0 * BKX) // G
+        sc = gl.load(s_rows + g0)
+        mn = gl.load(mn_rows + g0)
         for i in range(num_k):
             s = i % STAGES
             mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)
-            mbarrier.expect(ready.index(s), NB)
-            k0 = (t0 + i) * BKX
-            _tma_load(x_desc, [m0, k0], ready.index(s), x_bufs.index(s))
-            if BLOCKS:  # [N/16, K/128 * 16, 64] view: chunk row (k0 / 128) * 16 + n % 16
-                _tma_load(w_desc, [n0 // 16, (k0 // 128) * 16, (k0 % 128) // 2], ready.index(s), w_bufs.index(s))
-            else:
-                _tma_load(w_desc, [n0, k0 // 2], ready.index(s), w_bufs.index(s))
-            g = k0 // G
-            _tma_load(sc_desc, [n0, g // 8 * 8], ready.index(s), sc_bufs.index(s))
-            _tma_load(mn_desc, [n0, g // 8 * 8], ready.index(s), mn_bufs.index(s))
-            if SUMS:
-                _tma_load(sum_desc, [g, m0], ready.index(s), sum_bufs.index(s))
+            mbarrier.expect(ready.index(s), x_desc.block_type.nbytes + w_desc.block_type.nbytes)
+            tma_tiles(x_desc, w_desc, x_bufs.index(s), w_bufs.index(s), ready.index(s), m0, n0, (t0 + i) * BKX,
+                      BLOCKS)
+            sc_bufs.index(s).store(sc)
+            mn_bufs.index(s).store(mn)
+            mbarrier.arrive(ready.index(s))
+            g_next = ((t0 + gl.minimum(i + 1, num_k - 1)) * BKX) // G
+            sc = gl.load(s_rows + g_next)
+            mn = gl.load(mn_rows + g_next)
 
     @gluon.jit
     def _store_tile(acc, mma: gl.constexpr, y_ptr, ws_ptr, cnt_ptr, xs_ptr, m0, n0, M, N, part, NPART: gl.constexpr,
@@ -176,7 +166,7 @@ if HAS_GLUON:
 
     @gluon.jit
     def _mma_partition(x_bufs, w_bufs, a_bufs, sc_bufs, mn_bufs, ready, empty, y_ptr, ws_ptr, cnt_ptr, xs_ptr, m0, n0,
-                       M, N, t0, num_k, G: gl.constexpr, ROW0: gl.constexpr, BN: gl.constexpr, NPART: gl.constexpr, F16: gl.constexpr,
+                       M, N, num_k, ROW0: gl.constexpr, BN: gl.constexpr, NPART: gl.constexpr, F16: gl.constexpr,
                        A_SMEM: gl.constexpr, SPLIT_K: gl.constexpr, TOKEN_SCALES: gl.constexpr,
                        WARPS: gl.constexpr):
         """Weight rows [ROW0, ROW0 + BN) of the tile (NPART consumer partitions split its rows)."""
@@ -192,9 +182,8 @@ if HAS_GLUON:
             s = i % STAGES
             mbarrier.wait(ready.index(s), (i // STAGES) & 1)
             b = w_bufs.index(s).reshape([BN * NPART, BKX // 2]).slice(ROW0, BN).load(bl).to(gl.int32)
-            j = (((t0 + i) * BKX) // G) % 8
-            sc = group_column(sc_bufs.index(s).slice(ROW0, BN), j, gl.SliceLayout(1, bl), BN, WARPS)
-            c = group_column(mn_bufs.index(s).slice(ROW0, BN), j, gl.SliceLayout(1, bl), BN, WARPS) - 128.0 * sc
+            sc = sc_bufs.index(s).slice(ROW0, BN).load(gl.SliceLayout(1, bl)).to(gl.float32)
+            c = mn_bufs.index(s).slice(ROW0, BN).load(gl.SliceLayout(1, bl)).to(gl.float32) - 128.0 * sc
             lo, hi = dequant_bytes(b, sc[:, None], c[:, None], F16)
             w = gl.reshape(gl.join(lo, hi), [BN, BKX])
             if A_SMEM:
@@ -224,7 +213,7 @@ if HAS_GLUON:
                     TOKEN_SCALES)
 
     @gluon.jit
-    def w4a16_wgmma_kernel(x_desc, w_desc, sc_desc, mn_desc, y_ptr, ws_ptr, cnt_ptr, xs_ptr, M, N, K, G: gl.constexpr,
+    def w4a16_wgmma_kernel(x_desc, w_desc, s_ptr, mn_ptr, y_ptr, ws_ptr, cnt_ptr, xs_ptr, M, N, K, G: gl.constexpr,
                            BN: gl.constexpr, STAGES: gl.constexpr, BLOCKS: gl.constexpr, F16: gl.constexpr,
                            A_SMEM: gl.constexpr, SPLIT_K: gl.constexpr, CONSUMERS: gl.constexpr,
                            TOKEN_SCALES: gl.constexpr, num_warps: gl.constexpr):
@@ -237,12 +226,12 @@ if HAS_GLUON:
         A_ROWS: gl.constexpr = BN if A_SMEM else 16  # a token buffer when A stays in registers
         a_bufs = gl.allocate_shared_memory(x_desc.dtype, [2 if A_SMEM else 1, A_ROWS, BKX],
                                            gl.NVMMASharedLayout.get_default_for([A_ROWS, BKX], x_desc.dtype))
-        sc_bufs = gl.allocate_shared_memory(gl.float16, [STAGES, BN, 8], sc_desc.layout)
-        mn_bufs = gl.allocate_shared_memory(gl.float16, [STAGES, BN, 8], mn_desc.layout)
+        sc_bufs = gl.allocate_shared_memory(gl.float16, [STAGES, BN], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
+        mn_bufs = gl.allocate_shared_memory(gl.float16, [STAGES, BN], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
         ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         for i in gl.static_range(STAGES):
-            mbarrier.init(ready.index(i), count=1)  # the TMA bytes
+            mbarrier.init(ready.index(i), count=2)  # the TMA bytes, and the load warp's scale stores
             mbarrier.init(empty.index(i), count=CONSUMERS)
         kt = K // BKX  # K tiles, shared out over the split-K slices (grid axis 2)
         per = gl.cdiv(kt, SPLIT_K)
@@ -251,23 +240,23 @@ if HAS_GLUON:
         if CONSUMERS == 1:
             gl.warp_specialize([
                 (_mma_partition, (x_bufs, w_bufs, a_bufs, sc_bufs, mn_bufs, ready, empty, y_ptr, ws_ptr, cnt_ptr,
-                                  xs_ptr, m0, n0, M, N, t0, num_k, G, 0, BN, 1, F16, A_SMEM, SPLIT_K, TOKEN_SCALES,
+                                  xs_ptr, m0, n0, M, N, num_k, 0, BN, 1, F16, A_SMEM, SPLIT_K, TOKEN_SCALES,
                                   num_warps)),
-                (_load_partition, (x_desc, w_desc, sc_desc, mn_desc, sc_desc, x_bufs, w_bufs, sc_bufs, mn_bufs,
-                                   sc_bufs, ready, empty, m0, n0, t0, num_k, G, BLOCKS, False)),
+                (_load_partition, (x_desc, w_desc, x_bufs, w_bufs, sc_bufs, mn_bufs, ready, empty, s_ptr, mn_ptr, m0,
+                                   n0, t0, num_k, K, G, BLOCKS)),
             ], [1], [64])
         else:  # two independent 4-warp consumers on the two row halves: one dequantizes while the
             # other's wgmma runs (no CTA-wide barrier couples them; each hands slots back itself)
             half: gl.constexpr = BN // 2
             gl.warp_specialize([
                 (_mma_partition, (x_bufs, w_bufs, a_bufs, sc_bufs, mn_bufs, ready, empty, y_ptr, ws_ptr, cnt_ptr,
-                                  xs_ptr, m0, n0, M, N, t0, num_k, G, 0, half, 2, F16, A_SMEM, SPLIT_K, TOKEN_SCALES,
+                                  xs_ptr, m0, n0, M, N, num_k, 0, half, 2, F16, A_SMEM, SPLIT_K, TOKEN_SCALES,
                                   num_warps)),
                 (_mma_partition, (x_bufs, w_bufs, a_bufs, sc_bufs, mn_bufs, ready, empty, y_ptr, ws_ptr, cnt_ptr,
-                                  xs_ptr, m0, n0, M, N, t0, num_k, G, half, half, 2, F16, A_SMEM, SPLIT_K, TOKEN_SCALES,
+                                  xs_ptr, m0, n0, M, N, num_k, half, half, 2, F16, A_SMEM, SPLIT_K, TOKEN_SCALES,
                                   num_warps)),
-                (_load_partition, (x_desc, w_desc, sc_desc, mn_desc, sc_desc, x_bufs, w_bufs, sc_bufs, mn_bufs,
-                                   sc_bufs, ready, empty, m0, n0, t0, num_k, G, BLOCKS, False)),
+                (_load_partition, (x_desc, w_desc, x_bufs, w_bufs, sc_bufs, mn_bufs, ready, empty, s_ptr, mn_ptr, m0,
+                                   n0, t0, num_k, K, G, BLOCKS)),
             ], [num_warps, 1], [232, 40])
 
     def _descriptors(x2: torch.Tensor, store: Int4Weight, bm: int, bn: int, bk: int = BK):
@@ -276,13 +265,6 @@ if HAS_GLUON:
         xdt = gl.float16 if x2.dtype == torch.float16 else gl.bfloat16
         x_desc = TensorDescriptor.from_tensor(x2, [bm, bk], gl.NVMMASharedLayout.get_default_for([bm, bk], xdt))
         return x_desc, _weight_descriptor(store, bn, bk)
-
-    def group_descriptors(store: Int4Weight, bn: int):
-        """TMA descriptors of the scales and mins [N, K / G]: [bn, 8] boxes (8 groups: a box row is
-        at least 16 bytes)."""
-        layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=2)
-        return (TensorDescriptor.from_tensor(store.scales, [bn, 8], layout),
-                TensorDescriptor.from_tensor(store.mins, [bn, 8], layout))
 
     def _weight_descriptor(store: Int4Weight, bn: int, bk: int):
         n, k = store.out_features, store.in_features
@@ -309,7 +291,7 @@ _SMALL = ((64, 64, 4, 6, False, 128, 1, 64), (64, 64, 4, 4, False, 80, 1, 64), (
           (64, 64, 4, 4, False, 80, 1, 128))
 _LARGE = ((256, 128, 8, 4, False, 0, 1, 64), (256, 128, 8, 3, False, 0, 1, 64), (256, 128, 8, 3, True, 0, 1, 64),
           (256, 64, 4, 4, True, 0, 1, 64), (128, 64, 4, 4, False, 128, 1, 64), (128, 128, 8, 4, False, 0, 1, 64),
-          (256, 128, 8, 4, False, 0, 2, 64), (128, 64, 4, 3, False, 128, 1, 128))
+          (256, 128, 8, 4, False, 0, 2, 64), (256, 128, 8, 3, False, 0, 1, 128), (128, 64, 4, 3, False, 128, 1, 128))
 
 
 def wgmma_configs(m: int) -> list[TileConfig]:
@@ -324,7 +306,7 @@ def wgmma_configs(m: int) -> list[TileConfig]:
 def smem_bytes(cfg: TileConfig, x_bytes: int = 2) -> int:
     """Shared memory of one CTA: the TMA ring (activations, weight bytes, scales / mins) and the
     dequantized-A buffers."""
-    ring = cfg.stages * (cfg.bm * cfg.bk * x_bytes + cfg.bn * cfg.bk // 2 + 32 * cfg.bn)
+    ring = cfg.stages * (cfg.bm * cfg.bk * x_bytes + cfg.bn * cfg.bk // 2 + 4 * cfg.bn)
     return ring + (2 * cfg.bn if cfg.a_smem else 16) * cfg.bk * x_bytes + 1024
 
 
@@ -339,8 +321,6 @@ def wgmma_supports(store, cfg: TileConfig | None, x_dtype: torch.dtype | None = 
     if cfg.bm * cfg.bn // (32 * cfg.warps) > 128 or smem_bytes(cfg) > 227 * 1024:  # accumulator regs, smem
         return False
     if n % cfg.bn or k % cfg.bk or g % cfg.bk or k // cfg.bk < 2 * cfg.split_k:
-        return False
-    if (k // g) % 8 or store.scales.dtype != torch.float16:  # TMA of [bn, 8] group boxes: 16-byte rows
         return False
     if x_dtype is not None and x_dtype not in (torch.bfloat16, torch.float16):
         return False
@@ -384,8 +364,7 @@ def w4a16_wgmma(x2: torch.Tensor, store: Int4Weight, cfg: TileConfig,
     ws, cnt = splitk_buffers(y, cfg.split_k, m * n, grid[0] * grid[1] * consumers)
     regs = cfg.maxnreg or (TWO_CONSUMER_REGS if consumers == 2 else 0)
     xs = y if token_scales is None else token_scales
-    sc_desc, mn_desc = group_descriptors(store, cfg.bn)
-    w4a16_wgmma_kernel[grid](x_desc, w_desc, sc_desc, mn_desc, y, ws, cnt, xs, m, n, k, G=store.group_size,
+    w4a16_wgmma_kernel[grid](x_desc, w_desc, store.scales, store.mins, y, ws, cnt, xs, m, n, k, G=store.group_size,
                              BN=cfg.bn, STAGES=cfg.stages, BLOCKS=store.layout == BLOCKS16,
                              F16=x2.dtype == torch.float16, A_SMEM=cfg.a_smem, SPLIT_K=cfg.split_k,
                              CONSUMERS=consumers, TOKEN_SCALES=token_scales is not None,

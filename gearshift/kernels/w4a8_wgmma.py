@@ -28,8 +28,7 @@ import torch
 
 from gearshift.kernels.config import TileConfig
 from gearshift.kernels.splitk import splitk_buffers
-from gearshift.kernels.w4a16_wgmma import (HAS_GLUON, TWO_CONSUMER_REGS, _is_sm90_or_cpu, _weight_descriptor,
-                                           group_descriptors)
+from gearshift.kernels.w4a16_wgmma import HAS_GLUON, TWO_CONSUMER_REGS, _is_sm90_or_cpu, _weight_descriptor
 from gearshift.quant.int4 import BLOCKS16, Int4Weight
 
 #: the int8 codes of these activation formats run on the int8 MMA
@@ -44,7 +43,7 @@ if HAS_GLUON:
     from triton.experimental.gluon.language.nvidia.hopper import mbarrier, warpgroup_mma, warpgroup_mma_wait
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    from gearshift.kernels.w4a16_wgmma import _load_partition, _store_tile, group_column
+    from gearshift.kernels.w4a16_wgmma import _store_tile, _tma_load, tma_tiles
 
     _MAGIC = gl.constexpr(MAGIC)
     _MAGIC_BITS = gl.constexpr(MAGIC_BITS)
@@ -63,6 +62,56 @@ if HAS_GLUON:
         return gl.DistributedLinearLayout(
             reg_bases=reg, lane_bases=[[0, 2], [0, 4], [1, 0], [2, 0], [4, 0]],
             warp_bases=[[16 << i, 0] for i in range(warps.bit_length() - 1)], block_bases=[], shape=[BN, BKH])
+
+    @gluon.constexpr_function
+    def group_cols_layout(BN, warps):
+        """Register layout of a [BN, 8] tile of per-group scales (8 consecutive groups of BN rows):
+        lane (g, t) of a warp holds rows g and g+8 of its 16, all 8 groups; the 4 lanes t share them
+        (the rows of the wgmma fragments)."""
+        reg = [[0, 1], [0, 2], [0, 4], [8, 0]]
+        rows = 16 * warps
+        while rows < BN:
+            reg.append([rows, 0])
+            rows *= 2
+        return gl.DistributedLinearLayout(
+            reg_bases=reg, lane_bases=[[0, 0], [0, 0], [1, 0], [2, 0], [4, 0]],
+            warp_bases=[[16 << i, 0] for i in range(warps.bit_length() - 1)], block_bases=[], shape=[BN, 8])
+
+    @gluon.jit
+    def _pick(t, bit):
+        """[BN, 2n] -> [BN, n]: of each column pair (2c, 2c+1), the second where `bit` is set."""
+        a, b = gl.split(gl.reshape(t, [t.shape[0], t.shape[1] // 2, 2]))
+        return gl.where(bit, b, a)
+
+    @gluon.jit
+    def group_column(buf, j, target: gl.constexpr, BN: gl.constexpr, WARPS: gl.constexpr):
+        """Column j (0..7) of a [BN, 8] fp16 tile in shared memory, as fp32 in `target` (the rows of
+        a fragment layout): a TMA box row is at least 16 bytes, so the load warp copies 8 groups;
+        each thread picks its column with three halving selects."""
+        t = buf.load(group_cols_layout(BN, WARPS))
+        v = _pick(_pick(_pick(t, (j & 1) != 0), (j & 2) != 0), (j & 4) != 0)
+        return gl.convert_layout(gl.reshape(v, [BN]).to(gl.float32), target)
+
+    @gluon.jit
+    def _load_partition_tma(x_desc, w_desc, sc_desc, mn_desc, sum_desc, x_bufs, w_bufs, sc_bufs, mn_bufs, sum_bufs,
+                            ready, empty, m0, n0, t0, num_k, BLOCKS: gl.constexpr):
+        """One warp, TMA only (no register round trip: a load warp that waits for its own global
+        loads each tile paced the whole kernel): per K tile (= group g) the codes and weight bytes,
+        the scales and mins of groups 8 (g / 8) .. + 7 of the BN rows, and the BM tokens' code sums
+        over group g (from the quantizer's [K / G, M] sums)."""
+        STAGES: gl.constexpr = x_bufs.type.shape[0]
+        BKX: gl.constexpr = x_desc.block_type.shape[1]
+        NB: gl.constexpr = (x_desc.block_type.nbytes + w_desc.block_type.nbytes + 2 * sc_desc.block_type.nbytes
+                            + sum_desc.block_type.nbytes)
+        for i in range(num_k):
+            s = i % STAGES
+            mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)
+            mbarrier.expect(ready.index(s), NB)
+            g = t0 + i
+            tma_tiles(x_desc, w_desc, x_bufs.index(s), w_bufs.index(s), ready.index(s), m0, n0, g * BKX, BLOCKS)
+            _tma_load(sc_desc, [n0, g // 8 * 8], ready.index(s), sc_bufs.index(s))
+            _tma_load(mn_desc, [n0, g // 8 * 8], ready.index(s), mn_bufs.index(s))
+            _tma_load(sum_desc, [g, m0], ready.index(s), sum_bufs.index(s))
 
     # {b0, b0, b1, b1} -> {lo(b0), hi(b0), lo(b1), hi(b1)}: three ALU ops per four weights
     _SPLIT = gl.constexpr("{ .reg .b32 t; shr.b32 t, $1, 4; and.b32 t, t, 0x0F000F00; "
@@ -146,8 +195,8 @@ if HAS_GLUON:
             gl.warp_specialize([
                 (_i8_mma_partition, (x_bufs, w_bufs, sc_bufs, mn_bufs, sum_bufs, ready, empty, y_ptr, ws_ptr,
                                      cnt_ptr, xs_ptr, m0, n0, M, N, t0, num_k, 0, BN, 1, SPLIT_K, num_warps, ABLATE)),
-                (_load_partition, (x_desc, w_desc, sc_desc, mn_desc, sum_desc, x_bufs, w_bufs, sc_bufs, mn_bufs,
-                                   sum_bufs, ready, empty, m0, n0, t0, num_k, G, BLOCKS, True)),
+                (_load_partition_tma, (x_desc, w_desc, sc_desc, mn_desc, sum_desc, x_bufs, w_bufs, sc_bufs, mn_bufs,
+                                       sum_bufs, ready, empty, m0, n0, t0, num_k, BLOCKS)),
             ], [1], [64])
         else:
             half: gl.constexpr = BN // 2
@@ -156,13 +205,19 @@ if HAS_GLUON:
                                      cnt_ptr, xs_ptr, m0, n0, M, N, t0, num_k, 0, half, 2, SPLIT_K, num_warps, ABLATE)),
                 (_i8_mma_partition, (x_bufs, w_bufs, sc_bufs, mn_bufs, sum_bufs, ready, empty, y_ptr, ws_ptr,
                                      cnt_ptr, xs_ptr, m0, n0, M, N, t0, num_k, half, half, 2, SPLIT_K, num_warps, ABLATE)),
-                (_load_partition, (x_desc, w_desc, sc_desc, mn_desc, sum_desc, x_bufs, w_bufs, sc_bufs, mn_bufs,
-                                   sum_bufs, ready, empty, m0, n0, t0, num_k, G, BLOCKS, True)),
+                (_load_partition_tma, (x_desc, w_desc, sc_desc, mn_desc, sum_desc, x_bufs, w_bufs, sc_bufs, mn_bufs,
+                                       sum_bufs, ready, empty, m0, n0, t0, num_k, BLOCKS)),
             ], [num_warps, 1], [232, 40])
 
     def _code_descriptor(codes: torch.Tensor, bm: int, bk: int):
         layout = gl.NVMMASharedLayout.get_default_for([bm, bk], gl.int8)
         return TensorDescriptor.from_tensor(codes, [bm, bk], layout)
+
+    def group_descriptors(store: Int4Weight, bn: int):
+        """TMA descriptors of the scales and mins [N, K / G]: [bn, 8] boxes (8 groups)."""
+        layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=2)
+        return (TensorDescriptor.from_tensor(store.scales, [bn, 8], layout),
+                TensorDescriptor.from_tensor(store.mins, [bn, 8], layout))
 
     def _sums_descriptor(sums_t: torch.Tensor, bm: int):
         """The code sums [K / G, M] (rows 16-byte aligned): one [1, bm] box per group."""
