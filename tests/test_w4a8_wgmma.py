@@ -59,7 +59,7 @@ from gearshift.kernels.w4a16_wgmma import _weight_descriptor
 def gluon_ptx(bm, bn, warps, stages, layout, maxnreg=None, split_k=1, consumers=1):
     st = random_store("int4", 4096, 4096, 128, "cpu", layout=layout)
     xd = W._code_descriptor(torch.empty(bm, 4096, dtype=torch.int8), bm, 128)
-    wd = _weight_descriptor(st, bn, 128)
+    wd = _weight_descriptor(st, bn, 128, swizzle=64)
     sd, md = W.group_descriptors(st, bn)
     ud = W._sums_descriptor(torch.empty(32, bm, dtype=torch.float32), bm)
     sig = {"x_desc": mangle_type(xd), "w_desc": mangle_type(wd), "sc_desc": mangle_type(sd),

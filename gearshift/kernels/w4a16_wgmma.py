@@ -266,7 +266,9 @@ if HAS_GLUON:
         x_desc = TensorDescriptor.from_tensor(x2, [bm, bk], gl.NVMMASharedLayout.get_default_for([bm, bk], xdt))
         return x_desc, _weight_descriptor(store, bn, bk)
 
-    def _weight_descriptor(store: Int4Weight, bn: int, bk: int):
+    def _weight_descriptor(store: Int4Weight, bn: int, bk: int, swizzle: int = 0):
+        """`swizzle` (bytes, <= bk / 2): the TMA shared-memory swizzle of the byte tile; rows of 64
+        bytes read down a column by 8 lanes hit 4-way bank conflicts without it."""
         n, k = store.out_features, store.in_features
         if store.layout == BLOCKS16:
             qw = store.qweight.view(n // 16, (k // 128) * 16, 64)
@@ -274,7 +276,7 @@ if HAS_GLUON:
         else:
             qw = store.qweight
             block = [bn, bk // 2]
-        layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=8, rank=len(block))
+        layout = gl.NVMMASharedLayout(swizzle_byte_width=swizzle, element_bitwidth=8, rank=len(block))
         return TensorDescriptor.from_tensor(qw, block, layout)
 
 

@@ -124,12 +124,16 @@ if HAS_GLUON:
         return gl.inline_asm_elementwise(_SPLIT, "=r,r", [b2], dtype=gl.int8, is_pure=True, pack=4)
 
     @gluon.jit
-    def _i8_mma_partition(x_bufs, w_bufs, sc_bufs, mn_bufs, sum_bufs, ready, empty, y_ptr, ws_ptr, cnt_ptr, xs_ptr,
-                          m0, n0, M, N, t0, num_k, ROW0: gl.constexpr, BN: gl.constexpr, NPART: gl.constexpr,
+    def _i8_mma_partition(x_bufs, w_bufs, sc_bufs, mn_bufs, sum_bufs, ready, empty, y_ptr, ws_ptr, cnt_ptr,
+                          xs_ptr, m0, n0, M, N, t0, num_k, ROW0: gl.constexpr, BN: gl.constexpr, NPART: gl.constexpr,
                           SPLIT_K: gl.constexpr, WARPS: gl.constexpr, ABLATE: gl.constexpr):
         """Weight rows [ROW0, ROW0 + BN) of the tile: per K tile (= group) an int32 wgmma, then
-        acc += s * partial + min * codesum in fp32. ABLATE (timing experiments only, wrong results):
-        bit 1 drops the fp32 scale-after, bit 2 the weight split (constant A), bit 4 the wgmma."""
+        acc += s * partial + min * codesum in fp32. Everything a tile needs from shared memory
+        is read before its wgmma, so the slot goes back right after it: each `mbarrier.arrive` and
+        each first shared read after one costs a warpgroup barrier (measured: a third of all stall
+        cycles when the scales were read after the wgmma).
+        ABLATE (timing experiments only, wrong results): bit 1 drops the fp32 scale-after, bit 2
+        the weight split (constant A), bit 4 the wgmma."""
         STAGES: gl.constexpr = x_bufs.type.shape[0]
         BM: gl.constexpr = x_bufs.type.shape[1]
         BKX: gl.constexpr = x_bufs.type.shape[2]
@@ -142,6 +146,10 @@ if HAS_GLUON:
         for i in range(num_k):
             s = i % STAGES
             mbarrier.wait(ready.index(s), (i // STAGES) & 1)
+            j = (t0 + i) % 8  # the tile's group among the 8 of the scale box
+            sc = group_column(sc_bufs.index(s).slice(ROW0, BN), j, gl.SliceLayout(1, mma), BN, WARPS)
+            mn = group_column(mn_bufs.index(s).slice(ROW0, BN), j, gl.SliceLayout(1, mma), BN, WARPS)
+            xsum = sum_bufs.index(s).reshape([BM]).load(gl.SliceLayout(0, mma))
             if ABLATE & 2:
                 a = gl.full([BN, BKX], i, gl.int8, layout=dot)
             else:
@@ -154,10 +162,6 @@ if HAS_GLUON:
                 part = warpgroup_mma(a, x_bufs.index(s).permute((1, 0)), part, use_acc=False, is_async=True)
                 # retire before the next tile's A registers are built (see w4a16_wgmma's register-A note)
                 part = warpgroup_mma_wait(0, deps=(part,))
-            j = (t0 + i) % 8  # the tile's group among the 8 of the scale box
-            sc = group_column(sc_bufs.index(s).slice(ROW0, BN), j, gl.SliceLayout(1, mma), BN, WARPS)
-            mn = group_column(mn_bufs.index(s).slice(ROW0, BN), j, gl.SliceLayout(1, mma), BN, WARPS)
-            xsum = sum_bufs.index(s).reshape([BM]).load(gl.SliceLayout(0, mma))
             mbarrier.arrive(empty.index(s))
             if ABLATE & 1:
                 acc += part.to(gl.float32, bitcast=True)
@@ -282,7 +286,7 @@ def int8_wgmma_codes(codes: torch.Tensor, scales: torch.Tensor, sums: torch.Tens
     m, n, k = codes.shape[0], store.out_features, store.in_features
     y = torch.empty((m, n), device=codes.device, dtype=out_dtype)
     x_desc = _code_descriptor(codes, cfg.bm, cfg.bk)
-    w_desc = _weight_descriptor(store, cfg.bn, cfg.bk)
+    w_desc = _weight_descriptor(store, cfg.bn, cfg.bk, swizzle=64)
     sc_desc, mn_desc = group_descriptors(store, cfg.bn)
     consumers = 2 if cfg.warps == 8 else 1
     grid = (n // cfg.bn, -(-m // cfg.bm), cfg.split_k)
