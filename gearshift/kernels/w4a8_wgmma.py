@@ -33,6 +33,9 @@ from gearshift.quant.int4 import BLOCKS16, Int4Weight
 
 #: the int8 codes of these activation formats run on the int8 MMA
 INT8_CODES = ("int8", "int4")
+#: TMA swizzle of the weight byte tile (rows of 64 bytes: unswizzled, 8 lanes reading down a
+#: column hit 4-way bank conflicts)
+WEIGHT_SWIZZLE = 64
 #: 1.5 * 2^23: an int32 |v| < 2^22 added to its bit pattern reads as MAGIC + v in fp32
 MAGIC = 12582912.0
 MAGIC_BITS = 0x4B400000
@@ -286,7 +289,7 @@ def int8_wgmma_codes(codes: torch.Tensor, scales: torch.Tensor, sums: torch.Tens
     m, n, k = codes.shape[0], store.out_features, store.in_features
     y = torch.empty((m, n), device=codes.device, dtype=out_dtype)
     x_desc = _code_descriptor(codes, cfg.bm, cfg.bk)
-    w_desc = _weight_descriptor(store, cfg.bn, cfg.bk, swizzle=64)
+    w_desc = _weight_descriptor(store, cfg.bn, cfg.bk, swizzle=WEIGHT_SWIZZLE)
     sc_desc, mn_desc = group_descriptors(store, cfg.bn)
     consumers = 2 if cfg.warps == 8 else 1
     grid = (n // cfg.bn, -(-m // cfg.bm), cfg.split_k)
