@@ -44,6 +44,11 @@ def test_support_rules():
     assert not int8_wgmma_supports(st, None, c)
     assert not int8_wgmma_supports(random_store("int4", 256, 1024, 64, "cpu"), ActQuantSpec("int8"), c)  # BK != G
     assert int8_wgmma_configs(16) == []
+    from gearshift.kernels.w4a8_wgmma import int8_wgmma_codes
+
+    codes, scales = torch.zeros(5, 1024, dtype=torch.int8), torch.ones(5)
+    with pytest.raises(ValueError, match="sums_by_group=True"):  # [M, K / G] sums: the other layout
+        int8_wgmma_codes(codes, scales, torch.zeros(5, 8), st, c, torch.bfloat16)
     # scales and mins travel by TMA in 8-group boxes: rows of K / G groups must be 16-byte aligned
     assert not int8_wgmma_supports(random_store("int4", 256, 1536, 128, "cpu"), ActQuantSpec("int8"), c)
 

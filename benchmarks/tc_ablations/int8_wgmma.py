@@ -58,7 +58,7 @@ if not args.skip_check:
                 st = random_store("int4", n, k, 128, dev, layout=layout)
                 for m in (1, 64, 100, 300):
                     x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
-                    codes, scales, sums = quantize_act_triton(x, act, group_sums=128)
+                    codes, scales, sums = quantize_act_triton(x, act, group_sums=128, sums_by_group=True)
                     emu = w4a8_int8_wgmma_emulate(codes, scales, st, torch.float32)
                     ref = linear_reference(x.float(), st, act).float()
                     for cfg in configs(max(m, 64)):
@@ -94,7 +94,7 @@ for m in [int(v) for v in args.ms.split(",")]:
         st0 = random_store("int4", n, k, 128, dev, layout=args.layout)
         copies = [st0] + [random_store("int4", n, k, 128, dev, layout=args.layout) for _ in range(n_copies(st0) - 1)]
         x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
-        codes, scales, sums = quantize_act_triton(x, ACT, group_sums=128)
+        codes, scales, sums = quantize_act_triton(x, ACT, group_sums=128, sums_by_group=True)
         res = {}
         for cfg in configs(m):
             if not int8_wgmma_supports(st0, ACT, cfg):

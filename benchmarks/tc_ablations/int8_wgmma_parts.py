@@ -31,7 +31,7 @@ if args.ncu:
     n, k = shapes["qkv"]
     st = random_store("int4", n, k, 128, dev, layout="blocks16")
     x = torch.randn(4096, k, device=dev, dtype=torch.bfloat16)
-    codes, scales, sums = quantize_act_triton(x, act, group_sums=128)
+    codes, scales, sums = quantize_act_triton(x, act, group_sums=128, sums_by_group=True)
     for c in cfgs:
         int8_wgmma_codes(codes, scales, sums, st, c, x.dtype)
     torch.cuda.synchronize()
@@ -43,7 +43,7 @@ for m in [int(v) for v in args.ms.split(",")]:
         st0 = random_store("int4", n, k, 128, dev, layout="blocks16")
         copies = [st0] + [random_store("int4", n, k, 128, dev, layout="blocks16") for _ in range(n_copies(st0) - 1)]
         x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
-        codes, scales, sums = quantize_act_triton(x, act, group_sums=128)
+        codes, scales, sums = quantize_act_triton(x, act, group_sums=128, sums_by_group=True)
         for c in cfgs:
             row = {"m": m, "shape": name, "cfg": c.key()}
             for ab in (int(v) for v in args.ablate.split(",")):

@@ -266,6 +266,24 @@ def _sup_w4a8_wgmma(store, act, cfg):
     return isinstance(act, ActQuantSpec) and act.group_size is None and wgmma_supports(store, cfg)
 
 
+def _run_w4a8_int8_wgmma(x2, store, act, cfg):
+    from gearshift.kernels.w4a8_wgmma import w4a8_int8_wgmma
+
+    return w4a8_int8_wgmma(x2, store, act, cfg)
+
+
+def _int8_wgmma_configs(m: int) -> list[TileConfig]:
+    from gearshift.kernels.w4a8_wgmma import int8_wgmma_configs
+
+    return int8_wgmma_configs(m)
+
+
+def _sup_w4a8_int8_wgmma(store, act, cfg):
+    from gearshift.kernels.w4a8_wgmma import int8_wgmma_supports
+
+    return int8_wgmma_supports(store, act, cfg)
+
+
 def _w4a8_runner(w_parts: int, a_parts: int):
     def run(x2, store, act, cfg):
         from gearshift.kernels.w4a8 import w4a8_linear
@@ -320,6 +338,8 @@ register(Strategy("w4a16_wgmma", DPRPartition((4,), (16,), "bf16-wgmma", "paddin
                   _wgmma_configs, _sup_w4a16_wgmma))
 register(Strategy("w4a8_wgmma", DPRPartition((4,), (8,), "bf16-wgmma", "padding"), ("w4a8", "w4a4", "w4a8fp8"),
                   _run_w4a8_wgmma, _wgmma_configs, _sup_w4a8_wgmma))
+register(Strategy("w4a8_int8_wgmma", DPRPartition((4,), (8,), "int8-wgmma", "padding"), ("w4a8", "w4a4"),
+                  _run_w4a8_int8_wgmma, _int8_wgmma_configs, _sup_w4a8_int8_wgmma))
 register(Strategy("w4a16_gemv", DPRPartition((4,), (16,), "fp32-fma", "padding"), ("w4a16",), _run_w4a16_gemv,
                   gemv_configs, _sup_w4a16_gemv))
 register(Strategy("w4a16_rowgemv", DPRPartition((4,), (16,), "fp32-fma", "padding"), ("w4a16",),

@@ -289,6 +289,10 @@ def int8_wgmma_codes(codes: torch.Tensor, scales: torch.Tensor, sums: torch.Tens
     """The kernel on already quantized activations: codes [M, K] int8, scales [M] fp32, sums
     [K / G, M] fp32 with 16-byte aligned rows (`quantize_act_triton(..., sums_by_group=True)`). `ablate` != 0 only for timing experiments (see `_i8_mma_partition`)."""
     m, n, k = codes.shape[0], store.out_features, store.in_features
+    if sums.shape != (k // store.group_size, m) or sums.stride(1) != 1 or (sums.stride(0) * 4) % 16:
+        raise ValueError(f"code sums must be [K / G, M] = [{k // store.group_size}, {m}] with 16-byte aligned rows "
+                         f"(quantize_act_triton(..., sums_by_group=True)); got {tuple(sums.shape)}, "
+                         f"strides {sums.stride()}")
     y = torch.empty((m, n), device=codes.device, dtype=out_dtype)
     x_desc = _code_descriptor(codes, cfg.bm, cfg.bk)
     w_desc = _weight_descriptor(store, cfg.bn, cfg.bk, swizzle=WEIGHT_SWIZZLE)
