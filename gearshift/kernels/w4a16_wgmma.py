@@ -41,6 +41,10 @@ from gearshift.quant.int4 import BLOCKS16, Int4Weight
 BK = 64  # the default K tile: 128-byte activation rows (the 128B TMA swizzle); 128 is a config too
 BKS = (64, 128)
 
+#: TMA-swizzle the weight byte tile (rows of BK/2 bytes; unswizzled, lanes reading rows g and g+4
+#: of a 32-byte-row tile hit the same banks)
+SWIZZLE_WEIGHTS = False
+
 HAS_GLUON = False
 if HAS_TRITON:
     try:
@@ -264,7 +268,7 @@ if HAS_GLUON:
         blocks16: the [N/16, K/128 * 16, 64] view whose [BN/16, 16, bk/2] box is the same tile)."""
         xdt = gl.float16 if x2.dtype == torch.float16 else gl.bfloat16
         x_desc = TensorDescriptor.from_tensor(x2, [bm, bk], gl.NVMMASharedLayout.get_default_for([bm, bk], xdt))
-        return x_desc, _weight_descriptor(store, bn, bk)
+        return x_desc, _weight_descriptor(store, bn, bk, swizzle=bk // 2 if SWIZZLE_WEIGHTS else 0)
 
     def _weight_descriptor(store: Int4Weight, bn: int, bk: int, swizzle: int = 0):
         """`swizzle` (bytes, <= bk / 2): the TMA shared-memory swizzle of the byte tile; rows of 64
