@@ -41,9 +41,10 @@ from gearshift.quant.int4 import BLOCKS16, Int4Weight
 BK = 64  # the default K tile: 128-byte activation rows (the 128B TMA swizzle); 128 is a config too
 BKS = (64, 128)
 
-#: TMA-swizzle the weight byte tile (rows of BK/2 bytes; unswizzled, lanes reading rows g and g+4
-#: of a 32-byte-row tile hit the same banks)
-SWIZZLE_WEIGHTS = False
+#: TMA-swizzle the weight byte tile (rows of BK/2 bytes). Unswizzled, the 8 lanes that read down a
+#: column hit 2-way (BK = 64) or 4-way (BK = 128) bank conflicts; swizzled, the same tiles ran 0-10%
+#: (BK = 64) and 15-29% (BK = 128) faster on the H100 (benchmarks/results/w16_swizzle_*.json)
+SWIZZLE_WEIGHTS = True
 
 HAS_GLUON = False
 if HAS_TRITON:
