@@ -68,7 +68,8 @@ def gluon_ptx(bm, bn, warps, stages, layout, maxnreg=None, split_k=1, consumers=
     sd, md = W.group_descriptors(st, bn)
     ud = W._sums_descriptor(torch.empty(32, bm, dtype=torch.float32), bm)
     sig = {"x_desc": mangle_type(xd), "w_desc": mangle_type(wd), "sc_desc": mangle_type(sd),
-           "mn_desc": mangle_type(md), "sum_desc": mangle_type(ud), "xs_ptr": "*fp32", "y_ptr": "*bf16", "ws_ptr": "*fp32", "cnt_ptr": "*i32",
+           "mn_desc": mangle_type(md), "sum_desc": mangle_type(ud), "xs_ptr": "*fp32", "y_ptr": "*bf16",
+           "ws_ptr": "*fp32", "cnt_ptr": "*i32",
            "M": "i32", "N": "i32", "K": "i32"}
     attrs = {(list(sig).index(n),): [["tt.divisibility", 16]] for n in ("y_ptr", "N", "K")}
     cx = {"G": 128, "BN": bn, "STAGES": stages, "BLOCKS": layout == "blocks16", "SPLIT_K": split_k,

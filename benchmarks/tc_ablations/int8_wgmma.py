@@ -30,7 +30,8 @@ ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDe
 ap.add_argument("--ms", default="128,256,512,1024,4096")
 ap.add_argument("--layout", default="blocks16", choices=("rows", "blocks16"))
 ap.add_argument("--policy", default="gearshift/data/policy/NVIDIA_H100_80GB_HBM3.json")
-ap.add_argument("--configs", default=None, help="'bm,bn,warps,stages,maxnreg,split;...' instead of int8_wgmma_configs(m)")
+ap.add_argument("--configs", default=None,
+                help="'bm,bn,warps,stages,maxnreg,split;...' instead of int8_wgmma_configs(m)")
 ap.add_argument("--skip-check", action="store_true")
 ap.add_argument("--tag", default="int8_wgmma")
 args = ap.parse_args()
@@ -109,7 +110,8 @@ for m in [int(v) for v in args.ms.split(",")]:
         best = min(ok, key=ok.get) if ok else None
         best_cfg = next((c for c in configs(m) if c.key() == best), None)
         t_full = time_us([lambda s=s: w4a8_int8_wgmma(x, s, ACT, best_cfg) for s in copies]) if best_cfg else None
-        dense = [(torch.randn(n, k, device=dev, dtype=torch.bfloat16) * 0.02) for _ in range(max(2, min(8, len(copies) // 4)))]
+        dense = [(torch.randn(n, k, device=dev, dtype=torch.bfloat16) * 0.02)
+                 for _ in range(max(2, min(8, len(copies) // 4)))]
         t_cub = time_us([lambda w=w: F.linear(x, w) for w in dense])
         del dense
         t_disp, disp_name = None, None

@@ -6,12 +6,10 @@ Usage on the GPU: PYTHONPATH=. python benchmarks/tc_ablations/wgmma_swizzle.py
 writes $OUT/w16_swizzle.json (or ./w16_swizzle.json).
 """
 import torch, json, os
-from gearshift.dispatch.policy import PolicyMap, type_key
 from gearshift.dispatch.profiler import PRESETS, n_copies, random_store, time_us
 from gearshift.kernels import w4a16_wgmma as W
 from gearshift.kernels.config import TileConfig
 torch.manual_seed(0)
-pm = PolicyMap.load("gearshift/data/policy/NVIDIA_H100_80GB_HBM3.json")
 # correctness both ways
 st = random_store("int4", 384, 2048, 128, "cuda", layout="blocks16")
 for sw in (False, True):
@@ -27,11 +25,13 @@ for sw in (False, True):
     print("swizzle", sw, "worst rel err vs model", worst, flush=True)
 res = {}
 cfgs = [TileConfig(128, 64, 64, 1, 4, 4, maxnreg=128), TileConfig(128, 64, 64, 1, 4, 4, a_smem=True, maxnreg=128),
-        TileConfig(256, 64, 64, 1, 4, 4, a_smem=True), TileConfig(256, 128, 64, 1, 8, 4), TileConfig(128, 64, 128, 1, 4, 3, maxnreg=128)]
+        TileConfig(256, 64, 64, 1, 4, 4, a_smem=True), TileConfig(256, 128, 64, 1, 8, 4),
+        TileConfig(128, 64, 128, 1, 4, 3, maxnreg=128)]
 for m in (128, 256, 512):
     for name, n, k in PRESETS["llama3-8b"]["shapes"]:
         st0 = random_store("int4", n, k, 128, "cuda", layout="blocks16")
-        copies = [st0] + [random_store("int4", n, k, 128, "cuda", layout="blocks16") for _ in range(n_copies(st0) - 1)]
+        copies = [st0] + [random_store("int4", n, k, 128, "cuda", layout="blocks16")
+                          for _ in range(n_copies(st0) - 1)]
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         for cfg in cfgs:
             if not W.wgmma_supports(st0, cfg, x.dtype) or cfg.bm > max(m, 64) * 2:
@@ -46,4 +46,5 @@ for m in (128, 256, 512):
             print(f"M={m} {name:8s} {cfg.key():28s} plain {a:8.1f} swizzled {b:8.1f} ratio {b / a:.3f}", flush=True)
         del copies, st0
         torch.cuda.empty_cache()
-json.dump({"device": torch.cuda.get_device_name(), "rows": res}, open(os.path.join(os.environ.get("OUT", "."), "w16_swizzle.json"), "w"), indent=1)
+out_path = os.path.join(os.environ.get("OUT", "."), "w16_swizzle.json")
+json.dump({"device": torch.cuda.get_device_name(), "rows": res}, open(out_path, "w"), indent=1)

@@ -203,7 +203,8 @@ if HAS_GLUON:
         if CONSUMERS == 1:
             gl.warp_specialize([
                 (_i8_mma_partition, (x_bufs, w_bufs, sc_bufs, mn_bufs, sum_bufs, ready, empty, y_ptr, ws_ptr,
-                                     cnt_ptr, xs_ptr, m0, n0, M, N, t0, num_k, 0, BN, 1, SPLIT_K, num_warps, ABLATE)),
+                                     cnt_ptr, xs_ptr, m0, n0, M, N, t0, num_k, 0, BN, 1, SPLIT_K, num_warps,
+                                     ABLATE)),
                 (_load_partition_tma, (x_desc, w_desc, sc_desc, mn_desc, sum_desc, x_bufs, w_bufs, sc_bufs, mn_bufs,
                                        sum_bufs, ready, empty, m0, n0, t0, num_k, BLOCKS)),
             ], [1], [64])
@@ -211,9 +212,11 @@ if HAS_GLUON:
             half: gl.constexpr = BN // 2
             gl.warp_specialize([
                 (_i8_mma_partition, (x_bufs, w_bufs, sc_bufs, mn_bufs, sum_bufs, ready, empty, y_ptr, ws_ptr,
-                                     cnt_ptr, xs_ptr, m0, n0, M, N, t0, num_k, 0, half, 2, SPLIT_K, num_warps, ABLATE)),
+                                     cnt_ptr, xs_ptr, m0, n0, M, N, t0, num_k, 0, half, 2, SPLIT_K, num_warps,
+                                     ABLATE)),
                 (_i8_mma_partition, (x_bufs, w_bufs, sc_bufs, mn_bufs, sum_bufs, ready, empty, y_ptr, ws_ptr,
-                                     cnt_ptr, xs_ptr, m0, n0, M, N, t0, num_k, half, half, 2, SPLIT_K, num_warps, ABLATE)),
+                                     cnt_ptr, xs_ptr, m0, n0, M, N, t0, num_k, half, half, 2, SPLIT_K, num_warps,
+                                     ABLATE)),
                 (_load_partition_tma, (x_desc, w_desc, sc_desc, mn_desc, sum_desc, x_bufs, w_bufs, sc_bufs, mn_bufs,
                                        sum_bufs, ready, empty, m0, n0, t0, num_k, BLOCKS)),
             ], [num_warps, 1], [232, 40])
@@ -287,7 +290,8 @@ def w4a8_int8_wgmma(x2: torch.Tensor, store: Int4Weight, act, cfg: TileConfig) -
 def int8_wgmma_codes(codes: torch.Tensor, scales: torch.Tensor, sums: torch.Tensor, store: Int4Weight,
                      cfg: TileConfig, out_dtype: torch.dtype, ablate: int = 0) -> torch.Tensor:
     """The kernel on already quantized activations: codes [M, K] int8, scales [M] fp32, sums
-    [K / G, M] fp32 with 16-byte aligned rows (`quantize_act_triton(..., sums_by_group=True)`). `ablate` != 0 only for timing experiments (see `_i8_mma_partition`)."""
+    [K / G, M] fp32 with 16-byte aligned rows (`quantize_act_triton(..., sums_by_group=True)`).
+    `ablate` != 0 only for timing experiments (see `_i8_mma_partition`)."""
     m, n, k = codes.shape[0], store.out_features, store.in_features
     if sums.shape != (k // store.group_size, m) or sums.stride(1) != 1 or (sums.stride(0) * 4) % 16:
         raise ValueError(f"code sums must be [K / G, M] = [{k // store.group_size}, {m}] with 16-byte aligned rows "
@@ -301,7 +305,8 @@ def int8_wgmma_codes(codes: torch.Tensor, scales: torch.Tensor, sums: torch.Tens
     grid = (n // cfg.bn, -(-m // cfg.bm), cfg.split_k)
     ws, cnt = splitk_buffers(y, cfg.split_k, m * n, grid[0] * grid[1] * consumers)
     regs = cfg.maxnreg or (TWO_CONSUMER_REGS if consumers == 2 else 0)
-    w4a8_int8_wgmma_kernel[grid](x_desc, w_desc, sc_desc, mn_desc, _sums_descriptor(sums, cfg.bm), scales, y, ws, cnt, m, n, k,
+    sum_desc = _sums_descriptor(sums, cfg.bm)
+    w4a8_int8_wgmma_kernel[grid](x_desc, w_desc, sc_desc, mn_desc, sum_desc, scales, y, ws, cnt, m, n, k,
                                  G=store.group_size, BN=cfg.bn, STAGES=cfg.stages, BLOCKS=store.layout == BLOCKS16,
                                  SPLIT_K=cfg.split_k, CONSUMERS=consumers, num_warps=cfg.warps // consumers,
                                  ABLATE=ablate, **({"maxnreg": regs} if regs else {}))
