@@ -20,9 +20,11 @@ def main() -> None:
     ap.add_argument("--shape", default="gate_up", choices=sorted(SHAPES))
     ap.add_argument("--m", type=int, default=1)
     ap.add_argument("--reps", type=int, default=4)
+    ap.add_argument("--layout", default="blocks16", choices=("rows", "blocks16"),
+                    help="int4 byte order (the engine's GPU default is blocks16, which the map was profiled on)")
     a = ap.parse_args()
     n, k = SHAPES[a.shape]
-    store = random_store("int4", n, k, 128, "cuda")
+    store = random_store("int4", n, k, 128, "cuda", layout=a.layout)
     disp = AdaptiveDispatcher()
     x = torch.randn(a.m, k, device="cuda", dtype=torch.bfloat16)
     for _ in range(a.reps):
