@@ -90,10 +90,9 @@ def quantize_act_triton(x2: torch.Tensor, spec: ActQuantSpec, codes_dtype: torch
     sum_row, sum_group = (sums.stride(0), sums.stride(1)) if group_sums else (0, 0)
     if sums_by_group:
         sum_row, sum_group = sum_group, sum_row
-    _act_quant_kernel[(m,)](x2, q, s, sums, k, x2.stride(0), q.stride(0), sum_row, sum_group, QMAX=_QMAX[spec.dtype],
-                            FP8=fp8,
-                            BLOCK=block, PDL=pdl, GROUP=group_sums, num_warps=8 if block >= 2048 else 4,
-                            **launch_kwargs(pdl))
+    _act_quant_kernel[(m,)](x2, q, s, sums, k, x2.stride(0), q.stride(0), sum_row, sum_group,
+                            QMAX=_QMAX[spec.dtype], FP8=fp8, BLOCK=block, PDL=pdl, GROUP=group_sums,
+                            num_warps=8 if block >= 2048 else 4, **launch_kwargs(pdl))
     return (q, s, sums) if group_sums else (q, s)
 
 

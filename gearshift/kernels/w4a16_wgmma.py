@@ -66,18 +66,25 @@ if HAS_GLUON:
     _cta_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
 
     @gluon.constexpr_function
+    def fragment_rows(BN, warps):
+        """The row part of a wgmma A-fragment-shaped layout over BN rows: (register bases for the
+        rows beyond 16 per warp, which repeat in registers; warp bases, warps stacking 16-row groups)."""
+        reg, rows = [], 16 * warps
+        while rows < BN:
+            reg.append([rows, 0])
+            rows *= 2
+        return reg, [[16 << i, 0] for i in range(warps.bit_length() - 1)]
+
+    @gluon.constexpr_function
     def byte_layout(BN, BKH, warps):
         """Register layout of the uint8 tile [BN, BK/2] whose nibble split is the wgmma A fragment
         (16-bit, k_width 2): lane (g, t) of a warp holds rows g and g+8 and bytes t, t+4, t+8, ...
         (weights 2t, 2t+1, 2t+8, 2t+9, ...); warps stack 16-row groups; extra rows repeat in registers."""
-        reg = [[8, 0]] + [[0, 4 << i] for i in range((BKH // 4).bit_length() - 1)]
-        rows = 16 * warps
-        while rows < BN:
-            reg.append([rows, 0])
-            rows *= 2
+        extra, warp_bases = fragment_rows(BN, warps)
+        reg = [[8, 0]] + [[0, 4 << i] for i in range((BKH // 4).bit_length() - 1)] + extra
         return gl.DistributedLinearLayout(
             reg_bases=reg, lane_bases=[[0, 1], [0, 2], [1, 0], [2, 0], [4, 0]],
-            warp_bases=[[16 << i, 0] for i in range(warps.bit_length() - 1)], block_bases=[], shape=[BN, BKH])
+            warp_bases=warp_bases, block_bases=[], shape=[BN, BKH])
 
     def _dequant_ptx(cvt: str) -> str:
         return ("{ .reg .b32 l, h, t; shl.b32 l, $2, 16; lop3.b32 l, l, 0x000F0000, 0x43000000, 0xEA; "

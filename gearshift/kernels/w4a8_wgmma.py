@@ -3,7 +3,9 @@ with an int8 wgmma and a per-group fp32 scale-after.
 
 Why: `w4a8_wgmma` runs the activation codes through the 16-bit MMA, so W4A8 there is never faster
 than W4A16. The int8 MMA has twice the bf16 rate and needs no per-weight dequantization: a byte's
-two nibbles *are* two int8 operands (0..15), one AND and one shift.
+two nibbles *are* two int8 operands (0..15). Measured (docs/kernels.md, stop 16): the per-group
+scale-after below costs 4 ALU operations per output element per group, more than the bf16 kernel's
+dequantization once that is shared by 128+ tokens, so the map picks this kernel for few shapes.
 
 DPR: P_W = (4) padded to 8 bits, P_X = (8) (int8 codes; W4A4's int4 codes are int8 too), int32
 partial products, reconstruct in fp32 per group. One K tile is one quantization group (BK = G), so
@@ -11,15 +13,16 @@ the int32 result of a tile is exact and
 
     y[n, t] += s[n, g] * sum_k q[n, k] c[t, k] + min[n, g] * sum_k c[t, k]
 
-with the code sums per (token, group) from the activation quantizer (`quantize_act_triton(...,
-group_sums=G)`) and the token scale applied in the epilogue. The int32 -> fp32 conversion avoids
+with the code sums per (group, token) from the activation quantizer (`quantize_act_triton(...,
+group_sums=G, sums_by_group=True)`) and the token scale applied in the epilogue. The int32 -> fp32 conversion avoids
 I2F (16 per clock per SM on Hopper): |partial| < 2^22, so its bits plus those of 1.5 * 2^23 read
 as 1.5 * 2^23 + partial, and one FMA with s and the exact constant -1.5 * 2^23 * s gives
 round(partial * s).
 
-Partitions and rings are `w4a16_wgmma`'s (one TMA load warp that also stages the scales, mins and
-code sums of each tile; one or two 4-warp consumers, A in registers, each wgmma retired before the
-next tile's operands are built). CPU: `w4a8_wgmma_int8_emulate` is the torch model of the numerics.
+Partitions as in `w4a16_wgmma`: a load warp (here TMA only: codes, weight bytes, [BN, 8] boxes of
+scales and mins, a [1, BM] box of code sums) and one or two 4-warp consumers with A in registers,
+each wgmma retired before the next tile's operands are built. CPU: `w4a8_int8_wgmma_emulate` is the
+torch model of the numerics; Gluon has no interpreter, so the tests compile for sm_90 there.
 """
 
 from __future__ import annotations
@@ -46,7 +49,7 @@ if HAS_GLUON:
     from triton.experimental.gluon.language.nvidia.hopper import mbarrier, warpgroup_mma, warpgroup_mma_wait
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    from gearshift.kernels.w4a16_wgmma import _store_tile, _tma_load, tma_tiles
+    from gearshift.kernels.w4a16_wgmma import _store_tile, _tma_load, fragment_rows, tma_tiles
 
     _MAGIC = gl.constexpr(MAGIC)
     _MAGIC_BITS = gl.constexpr(MAGIC_BITS)
@@ -57,28 +60,21 @@ if HAS_GLUON:
         fragment (k_width 4): lane (g, t) of a warp holds rows g and g+8 and bytes 2t, 2t+1 (weights
         4t..4t+3, one 32-bit register after the split), then the same 16 weights further (+8 bytes)
         and each further 32-weight step; warps stack 16-row groups; extra rows repeat in registers."""
-        reg = [[0, 1], [8, 0]] + [[0, 8 << i] for i in range((BKH // 8).bit_length() - 1)]
-        rows = 16 * warps
-        while rows < BN:
-            reg.append([rows, 0])
-            rows *= 2
+        extra, warp_bases = fragment_rows(BN, warps)
+        reg = [[0, 1], [8, 0]] + [[0, 8 << i] for i in range((BKH // 8).bit_length() - 1)] + extra
         return gl.DistributedLinearLayout(
             reg_bases=reg, lane_bases=[[0, 2], [0, 4], [1, 0], [2, 0], [4, 0]],
-            warp_bases=[[16 << i, 0] for i in range(warps.bit_length() - 1)], block_bases=[], shape=[BN, BKH])
+            warp_bases=warp_bases, block_bases=[], shape=[BN, BKH])
 
     @gluon.constexpr_function
     def group_cols_layout(BN, warps):
         """Register layout of a [BN, 8] tile of per-group scales (8 consecutive groups of BN rows):
         lane (g, t) of a warp holds rows g and g+8 of its 16, all 8 groups; the 4 lanes t share them
         (the rows of the wgmma fragments)."""
-        reg = [[0, 1], [0, 2], [0, 4], [8, 0]]
-        rows = 16 * warps
-        while rows < BN:
-            reg.append([rows, 0])
-            rows *= 2
+        extra, warp_bases = fragment_rows(BN, warps)
         return gl.DistributedLinearLayout(
-            reg_bases=reg, lane_bases=[[0, 0], [0, 0], [1, 0], [2, 0], [4, 0]],
-            warp_bases=[[16 << i, 0] for i in range(warps.bit_length() - 1)], block_bases=[], shape=[BN, 8])
+            reg_bases=[[0, 1], [0, 2], [0, 4], [8, 0]] + extra, lane_bases=[[0, 0], [0, 0], [1, 0], [2, 0], [4, 0]],
+            warp_bases=warp_bases, block_bases=[], shape=[BN, 8])
 
     @gluon.jit
     def _pick(t, bit):
