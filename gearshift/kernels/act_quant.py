@@ -87,9 +87,10 @@ def quantize_act_triton(x2: torch.Tensor, spec: ActQuantSpec, codes_dtype: torch
     else:
         sums = s
     pdl = pdl_enabled(q)
-    sum_row, sum_group = (sums.stride(0), sums.stride(1)) if group_sums else (0, 0)
-    if sums_by_group:
-        sum_row, sum_group = sum_group, sum_row
+    # element strides of the sums per token and per group, whichever way round they are stored
+    sum_row, sum_group = 0, 0
+    if group_sums:
+        sum_row, sum_group = (sums.stride(1), sums.stride(0)) if sums_by_group else sums.stride()
     _act_quant_kernel[(m,)](x2, q, s, sums, k, x2.stride(0), q.stride(0), sum_row, sum_group,
                             QMAX=_QMAX[spec.dtype], FP8=fp8, BLOCK=block, PDL=pdl, GROUP=group_sums,
                             num_warps=8 if block >= 2048 else 4, **launch_kwargs(pdl))

@@ -276,11 +276,13 @@ if HAS_GLUON:
         blocks16: the [N/16, K/128 * 16, 64] view whose [BN/16, 16, bk/2] box is the same tile)."""
         xdt = gl.float16 if x2.dtype == torch.float16 else gl.bfloat16
         x_desc = TensorDescriptor.from_tensor(x2, [bm, bk], gl.NVMMASharedLayout.get_default_for([bm, bk], xdt))
-        return x_desc, _weight_descriptor(store, bn, bk, swizzle=bk // 2 if SWIZZLE_WEIGHTS else 0)
+        return x_desc, _weight_descriptor(store, bn, bk)
 
-    def _weight_descriptor(store: Int4Weight, bn: int, bk: int, swizzle: int = 0):
-        """`swizzle` (bytes, <= bk / 2): the TMA shared-memory swizzle of the byte tile; rows of 64
-        bytes read down a column by 8 lanes hit 4-way bank conflicts without it."""
+    def _weight_descriptor(store: Int4Weight, bn: int, bk: int, swizzle: int | None = None):
+        """`swizzle` (bytes, <= bk / 2): the TMA shared-memory swizzle of the byte tile; default: a
+        row's width (bk / 2) when `SWIZZLE_WEIGHTS`, else none."""
+        if swizzle is None:
+            swizzle = bk // 2 if SWIZZLE_WEIGHTS else 0
         n, k = store.out_features, store.in_features
         if store.layout == BLOCKS16:
             qw = store.qweight.view(n // 16, (k // 128) * 16, 64)

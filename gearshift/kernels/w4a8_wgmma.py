@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import torch
 
+from gearshift.kernels.act_quant import fused_group_sums, quantize_act_triton
 from gearshift.kernels.config import TileConfig
 from gearshift.kernels.splitk import splitk_buffers
 from gearshift.kernels.w4a16_wgmma import HAS_GLUON, TWO_CONSUMER_REGS, _is_sm90_or_cpu, _weight_descriptor
@@ -36,9 +37,6 @@ from gearshift.quant.int4 import BLOCKS16, Int4Weight
 
 #: the int8 codes of these activation formats run on the int8 MMA
 INT8_CODES = ("int8", "int4")
-#: TMA swizzle of the weight byte tile (rows of 64 bytes: unswizzled, 8 lanes reading down a
-#: column hit 4-way bank conflicts)
-WEIGHT_SWIZZLE = 64
 #: 1.5 * 2^23: an int32 |v| < 2^22 added to its bit pattern reads as MAGIC + v in fp32
 MAGIC = 12582912.0
 MAGIC_BITS = 0x4B400000
@@ -265,16 +263,12 @@ def int8_wgmma_supports(store, act, cfg: TileConfig | None) -> bool:
         return False
     if n % cfg.bn or k % g or k // g < 2 * cfg.split_k or (k // g) % 8 or store.scales.dtype != torch.float16:
         return False
-    from gearshift.kernels.act_quant import fused_group_sums
-
     return fused_group_sums(k, g) and _is_sm90_or_cpu()
 
 
 def w4a8_int8_wgmma(x2: torch.Tensor, store: Int4Weight, act, cfg: TileConfig) -> torch.Tensor:
     """x2 [M, K] bf16/fp16 -> [M, N]: the activations quantized per token to int8 codes (with
     their per-group sums), then the int8 wgmma kernel."""
-    from gearshift.kernels.act_quant import quantize_act_triton
-
     if not int8_wgmma_supports(store, act, cfg):
         raise ValueError(f"w4a8_int8_wgmma cannot run {cfg} with activations {act} on this store/device "
                          f"({store.out_features}x{store.in_features}, group {getattr(store, 'group_size', '?')}); "
@@ -295,7 +289,7 @@ def int8_wgmma_codes(codes: torch.Tensor, scales: torch.Tensor, sums: torch.Tens
                          f"strides {sums.stride()}")
     y = torch.empty((m, n), device=codes.device, dtype=out_dtype)
     x_desc = _code_descriptor(codes, cfg.bm, cfg.bk)
-    w_desc = _weight_descriptor(store, cfg.bn, cfg.bk, swizzle=WEIGHT_SWIZZLE)
+    w_desc = _weight_descriptor(store, cfg.bn, cfg.bk)  # swizzled (w4a16_wgmma.SWIZZLE_WEIGHTS)
     sc_desc, mn_desc = group_descriptors(store, cfg.bn)
     consumers = 2 if cfg.warps == 8 else 1
     grid = (n // cfg.bn, -(-m // cfg.bm), cfg.split_k)
