@@ -266,6 +266,36 @@ def _sup_w4a8_wgmma(store, act, cfg):
     return isinstance(act, ActQuantSpec) and act.group_size is None and wgmma_supports(store, cfg)
 
 
+def _run_w4a16_wgmma_small(x2, store, act, cfg):
+    from gearshift.kernels.w4a16_wgmma_small import w4a16_wgmma_small
+
+    return w4a16_wgmma_small(x2, store, cfg)
+
+
+def _run_w4a8_wgmma_small(x2, store, act, cfg):
+    from gearshift.kernels.w4a16_wgmma_small import w4a8_wgmma_small
+
+    return w4a8_wgmma_small(x2, store, act, cfg)
+
+
+def _small_configs(m: int) -> list[TileConfig]:
+    from gearshift.kernels.w4a16_wgmma_small import small_configs
+
+    return small_configs(m)
+
+
+def _sup_w4a16_wgmma_small(store, act, cfg):
+    from gearshift.kernels.w4a16_wgmma_small import small_supports
+
+    return act is None and small_supports(store, cfg)
+
+
+def _sup_w4a8_wgmma_small(store, act, cfg):
+    from gearshift.kernels.w4a16_wgmma_small import small_supports
+
+    return isinstance(act, ActQuantSpec) and act.group_size is None and small_supports(store, cfg)
+
+
 def _run_w4a8_int8_wgmma(x2, store, act, cfg):
     from gearshift.kernels.w4a8_wgmma import w4a8_int8_wgmma
 
@@ -338,6 +368,10 @@ register(Strategy("w4a16_wgmma", DPRPartition((4,), (16,), "bf16-wgmma", "paddin
                   _wgmma_configs, _sup_w4a16_wgmma))
 register(Strategy("w4a8_wgmma", DPRPartition((4,), (8,), "bf16-wgmma", "padding"), ("w4a8", "w4a4", "w4a8fp8"),
                   _run_w4a8_wgmma, _wgmma_configs, _sup_w4a8_wgmma))
+register(Strategy("w4a16_wgmma_small", DPRPartition((4,), (16,), "bf16-wgmma", "padding"), ("w4a16",),
+                  _run_w4a16_wgmma_small, _small_configs, _sup_w4a16_wgmma_small))
+register(Strategy("w4a8_wgmma_small", DPRPartition((4,), (8,), "bf16-wgmma", "padding"), ("w4a8", "w4a4", "w4a8fp8"),
+                  _run_w4a8_wgmma_small, _small_configs, _sup_w4a8_wgmma_small))
 register(Strategy("w4a8_int8_wgmma", DPRPartition((4,), (8,), "int8-wgmma", "padding"), ("w4a8", "w4a4"),
                   _run_w4a8_int8_wgmma, _int8_wgmma_configs, _sup_w4a8_int8_wgmma))
 register(Strategy("w4a16_gemv", DPRPartition((4,), (16,), "fp32-fma", "padding"), ("w4a16",), _run_w4a16_gemv,
