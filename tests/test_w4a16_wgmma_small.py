@@ -95,7 +95,7 @@ def gluon_ptx(cfg, layout, f16=False, token_scales=False):
     cap, cregs, lregs = W.consumer_regs(cfg)
     cx = {"G": 128, "BN": cfg.bn, "STAGES": cfg.stages, "BLOCKS": layout == "blocks16", "F16": f16,
           "SPLIT_K": cfg.split_k, "CONSUMERS": consumers, "TOKEN_SCALES": token_scales, "GPS": cfg.bk // 128,
-          "CREGS": cregs, "LREGS": lregs, "num_warps": cfg.warps // consumers}
+          "CREGS": cregs, "LREGS": lregs, "num_warps": cfg.warps // consumers, "ABLATE": 0}
     sig.update({name: "constexpr" for name in cx})
     names = list(sig)
     src = GluonASTSource(fn=W.w4a16_wgmma_small_kernel, signature=sig,

@@ -109,11 +109,13 @@ if HAS_GLUON:
         return lo, hi
 
     @gluon.jit
-    def tma_tiles(x_desc, w_desc, x_buf, w_buf, bar, m0, n0, k0, BLOCKS: gl.constexpr):
+    def tma_tiles(x_desc, w_desc, x_buf, w_buf, bar, m0, n0, k0, BLOCKS: gl.constexpr, LOAD_X: gl.constexpr = True):
         """The activation tile [BM, BK] at (m0, k0) and the weight bytes of rows n0.. for columns
         k0..k0+BK (row layout: [BN, BK/2]; blocks16: the [N/16, K/128 * 16, 64] view, chunk row
-        (k0 / 128) * 16 + n % 16, whose [BN/16, 16, BK/2] box is the same tile)."""
-        _tma_load(x_desc, [m0, k0], bar, x_buf)
+        (k0 / 128) * 16 + n % 16, whose [BN/16, 16, BK/2] box is the same tile). LOAD_X = False
+        (timing experiments only) leaves the activations out."""
+        if LOAD_X:
+            _tma_load(x_desc, [m0, k0], bar, x_buf)
         if BLOCKS:
             _tma_load(w_desc, [n0 // 16, (k0 // 128) * 16, (k0 % 128) // 2], bar, w_buf)
         else:

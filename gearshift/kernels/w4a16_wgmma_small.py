@@ -18,7 +18,12 @@ are TMA zero fill). DPR: P_W = (4), P_X = (16), padding on the bf16/fp16 MMA, re
 group in fp32, as `w4a16_mma` at M <= 16 on mma.sync. With `token_scales` the activations are
 integer / fp8 codes (`w4a8_wgmma_small`: P_X = (8) padded to 16 bits).
 
-The load warp and the [BN, 8] scale / min boxes are `w4a8_wgmma`'s. CPU: Gluon has no interpreter,
+Measured on the H100 (docs/kernels.md, stop 17): the map picks it at 16 and 32 tokens (whole step
+2.65 vs 3.15 ms at M = 16); at 1..8 tokens it trails the fragment kernel (gate_up at M = 1: 36 vs
+29 us). Its TMA stream alone reaches 24 us there; the widening and the two chains of eight
+m64n8k16 wgmmas, each group retired before the next, take the rest.
+
+The [BN, 8] scale / min boxes are `w4a8_wgmma`'s. CPU: Gluon has no interpreter,
 so the tests compile for sm_90 and check `w4a16_wgmma_small_emulate`, the torch model of the
 numerics, against the reference; the GPU tests compare the kernel with the model.
 """
@@ -73,29 +78,13 @@ if HAS_GLUON:
         return (i == 0) | ((t0 + i) % 8 == 0)
 
     @gluon.jit
-    def _token_sums(x_bufs, xs_bufs, ready, xready, j, GPS: gl.constexpr):
-        """The load warp's second job: once stage j has landed, each token's sum over each of its
-        groups (fp32) into xs_bufs, then `xready` (the consumers' min term needs them; a second
-        wgmma with A = 1.0 did this on the tensor cores, which at 1..32 tokens are the bottleneck)."""
-        STAGES: gl.constexpr = ready.type.shape[0]
-        BM: gl.constexpr = x_bufs.type.shape[1]
-        TM: gl.constexpr = BM if BM < 32 else 32
-        xl: gl.constexpr = gl.BlockedLayout([1, 8], [TM, 32 // TM], [1, 1], [1, 0])
-        s = j % STAGES
-        mbarrier.wait(ready.index(s), (j // STAGES) & 1)
-        for u in gl.static_range(GPS):
-            xt = x_bufs.index(s * GPS + u).load(xl).to(gl.float32)
-            xs_bufs.index(s * GPS + u).store(gl.sum(xt, 1))
-        mbarrier.arrive(xready.index(s))
-
-    @gluon.jit
-    def _load_partition_blocks(x_desc, w_desc, sc_desc, mn_desc, x_bufs, w_bufs, sc_bufs, mn_bufs, xs_bufs, ready,
-                               empty, s_ready, s_empty, xready, m0, n0, t0, num_k, GPS: gl.constexpr,
-                               BLOCKS: gl.constexpr, WARP_SUMS: gl.constexpr, ABLATE: gl.constexpr):
+    def _load_partition_blocks(x_desc, w_desc, sc_desc, mn_desc, x_bufs, w_bufs, sc_bufs, mn_bufs, ready, empty,
+                               s_ready, s_empty, m0, n0, t0, num_k, GPS: gl.constexpr, BLOCKS: gl.constexpr,
+                               ABLATE: gl.constexpr):
         """One warp, TMA only: per stage the activations and the weight bytes of GPS groups into the
         STAGES ring; the scales and mins of groups 8 (g / 8) .. + 7 of the BN rows once per block
-        of 8 groups, into a ring of two (a [BN, 8] box every group doubles the L2 requests of the
-        weight stream at M = 1)."""
+        of 8 groups, into a ring of two (a [BN, 8] box per group was 8 times the scale traffic;
+        measured, the two forms ran alike). ABLATE bit 4 (timing only): no activation tiles."""
         STAGES: gl.constexpr = ready.type.shape[0]
         G: gl.constexpr = x_desc.block_type.shape[1]
         XB: gl.constexpr = x_desc.block_type.nbytes * (1 - (ABLATE // 4) % 2)  # ABLATE bit 4: no activations
@@ -115,22 +104,8 @@ if HAS_GLUON:
             mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)
             mbarrier.expect(ready.index(s), NB)
             for u in gl.static_range(GPS):
-                if ABLATE & 4:  # timing experiments only: no activation tiles
-                    k0 = (t0 + i * GPS + u) * G
-                    if BLOCKS:
-                        _tma_load(w_desc, [n0 // 16, (k0 // 128) * 16, (k0 % 128) // 2], ready.index(s),
-                                  w_bufs.index(s * GPS + u))
-                    else:
-                        _tma_load(w_desc, [n0, k0 // 2], ready.index(s), w_bufs.index(s * GPS + u))
-                else:
-                    tma_tiles(x_desc, w_desc, x_bufs.index(s * GPS + u), w_bufs.index(s * GPS + u), ready.index(s),
-                              m0, n0, (t0 + i * GPS + u) * G, BLOCKS)
-            if WARP_SUMS:  # the sums lag the copies by STAGES - 1 stages, so the ring stays full
-                if i >= STAGES - 1:
-                    _token_sums(x_bufs, xs_bufs, ready, xready, i - (STAGES - 1), GPS)
-        if WARP_SUMS:
-            for j in range(gl.maximum(num_k // GPS - (STAGES - 1), 0), num_k // GPS):
-                _token_sums(x_bufs, xs_bufs, ready, xready, j, GPS)
+                tma_tiles(x_desc, w_desc, x_bufs.index(s * GPS + u), w_bufs.index(s * GPS + u), ready.index(s),
+                          m0, n0, (t0 + i * GPS + u) * G, BLOCKS, (ABLATE & 4) == 0)
 
     @gluon.jit
     def _column(t, j, target: gl.constexpr):
@@ -139,10 +114,10 @@ if HAS_GLUON:
         return gl.convert_layout(gl.reshape(v, [t.shape[0]]).to(gl.float32), target)
 
     @gluon.jit
-    def _sa_mma_partition(x_bufs, w_bufs, sc_bufs, mn_bufs, xs_bufs, ready, empty, s_ready, s_empty, xready, y_ptr,
-                          ws_ptr, cnt_ptr, xs_ptr, m0, n0, M, N, t0, num_k, ROW0: gl.constexpr, BN: gl.constexpr,
-                          NPART: gl.constexpr, F16: gl.constexpr, SPLIT_K: gl.constexpr, TOKEN_SCALES: gl.constexpr,
-                          WARPS: gl.constexpr, WARP_SUMS: gl.constexpr, ABLATE: gl.constexpr):
+    def _sa_mma_partition(x_bufs, w_bufs, sc_bufs, mn_bufs, ready, empty, s_ready, s_empty, y_ptr, ws_ptr, cnt_ptr,
+                          xs_ptr, m0, n0, M, N, t0, num_k, ROW0: gl.constexpr, BN: gl.constexpr, NPART: gl.constexpr,
+                          F16: gl.constexpr, SPLIT_K: gl.constexpr, TOKEN_SCALES: gl.constexpr, WARPS: gl.constexpr,
+                          HALVES: gl.constexpr, ABLATE: gl.constexpr):
         """Weight rows [ROW0, ROW0 + BN) of the tile. Everything a tile needs from shared memory is
         read before its wgmmas and the slot goes back right after them (each mbarrier arrive and
         the first shared read after one cost a warpgroup barrier; w4a8_wgmma, stop 16)."""
@@ -156,18 +131,20 @@ if HAS_GLUON:
         bl: gl.constexpr = byte_layout(BN, BKX // 2, WARPS)
         rows: gl.constexpr = gl.SliceLayout(1, mma)
         gcl: gl.constexpr = group_cols_layout(BN, WARPS)
+        blh: gl.constexpr = byte_layout(BN, BKX // 4, WARPS)
         ones = gl.full([BN, BKX], 1.0, x_bufs.dtype, layout=dot)
+        ones_h = gl.full([BN, BKX // 2], 1.0, x_bufs.dtype, layout=dot)
         acc = gl.zeros([BN, BM], gl.float32, layout=mma)
-        part = gl.zeros([BN, BM], gl.float32, layout=mma)  # each group overwrites both (use_acc=False)
+        part = gl.zeros([BN, BM], gl.float32, layout=mma)  # each group overwrites these (use_acc=False)
         xsum = gl.zeros([BN, BM], gl.float32, layout=mma)
+        part1 = gl.zeros([BN, BM], gl.float32, layout=mma)
+        xsum1 = gl.zeros([BN, BM], gl.float32, layout=mma)
         sc8 = gl.zeros([BN, 8], gl.float16, layout=gcl)  # the scales / mins of the current 8 groups
         mn8 = gl.zeros([BN, 8], gl.float16, layout=gcl)
         blk = 0
         for i in range(num_k // GPS):
             s = i % STAGES
             mbarrier.wait(ready.index(s), (i // STAGES) & 1)
-            if WARP_SUMS:
-                mbarrier.wait(xready.index(s), (i // STAGES) & 1)
             for u in gl.static_range(GPS):
                 gi = i * GPS + u
                 if new_scale_block(gi, t0):  # into registers, and the slot goes straight back
@@ -181,27 +158,37 @@ if HAS_GLUON:
                     j = (t0 + gi) % 8  # the group among the 8 of the block
                     sc = _column(sc8, j, rows)
                     mn = _column(mn8, j, rows)
-                    b = w_bufs.index(s * GPS + u).reshape([BN * NPART, BKX // 2]).slice(ROW0, BN).load(bl).to(gl.int32)
-                    lo, hi = widen_bytes(b, F16)
-                    a = gl.convert_layout(gl.reshape(gl.join(lo, hi), [BN, BKX]), dot, assert_trivial=True)
-                    xt = x_bufs.index(s * GPS + u).permute((1, 0))
-                    if WARP_SUMS:
-                        xs = xs_bufs.index(s * GPS + u).load(gl.SliceLayout(0, mma))
+                    w_s = w_bufs.index(s * GPS + u).reshape([BN * NPART, BKX // 2]).slice(ROW0, BN)
+                    x_s = x_bufs.index(s * GPS + u)
                     if ABLATE & 2:  # timing experiments only: no widening, no wgmma
-                        part = part + gl.convert_layout(gl.sum(b, 1).to(gl.float32), rows)[:, None]
-                    elif WARP_SUMS:
-                        part = warpgroup_mma(a, xt, part, use_acc=False, is_async=True)
-                        part = warpgroup_mma_wait(0, deps=(part,))
+                        part = part + gl.convert_layout(gl.sum(w_s.load(bl), 1).to(gl.float32), rows)[:, None]
+                    elif HALVES:  # two independent wgmma chains per operand (k 0..63, 64..127): half the latency
+                        b0 = w_s.slice(0, BKX // 4, dim=1).load(blh).to(gl.int32)
+                        b1 = w_s.slice(BKX // 4, BKX // 4, dim=1).load(blh).to(gl.int32)
+                        lo0, hi0 = widen_bytes(b0, F16)
+                        lo1, hi1 = widen_bytes(b1, F16)
+                        a0 = gl.convert_layout(gl.reshape(gl.join(lo0, hi0), [BN, BKX // 2]), dot, assert_trivial=True)
+                        a1 = gl.convert_layout(gl.reshape(gl.join(lo1, hi1), [BN, BKX // 2]), dot, assert_trivial=True)
+                        x0 = x_s.slice(0, BKX // 2, dim=1).permute((1, 0))
+                        x1 = x_s.slice(BKX // 2, BKX // 2, dim=1).permute((1, 0))
+                        part = warpgroup_mma(a0, x0, part, use_acc=False, is_async=True)
+                        part1 = warpgroup_mma(a1, x1, part1, use_acc=False, is_async=True)
+                        xsum = warpgroup_mma(ones_h, x0, xsum, use_acc=False, is_async=True)
+                        xsum1 = warpgroup_mma(ones_h, x1, xsum1, use_acc=False, is_async=True)
+                        part, part1, xsum, xsum1 = warpgroup_mma_wait(0, deps=(part, part1, xsum, xsum1))
+                        part = part + part1
+                        xsum = xsum + xsum1
                     else:
+                        b = w_s.load(bl).to(gl.int32)
+                        lo, hi = widen_bytes(b, F16)
+                        a = gl.convert_layout(gl.reshape(gl.join(lo, hi), [BN, BKX]), dot, assert_trivial=True)
+                        xt = x_s.permute((1, 0))
                         part = warpgroup_mma(a, xt, part, use_acc=False, is_async=True)
                         xsum = warpgroup_mma(ones, xt, xsum, use_acc=False, is_async=True)
                         # retire before the next group's A registers are built (w4a16_wgmma's register-A note)
                         part, xsum = warpgroup_mma_wait(0, deps=(part, xsum))
                     acc = gl.fma(part, sc[:, None], acc)
-                    if WARP_SUMS:
-                        acc = gl.fma((mn - _OFFSET * sc)[:, None], xs[None, :], acc)
-                    else:
-                        acc = gl.fma(xsum, (mn - _OFFSET * sc)[:, None], acc)
+                    acc = gl.fma(xsum, (mn - _OFFSET * sc)[:, None], acc)
             mbarrier.arrive(empty.index(s))
         _store_tile(acc, mma, y_ptr, ws_ptr, cnt_ptr, xs_ptr, m0, n0 + ROW0, M, N, ROW0 // BN, NPART, SPLIT_K,
                     TOKEN_SCALES)
@@ -211,7 +198,7 @@ if HAS_GLUON:
                                  G: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, BLOCKS: gl.constexpr,
                                  F16: gl.constexpr, SPLIT_K: gl.constexpr, CONSUMERS: gl.constexpr,
                                  TOKEN_SCALES: gl.constexpr, GPS: gl.constexpr, CREGS: gl.constexpr,
-                                 LREGS: gl.constexpr, num_warps: gl.constexpr, WARP_SUMS: gl.constexpr = True,
+                                 LREGS: gl.constexpr, num_warps: gl.constexpr, HALVES: gl.constexpr = False,
                                  ABLATE: gl.constexpr = 0):
         BM: gl.constexpr = x_desc.block_type.shape[0]
         BKX: gl.constexpr = x_desc.block_type.shape[1]
@@ -226,12 +213,9 @@ if HAS_GLUON:
         empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         s_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         s_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-        xs_bufs = gl.allocate_shared_memory(gl.float32, [STAGES * GPS, BM], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
-        xready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         for i in gl.static_range(STAGES):
             mbarrier.init(ready.index(i), count=1)  # the TMA bytes
             mbarrier.init(empty.index(i), count=CONSUMERS)
-            mbarrier.init(xready.index(i), count=1)  # the load warp's token sums
         for i in gl.static_range(2):
             mbarrier.init(s_ready.index(i), count=1)
             mbarrier.init(s_empty.index(i), count=CONSUMERS)
@@ -239,28 +223,26 @@ if HAS_GLUON:
         t0 = gl.program_id(2) * num_k
         if CONSUMERS == 1:
             gl.warp_specialize([
-                (_sa_mma_partition, (x_bufs, w_bufs, sc_bufs, mn_bufs, xs_bufs, ready, empty, s_ready, s_empty, xready,
-                                     y_ptr, ws_ptr, cnt_ptr,
+                (_sa_mma_partition, (x_bufs, w_bufs, sc_bufs, mn_bufs, ready, empty, s_ready, s_empty, y_ptr, ws_ptr,
+                                     cnt_ptr,
                                      xs_ptr, m0, n0, M, N, t0, num_k, 0, BN, 1, F16, SPLIT_K, TOKEN_SCALES,
-                                     num_warps, WARP_SUMS, ABLATE)),
-                (_load_partition_blocks, (x_desc, w_desc, sc_desc, mn_desc, x_bufs, w_bufs, sc_bufs, mn_bufs, xs_bufs,
-                                          ready, empty, s_ready, s_empty, xready, m0, n0, t0, num_k, GPS, BLOCKS,
-                                          WARP_SUMS, ABLATE)),
+                                     num_warps, HALVES, ABLATE)),
+                (_load_partition_blocks, (x_desc, w_desc, sc_desc, mn_desc, x_bufs, w_bufs, sc_bufs, mn_bufs, ready,
+                                          empty, s_ready, s_empty, m0, n0, t0, num_k, GPS, BLOCKS, ABLATE)),
             ], [1], [LREGS])
         else:  # two independent 4-warp consumers on the two row halves
             half: gl.constexpr = BN // 2
             gl.warp_specialize([
-                (_sa_mma_partition, (x_bufs, w_bufs, sc_bufs, mn_bufs, xs_bufs, ready, empty, s_ready, s_empty, xready,
-                                     y_ptr, ws_ptr, cnt_ptr,
+                (_sa_mma_partition, (x_bufs, w_bufs, sc_bufs, mn_bufs, ready, empty, s_ready, s_empty, y_ptr, ws_ptr,
+                                     cnt_ptr,
                                      xs_ptr, m0, n0, M, N, t0, num_k, 0, half, 2, F16, SPLIT_K, TOKEN_SCALES,
-                                     num_warps, WARP_SUMS, ABLATE)),
-                (_sa_mma_partition, (x_bufs, w_bufs, sc_bufs, mn_bufs, xs_bufs, ready, empty, s_ready, s_empty, xready,
-                                     y_ptr, ws_ptr, cnt_ptr,
+                                     num_warps, HALVES, ABLATE)),
+                (_sa_mma_partition, (x_bufs, w_bufs, sc_bufs, mn_bufs, ready, empty, s_ready, s_empty, y_ptr, ws_ptr,
+                                     cnt_ptr,
                                      xs_ptr, m0, n0, M, N, t0, num_k, half, half, 2, F16, SPLIT_K, TOKEN_SCALES,
-                                     num_warps, WARP_SUMS, ABLATE)),
-                (_load_partition_blocks, (x_desc, w_desc, sc_desc, mn_desc, x_bufs, w_bufs, sc_bufs, mn_bufs, xs_bufs,
-                                          ready, empty, s_ready, s_empty, xready, m0, n0, t0, num_k, GPS, BLOCKS,
-                                          WARP_SUMS, ABLATE)),
+                                     num_warps, HALVES, ABLATE)),
+                (_load_partition_blocks, (x_desc, w_desc, sc_desc, mn_desc, x_bufs, w_bufs, sc_bufs, mn_bufs, ready,
+                                          empty, s_ready, s_empty, m0, n0, t0, num_k, GPS, BLOCKS, ABLATE)),
             ], [num_warps, 1], [CREGS, LREGS])
 
     def _act_descriptor(x2: torch.Tensor, bm: int, bk: int):
@@ -324,8 +306,7 @@ def consumer_regs(cfg: TileConfig) -> tuple[int, int, int]:
 
 
 def w4a16_wgmma_small(x2: torch.Tensor, store: Int4Weight, cfg: TileConfig,
-                      token_scales: torch.Tensor | None = None, ablate: int = 0,
-                      warp_sums: bool = True) -> torch.Tensor:
+                      token_scales: torch.Tensor | None = None, ablate: int = 0, halves: bool = False) -> torch.Tensor:
     """x2 [M, K] bf16/fp16 -> [M, N] in x2's dtype, on an sm_90 GPU. With `token_scales` [M]
     (fp32), x2 holds activation codes and row m of the result is multiplied by token_scales[m].
     `ablate` != 0 only for timing experiments (wrong results): bit 1 the consumer only waits and
@@ -350,7 +331,7 @@ def w4a16_wgmma_small(x2: torch.Tensor, store: Int4Weight, cfg: TileConfig,
                                    STAGES=cfg.stages, BLOCKS=store.layout == BLOCKS16, F16=x2.dtype == torch.float16,
                                    SPLIT_K=cfg.split_k, CONSUMERS=consumers, TOKEN_SCALES=token_scales is not None,
                                    GPS=cfg.bk // g, CREGS=cregs, LREGS=lregs, num_warps=cfg.warps // consumers,
-                                   WARP_SUMS=warp_sums, ABLATE=ablate,
+                                   HALVES=halves, ABLATE=ablate,
                                    **({"maxnreg": cap} if cap else {}))
     return y
 
