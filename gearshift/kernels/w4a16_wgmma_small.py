@@ -117,7 +117,7 @@ if HAS_GLUON:
     def _sa_mma_partition(x_bufs, w_bufs, sc_bufs, mn_bufs, ready, empty, s_ready, s_empty, y_ptr, ws_ptr, cnt_ptr,
                           xs_ptr, m0, n0, M, N, t0, num_k, ROW0: gl.constexpr, BN: gl.constexpr, NPART: gl.constexpr,
                           F16: gl.constexpr, SPLIT_K: gl.constexpr, TOKEN_SCALES: gl.constexpr, WARPS: gl.constexpr,
-                          HALVES: gl.constexpr, ABLATE: gl.constexpr):
+                          ABLATE: gl.constexpr):
         """Weight rows [ROW0, ROW0 + BN) of the tile. Everything a tile needs from shared memory is
         read before its wgmmas and the slot goes back right after them (each mbarrier arrive and
         the first shared read after one cost a warpgroup barrier; w4a8_wgmma, stop 16)."""
@@ -131,14 +131,10 @@ if HAS_GLUON:
         bl: gl.constexpr = byte_layout(BN, BKX // 2, WARPS)
         rows: gl.constexpr = gl.SliceLayout(1, mma)
         gcl: gl.constexpr = group_cols_layout(BN, WARPS)
-        blh: gl.constexpr = byte_layout(BN, BKX // 4, WARPS)
         ones = gl.full([BN, BKX], 1.0, x_bufs.dtype, layout=dot)
-        ones_h = gl.full([BN, BKX // 2], 1.0, x_bufs.dtype, layout=dot)
         acc = gl.zeros([BN, BM], gl.float32, layout=mma)
-        part = gl.zeros([BN, BM], gl.float32, layout=mma)  # each group overwrites these (use_acc=False)
+        part = gl.zeros([BN, BM], gl.float32, layout=mma)  # each group overwrites both (use_acc=False)
         xsum = gl.zeros([BN, BM], gl.float32, layout=mma)
-        part1 = gl.zeros([BN, BM], gl.float32, layout=mma)
-        xsum1 = gl.zeros([BN, BM], gl.float32, layout=mma)
         sc8 = gl.zeros([BN, 8], gl.float16, layout=gcl)  # the scales / mins of the current 8 groups
         mn8 = gl.zeros([BN, 8], gl.float16, layout=gcl)
         blk = 0
@@ -162,22 +158,6 @@ if HAS_GLUON:
                     x_s = x_bufs.index(s * GPS + u)
                     if ABLATE & 2:  # timing experiments only: no widening, no wgmma
                         part = part + gl.convert_layout(gl.sum(w_s.load(bl), 1).to(gl.float32), rows)[:, None]
-                    elif HALVES:  # two independent wgmma chains per operand (k 0..63, 64..127): half the latency
-                        b0 = w_s.slice(0, BKX // 4, dim=1).load(blh).to(gl.int32)
-                        b1 = w_s.slice(BKX // 4, BKX // 4, dim=1).load(blh).to(gl.int32)
-                        lo0, hi0 = widen_bytes(b0, F16)
-                        lo1, hi1 = widen_bytes(b1, F16)
-                        a0 = gl.convert_layout(gl.reshape(gl.join(lo0, hi0), [BN, BKX // 2]), dot, assert_trivial=True)
-                        a1 = gl.convert_layout(gl.reshape(gl.join(lo1, hi1), [BN, BKX // 2]), dot, assert_trivial=True)
-                        x0 = x_s.slice(0, BKX // 2, dim=1).permute((1, 0))
-                        x1 = x_s.slice(BKX // 2, BKX // 2, dim=1).permute((1, 0))
-                        part = warpgroup_mma(a0, x0, part, use_acc=False, is_async=True)
-                        part1 = warpgroup_mma(a1, x1, part1, use_acc=False, is_async=True)
-                        xsum = warpgroup_mma(ones_h, x0, xsum, use_acc=False, is_async=True)
-                        xsum1 = warpgroup_mma(ones_h, x1, xsum1, use_acc=False, is_async=True)
-                        part, part1, xsum, xsum1 = warpgroup_mma_wait(0, deps=(part, part1, xsum, xsum1))
-                        part = part + part1
-                        xsum = xsum + xsum1
                     else:
                         b = w_s.load(bl).to(gl.int32)
                         lo, hi = widen_bytes(b, F16)
@@ -198,8 +178,7 @@ if HAS_GLUON:
                                  G: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, BLOCKS: gl.constexpr,
                                  F16: gl.constexpr, SPLIT_K: gl.constexpr, CONSUMERS: gl.constexpr,
                                  TOKEN_SCALES: gl.constexpr, GPS: gl.constexpr, CREGS: gl.constexpr,
-                                 LREGS: gl.constexpr, num_warps: gl.constexpr, HALVES: gl.constexpr = False,
-                                 ABLATE: gl.constexpr = 0):
+                                 LREGS: gl.constexpr, num_warps: gl.constexpr, ABLATE: gl.constexpr = 0):
         BM: gl.constexpr = x_desc.block_type.shape[0]
         BKX: gl.constexpr = x_desc.block_type.shape[1]
         gl.static_assert(BKX == G, "one K tile per quantization group")
@@ -226,7 +205,7 @@ if HAS_GLUON:
                 (_sa_mma_partition, (x_bufs, w_bufs, sc_bufs, mn_bufs, ready, empty, s_ready, s_empty, y_ptr, ws_ptr,
                                      cnt_ptr,
                                      xs_ptr, m0, n0, M, N, t0, num_k, 0, BN, 1, F16, SPLIT_K, TOKEN_SCALES,
-                                     num_warps, HALVES, ABLATE)),
+                                     num_warps, ABLATE)),
                 (_load_partition_blocks, (x_desc, w_desc, sc_desc, mn_desc, x_bufs, w_bufs, sc_bufs, mn_bufs, ready,
                                           empty, s_ready, s_empty, m0, n0, t0, num_k, GPS, BLOCKS, ABLATE)),
             ], [1], [LREGS])
@@ -236,11 +215,11 @@ if HAS_GLUON:
                 (_sa_mma_partition, (x_bufs, w_bufs, sc_bufs, mn_bufs, ready, empty, s_ready, s_empty, y_ptr, ws_ptr,
                                      cnt_ptr,
                                      xs_ptr, m0, n0, M, N, t0, num_k, 0, half, 2, F16, SPLIT_K, TOKEN_SCALES,
-                                     num_warps, HALVES, ABLATE)),
+                                     num_warps, ABLATE)),
                 (_sa_mma_partition, (x_bufs, w_bufs, sc_bufs, mn_bufs, ready, empty, s_ready, s_empty, y_ptr, ws_ptr,
                                      cnt_ptr,
                                      xs_ptr, m0, n0, M, N, t0, num_k, half, half, 2, F16, SPLIT_K, TOKEN_SCALES,
-                                     num_warps, HALVES, ABLATE)),
+                                     num_warps, ABLATE)),
                 (_load_partition_blocks, (x_desc, w_desc, sc_desc, mn_desc, x_bufs, w_bufs, sc_bufs, mn_bufs, ready,
                                           empty, s_ready, s_empty, m0, n0, t0, num_k, GPS, BLOCKS, ABLATE)),
             ], [num_warps, 1], [CREGS, LREGS])
@@ -306,7 +285,7 @@ def consumer_regs(cfg: TileConfig) -> tuple[int, int, int]:
 
 
 def w4a16_wgmma_small(x2: torch.Tensor, store: Int4Weight, cfg: TileConfig,
-                      token_scales: torch.Tensor | None = None, ablate: int = 0, halves: bool = False) -> torch.Tensor:
+                      token_scales: torch.Tensor | None = None, ablate: int = 0) -> torch.Tensor:
     """x2 [M, K] bf16/fp16 -> [M, N] in x2's dtype, on an sm_90 GPU. With `token_scales` [M]
     (fp32), x2 holds activation codes and row m of the result is multiplied by token_scales[m].
     `ablate` != 0 only for timing experiments (wrong results): bit 1 the consumer only waits and
@@ -331,7 +310,7 @@ def w4a16_wgmma_small(x2: torch.Tensor, store: Int4Weight, cfg: TileConfig,
                                    STAGES=cfg.stages, BLOCKS=store.layout == BLOCKS16, F16=x2.dtype == torch.float16,
                                    SPLIT_K=cfg.split_k, CONSUMERS=consumers, TOKEN_SCALES=token_scales is not None,
                                    GPS=cfg.bk // g, CREGS=cregs, LREGS=lregs, num_warps=cfg.warps // consumers,
-                                   HALVES=halves, ABLATE=ablate,
+                                   ABLATE=ablate,
                                    **({"maxnreg": cap} if cap else {}))
     return y
 
