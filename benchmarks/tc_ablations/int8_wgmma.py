@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from gearshift.dispatch.policy import PolicyMap, type_key
-from gearshift.dispatch.profiler import PRESETS, n_copies, random_store, time_us
+from gearshift.dispatch.profiler import PRESETS, fastest, n_copies, random_store, time_configs, time_us
 from gearshift.dispatch.strategies import STRATEGIES
 from gearshift.kernels.act_quant import quantize_act_triton
 from gearshift.kernels.config import TileConfig
@@ -96,18 +96,11 @@ for m in [int(v) for v in args.ms.split(",")]:
         copies = [st0] + [random_store("int4", n, k, 128, dev, layout=args.layout) for _ in range(n_copies(st0) - 1)]
         x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
         codes, scales, sums = quantize_act_triton(x, ACT, group_sums=128, sums_by_group=True)
-        res = {}
-        for cfg in configs(m):
-            if not int8_wgmma_supports(st0, ACT, cfg):
-                continue
-            try:
-                res[cfg.key()] = time_us([lambda s=s, c=cfg: int8_wgmma_codes(codes, scales, sums, s, c, x.dtype)
-                                          for s in copies])
-            except Exception as e:  # report, keep sweeping
-                res[cfg.key()] = None
-                print(f"  {name} M={m} {cfg.key()}: {type(e).__name__}: {str(e)[:200]}", flush=True)
+        res = time_configs(configs(m), lambda c, st=st0: int8_wgmma_supports(st, ACT, c),
+                           lambda s, c: int8_wgmma_codes(codes, scales, sums, s, c, x.dtype), copies,
+                           lambda line: print(f"  {name} M={m} {line}", flush=True))
         ok = {kk: v for kk, v in res.items() if v is not None}
-        best = min(ok, key=ok.get) if ok else None
+        best = fastest(res)
         best_cfg = next((c for c in configs(m) if c.key() == best), None)
         t_full = time_us([lambda s=s: w4a8_int8_wgmma(x, s, ACT, best_cfg) for s in copies]) if best_cfg else None
         dense = [(torch.randn(n, k, device=dev, dtype=torch.bfloat16) * 0.02)

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from gearshift.dispatch.policy import PolicyMap, type_key
-from gearshift.dispatch.profiler import PRESETS, n_copies, random_store, time_us
+from gearshift.dispatch.profiler import PRESETS, fastest, n_copies, random_store, time_configs, time_us
 from gearshift.dispatch.strategies import STRATEGIES
 from gearshift.kernels.config import TileConfig
 from gearshift.kernels.reference import linear_reference
@@ -82,17 +82,11 @@ for m in MS:
         st0 = random_store("int4", n, k, 128, dev, layout=args.layout)
         copies = [st0] + [random_store("int4", n, k, 128, dev, layout=args.layout) for _ in range(n_copies(st0) - 1)]
         x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
-        res = {}
-        for cfg in configs(m):
-            if not wgmma_supports(st0, cfg, x.dtype):
-                continue
-            try:
-                res[cfg.key()] = time_us([lambda s=s, c=cfg: w4a16_wgmma(x, s, c) for s in copies])
-            except Exception as e:  # report, keep sweeping
-                res[cfg.key()] = None
-                print(f"  {name} M={m} {cfg.key()}: {type(e).__name__}: {str(e)[:200]}", flush=True)
+        res = time_configs(configs(m), lambda c, st=st0: wgmma_supports(st, c, x.dtype),
+                           lambda s, c: w4a16_wgmma(x, s, c), copies,
+                           lambda line: print(f"  {name} M={m} {line}", flush=True))
         ok = {kk: v for kk, v in res.items() if v is not None}
-        best = min(ok, key=ok.get) if ok else None
+        best = fastest(res)
         dense = [(torch.randn(n, k, device=dev, dtype=torch.bfloat16) * 0.02) for _ in range(max(2, min(8, len(copies) // 4)))]
         t_cub = time_us([lambda w=w: F.linear(x, w) for w in dense])
         del dense

@@ -16,7 +16,7 @@ import argparse, itertools, json, os, time
 import torch
 
 from gearshift.dispatch.policy import PolicyMap, type_key
-from gearshift.dispatch.profiler import PRESETS, n_copies, random_store, time_us
+from gearshift.dispatch.profiler import PRESETS, fastest, n_copies, random_store, time_configs, time_us
 from gearshift.dispatch.strategies import STRATEGIES
 from gearshift.kernels.act_quant import quantize_act_triton
 from gearshift.kernels.config import TileConfig
@@ -126,17 +126,11 @@ for m in [int(v) for v in args.ms.split(",")]:
         st0 = random_store("int4", n, k, 128, dev, layout=args.layout)
         copies = [st0] + [random_store("int4", n, k, 128, dev, layout=args.layout) for _ in range(n_copies(st0) - 1)]
         x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
-        res = {}
-        for cfg in configs(m):
-            if not small_supports(st0, cfg, x.dtype):
-                continue
-            try:
-                res[cfg.key()] = time_us([lambda s=s, c=cfg: w4a16_wgmma_small(x, s, c) for s in copies])
-            except Exception as e:  # report, keep sweeping
-                res[cfg.key()] = None
-                print(f"  {name} M={m} {cfg.key()}: {type(e).__name__}: {str(e)[:200]}", flush=True)
+        res = time_configs(configs(m), lambda c, st=st0: small_supports(st, c, x.dtype),
+                           lambda s, c: w4a16_wgmma_small(x, s, c), copies,
+                           lambda line: print(f"  {name} M={m} {line}", flush=True))
         ok = {kk: v for kk, v in res.items() if v is not None}
-        best = min(ok, key=ok.get) if ok else None
+        best = fastest(res)
         t_disp, disp_name = dispatch_time("w4a16", x, copies, n, k, m, None)
         rec = {"configs": res, "best": best, "small_us": ok.get(best), "dispatch_us": t_disp, "dispatch": disp_name,
                "floor_bytes": st0.nbytes()}

@@ -140,6 +140,29 @@ def time_us(calls: list[Callable[[], object]], rounds: int | None = None, reps: 
     return statistics.median(ts) * 1000.0 / (rounds * len(calls))
 
 
+def time_configs(configs, supported: Callable[[object], bool], run: Callable[[object, object], object],
+                 stores: list, on_error: Callable[[str], None] | None = None) -> dict[str, float | None]:
+    """Microseconds per call of run(store, cfg) for each supported tile config (`time_us` over the
+    weight copies `stores`), keyed by cfg.key(); None where it failed to compile or launch (then
+    `on_error` gets a line, and the sweep goes on). For the kernel benchmarks' tile sweeps."""
+    res: dict[str, float | None] = {}
+    for cfg in configs:
+        if not supported(cfg):
+            continue
+        try:
+            res[cfg.key()] = time_us([lambda s=s, c=cfg: run(s, c) for s in stores])
+        except Exception as e:  # a config that fails to compile/launch is skipped
+            res[cfg.key()] = None
+            if on_error:
+                on_error(f"{cfg.key()}: {type(e).__name__}: {str(e)[:200]}")
+    return res
+
+
+def fastest(times: dict[str, float | None]) -> str | None:
+    ok = {k: v for k, v in times.items() if v is not None}
+    return min(ok, key=ok.get) if ok else None
+
+
 def n_copies(store: WeightFormat, l2_bytes: int = 50 << 20) -> int:
     return max(2, min(16, math.ceil(3 * l2_bytes / max(store.nbytes(), 1))))
 
