@@ -59,6 +59,23 @@ def test_unsupported_stores_are_refused_with_a_reason():
     assert not wgmma_supports(random_store("int4", 128, 256, 128, "cpu"), TileConfig(64, 128, 64, 1, 4, 4))
 
 
+def test_weight_descriptors_are_built_once_per_store_and_follow_moved_tensors():
+    from gearshift.kernels.w4a16_wgmma import _weight_descriptor
+    from gearshift.kernels.w4a8_wgmma import group_descriptors
+
+    st = random_store("int4", 256, 1024, 128, "cpu", layout=BLOCKS16)
+    d = _weight_descriptor(st, 64, 128)
+    assert _weight_descriptor(st, 64, 128) is d and _weight_descriptor(st, 128, 128) is not d
+    g = group_descriptors(st, 64)
+    assert group_descriptors(st, 64) is g
+    st.qweight = st.qweight.clone()  # the tensors moved (as Module.to does): new descriptors
+    d2 = _weight_descriptor(st, 64, 128)
+    assert d2 is not d and d2.base.data_ptr() == st.qweight.data_ptr()
+    assert group_descriptors(st, 64) is not g
+    other = random_store("int4", 256, 1024, 128, "cpu", layout=BLOCKS16)
+    assert _weight_descriptor(other, 64, 128).base.data_ptr() == other.qweight.data_ptr()
+
+
 _COMPILE = r"""
 import torch
 from triton.runtime.jit import mangle_type

@@ -30,6 +30,7 @@ the torch model of its numerics. The GPU tests compare the two.
 from __future__ import annotations
 
 import functools
+import weakref
 
 import torch
 
@@ -282,9 +283,13 @@ if HAS_GLUON:
 
     def _weight_descriptor(store: Int4Weight, bn: int, bk: int, swizzle: int | None = None):
         """`swizzle` (bytes, <= bk / 2): the TMA shared-memory swizzle of the byte tile; default: a
-        row's width (bk / 2) when `SWIZZLE_WEIGHTS`, else none."""
+        row's width (bk / 2) when `SWIZZLE_WEIGHTS`, else none. Built once per store and tile."""
         if swizzle is None:
             swizzle = bk // 2 if SWIZZLE_WEIGHTS else 0
+        return store_descriptors(store, ("bytes", bn, bk, swizzle),
+                                 lambda: _build_weight_descriptor(store, bn, bk, swizzle))
+
+    def _build_weight_descriptor(store: Int4Weight, bn: int, bk: int, swizzle: int):
         n, k = store.out_features, store.in_features
         if store.layout == BLOCKS16:
             qw = store.qweight.view(n // 16, (k // 128) * 16, 64)
@@ -294,6 +299,21 @@ if HAS_GLUON:
             block = [bn, bk // 2]
         layout = gl.NVMMASharedLayout(swizzle_byte_width=swizzle, element_bitwidth=8, rank=len(block))
         return TensorDescriptor.from_tensor(qw, block, layout)
+
+
+_STORE_DESCRIPTORS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def store_descriptors(store: Int4Weight, key: tuple, build):
+    """TMA descriptors of a weight store's tensors, built once per (store, key): building one costs
+    about 15 us of host time, which at decode sizes is as long as the kernel (eager mode; a CUDA
+    graph does not pay it). Rebuilt when the store's tensors have moved (e.g. `Module.to`)."""
+    ptrs = (store.qweight.data_ptr(), store.scales.data_ptr(), store.mins.data_ptr())
+    per = _STORE_DESCRIPTORS.setdefault(store, {})
+    hit = per.get(key)
+    if hit is None or hit[0] != ptrs:
+        hit = per[key] = (ptrs, build())
+    return hit[1]
 
 
 #: (BM tokens, BN weight rows, warps, stages, A through shared memory, register cap, split-K, BK).

@@ -32,7 +32,8 @@ import torch
 from gearshift.kernels.act_quant import fused_group_sums, quantize_act_triton
 from gearshift.kernels.config import TileConfig
 from gearshift.kernels.splitk import splitk_buffers
-from gearshift.kernels.w4a16_wgmma import HAS_GLUON, TWO_CONSUMER_REGS, _is_sm90_or_cpu, _weight_descriptor
+from gearshift.kernels.w4a16_wgmma import (HAS_GLUON, TWO_CONSUMER_REGS, _is_sm90_or_cpu, _weight_descriptor,
+                                           store_descriptors)
 from gearshift.quant.int4 import BLOCKS16, Int4Weight
 
 #: the int8 codes of these activation formats run on the int8 MMA
@@ -220,10 +221,14 @@ if HAS_GLUON:
         return TensorDescriptor.from_tensor(codes, [bm, bk], layout)
 
     def group_descriptors(store: Int4Weight, bn: int):
-        """TMA descriptors of the scales and mins [N, K / G]: [bn, 8] boxes (8 groups)."""
-        layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=2)
-        return (TensorDescriptor.from_tensor(store.scales, [bn, 8], layout),
-                TensorDescriptor.from_tensor(store.mins, [bn, 8], layout))
+        """TMA descriptors of the scales and mins [N, K / G]: [bn, 8] boxes (8 groups); built once
+        per store and bn (`store_descriptors`)."""
+        def build():
+            layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=2)
+            return (TensorDescriptor.from_tensor(store.scales, [bn, 8], layout),
+                    TensorDescriptor.from_tensor(store.mins, [bn, 8], layout))
+
+        return store_descriptors(store, ("groups", bn), build)
 
     def _sums_descriptor(sums_t: torch.Tensor, bm: int):
         """The code sums [K / G, M] (rows 16-byte aligned): one [1, bm] box per group."""
