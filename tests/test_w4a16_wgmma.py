@@ -18,6 +18,8 @@ from gearshift.kernels.w4a16_wgmma import (BKS, HAS_GLUON, smem_bytes, w4a16_wgm
                                            wgmma_configs, wgmma_supports)
 from gearshift.quant.int4 import BLOCKS16, ROWS, Int4Weight
 
+from hopper import needs_hopper  # tests/hopper.py
+
 pytestmark = pytest.mark.skipif(not HAS_GLUON, reason="this Triton has no Gluon")
 
 
@@ -123,11 +125,8 @@ def test_compiles_for_sm90_with_tma_and_wgmma(gluon_ptx, name):
         assert "atom.global.gpu.acq_rel.add" in p
 
 
-_GPU = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
-                          reason="needs a Hopper GPU")
 
-
-@_GPU
+@needs_hopper
 @pytest.mark.parametrize("layout", [ROWS, BLOCKS16])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_kernel_matches_its_torch_model(layout, dtype):
@@ -158,7 +157,7 @@ def test_quantized_modes_are_served_by_the_same_kernel():
     assert not sup(st, None, cfg) and not sup(st, ActQuantSpec("int8", group_size=32), cfg)
 
 
-@_GPU
+@needs_hopper
 @pytest.mark.parametrize("act_dtype", ["int8", "int4", "fp8"])
 def test_quantized_activations_match_the_reference(act_dtype):
     from gearshift.kernels.w4a16_wgmma import w4a8_wgmma

@@ -20,6 +20,8 @@ from gearshift.kernels.w4a16_wgmma_small import (HAS_GLUON, consumer_regs, small
 from gearshift.quant.activations import ActQuantSpec
 from gearshift.quant.int4 import BLOCKS16, ROWS
 
+from hopper import needs_hopper  # tests/hopper.py
+
 pytestmark = pytest.mark.skipif(not HAS_GLUON, reason="this Triton has no Gluon")
 
 
@@ -124,11 +126,8 @@ def test_compiles_to_wgmma_with_tokens_as_n(gluon_ptx):
     assert "atom.global.gpu.acq_rel.add" in p
 
 
-_GPU = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
-                          reason="needs a Hopper GPU")
 
-
-@_GPU
+@needs_hopper
 @pytest.mark.parametrize("layout", [ROWS, BLOCKS16])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_kernel_matches_its_model_and_the_reference(layout, dtype):
@@ -150,7 +149,7 @@ def test_kernel_matches_its_model_and_the_reference(layout, dtype):
                 assert torch.equal(y, w4a16_wgmma_small(x, st, cfg).float())
 
 
-@_GPU
+@needs_hopper
 @pytest.mark.parametrize("act_dtype", ["int8", "int4", "fp8"])
 def test_w4a8_path_matches_the_quantized_reference(act_dtype):
     from gearshift.kernels.w4a16_wgmma_small import w4a8_wgmma_small

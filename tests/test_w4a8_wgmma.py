@@ -18,6 +18,8 @@ from gearshift.kernels.w4a8_wgmma import (HAS_GLUON, int8_wgmma_configs, int8_wg
 from gearshift.quant.activations import ActQuantSpec
 from gearshift.quant.int4 import BLOCKS16, ROWS
 
+from hopper import needs_hopper  # tests/hopper.py
+
 pytestmark = pytest.mark.skipif(not HAS_GLUON, reason="this Triton has no Gluon")
 
 
@@ -101,11 +103,8 @@ def test_compiles_to_int8_wgmma_without_i2f(gluon_ptx, name):
         assert "atom.global.gpu.acq_rel.add" in p
 
 
-_GPU = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
-                          reason="needs a Hopper GPU")
 
-
-@_GPU
+@needs_hopper
 @pytest.mark.parametrize("layout", [ROWS, BLOCKS16])
 @pytest.mark.parametrize("act_dtype", ["int8", "int4"])
 def test_kernel_matches_its_model_and_the_reference(layout, act_dtype):
