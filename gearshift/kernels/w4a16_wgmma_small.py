@@ -45,12 +45,11 @@ BMS = (8, 16, 32)
 if HAS_GLUON:
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.language.nvidia.ampere import mma_v2
     from triton.experimental.gluon.language.nvidia.hopper import mbarrier, warpgroup_mma, warpgroup_mma_wait
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     from gearshift.kernels.w4a8_wgmma import _pick, group_cols_layout, group_descriptors
-    from gearshift.kernels.w4a16_wgmma import _store_tile, _tma_load, byte_layout, fragment_rows, tma_tiles
+    from gearshift.kernels.w4a16_wgmma import _store_tile, _tma_load, byte_layout, tma_tiles
 
     _OFFSET = gl.constexpr(OFFSET)
 
@@ -174,95 +173,12 @@ if HAS_GLUON:
         _store_tile(acc, mma, y_ptr, ws_ptr, cnt_ptr, xs_ptr, m0, n0 + ROW0, M, N, ROW0 // BN, NPART, SPLIT_K,
                     TOKEN_SCALES)
 
-    @gluon.constexpr_function
-    def word_layout(BN, warps):
-        """Register layout of the uint8 tile [BN, 64] (one group) in which lane (g, t) holds the
-        32-bit word t of each 16-byte segment (bytes 4t..4t+3: one 32-bit shared load each) of rows
-        g and g + 8; warps stack 16-row groups."""
-        extra, warp_bases = fragment_rows(BN, warps)
-        return gl.DistributedLinearLayout(
-            reg_bases=[[0, 1], [0, 2], [0, 16], [0, 32], [8, 0]] + extra,
-            lane_bases=[[0, 4], [0, 8], [1, 0], [2, 0], [4, 0]], warp_bases=warp_bases, block_bases=[],
-            shape=[BN, 64])
-
-    @gluon.constexpr_function
-    def token_layout(BM, warps):
-        """Register layout of the activation tile [BM = 8, 128]: lane (g, t) holds token g, the 8
-        consecutive k 8t..8t+7 of each 32-wide segment (16 bytes); every warp holds all of it."""
-        return gl.DistributedLinearLayout(
-            reg_bases=[[0, 1], [0, 2], [0, 4], [0, 32], [0, 64]],
-            lane_bases=[[0, 8], [0, 16], [1, 0], [2, 0], [4, 0]],
-            warp_bases=[[0, 0]] * (warps.bit_length() - 1), block_bases=[], shape=[BM, 128])
-
-    @gluon.jit
-    def _to_fragment_order(t):
-        """[R, 128] indexed by stored k (within each 32: 8 t + 2 b + e) -> indexed by the k order
-        the MMA fragments see (8 b + 2 t + e): a bit permutation, so no data moves."""
-        R: gl.constexpr = t.shape[0]
-        t = gl.reshape(t, [R, 4, 4, 4, 2])
-        return gl.reshape(gl.permute(t, (0, 1, 3, 2, 4)), [R, 128])
-
-    @gluon.jit
-    def _sync_mma_partition(x_bufs, w_bufs, sc_bufs, mn_bufs, ready, empty, s_ready, s_empty, y_ptr, ws_ptr,
-                            cnt_ptr, xs_ptr, m0, n0, M, N, t0, num_k, ROW0: gl.constexpr, BN: gl.constexpr,
-                            NPART: gl.constexpr, F16: gl.constexpr, SPLIT_K: gl.constexpr,
-                            TOKEN_SCALES: gl.constexpr, WARPS: gl.constexpr):
-        """The consumer on mma.sync (m16n8k16) for 8 tokens: B comes from registers, so both operands
-        can take the same k permutation and each lane reads whole 32-bit words of weight bytes and
-        16-byte runs of activations (the fragment kernel's trick); the token sums come from the B
-        registers themselves."""
-        STAGES: gl.constexpr = ready.type.shape[0]
-        GPS: gl.constexpr = x_bufs.type.shape[0] // STAGES
-        BM: gl.constexpr = x_bufs.type.shape[1]
-        mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, 8])
-        dot_a: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
-        dot_b: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma, k_width=2)
-        wl: gl.constexpr = word_layout(BN, WARPS)
-        xl: gl.constexpr = token_layout(BM, WARPS)
-        rows: gl.constexpr = gl.SliceLayout(1, mma)
-        cols: gl.constexpr = gl.SliceLayout(0, mma)
-        gcl: gl.constexpr = group_cols_layout(BN, WARPS)
-        acc = gl.zeros([BN, BM], gl.float32, layout=mma)
-        zero = gl.zeros([BN, BM], gl.float32, layout=mma)
-        sc8 = gl.zeros([BN, 8], gl.float16, layout=gcl)
-        mn8 = gl.zeros([BN, 8], gl.float16, layout=gcl)
-        blk = 0
-        for i in range(num_k // GPS):
-            s = i % STAGES
-            mbarrier.wait(ready.index(s), (i // STAGES) & 1)
-            for u in gl.static_range(GPS):
-                gi = i * GPS + u
-                if new_scale_block(gi, t0):
-                    ss = blk % 2
-                    mbarrier.wait(s_ready.index(ss), (blk // 2) & 1)
-                    sc8 = sc_bufs.index(ss).slice(ROW0, BN).load(gcl)
-                    mn8 = mn_bufs.index(ss).slice(ROW0, BN).load(gcl)
-                    mbarrier.arrive(s_empty.index(ss))
-                    blk += 1
-                j = (t0 + gi) % 8
-                sc = _column(sc8, j, rows)
-                mn = _column(mn8, j, rows)
-                b = w_bufs.index(s * GPS + u).reshape([BN * NPART, 64]).slice(ROW0, BN).load(wl).to(gl.int32)
-                xt = x_bufs.index(s * GPS + u).load(xl)
-                lo, hi = widen_bytes(b, F16)
-                a = _to_fragment_order(gl.reshape(gl.join(lo, hi), [BN, 128]))
-                a = gl.convert_layout(a, dot_a, assert_trivial=True)
-                xb = gl.convert_layout(gl.permute(_to_fragment_order(xt), (1, 0)), dot_b, assert_trivial=True)
-                part = mma_v2(a, xb, zero)
-                xsum = gl.convert_layout(gl.sum(xt.to(gl.float32), 1), cols)
-                acc = gl.fma(part, sc[:, None], acc)
-                acc = gl.fma((mn - _OFFSET * sc)[:, None], xsum[None, :], acc)
-            mbarrier.arrive(empty.index(s))
-        _store_tile(acc, mma, y_ptr, ws_ptr, cnt_ptr, xs_ptr, m0, n0 + ROW0, M, N, ROW0 // BN, NPART, SPLIT_K,
-                    TOKEN_SCALES)
-
     @gluon.jit
     def w4a16_wgmma_small_kernel(x_desc, w_desc, sc_desc, mn_desc, xs_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K,
                                  G: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, BLOCKS: gl.constexpr,
                                  F16: gl.constexpr, SPLIT_K: gl.constexpr, CONSUMERS: gl.constexpr,
                                  TOKEN_SCALES: gl.constexpr, GPS: gl.constexpr, CREGS: gl.constexpr,
-                                 LREGS: gl.constexpr, num_warps: gl.constexpr, ABLATE: gl.constexpr = 0,
-                                 SYNC_MMA: gl.constexpr = False):
+                                 LREGS: gl.constexpr, num_warps: gl.constexpr, ABLATE: gl.constexpr = 0):
         BM: gl.constexpr = x_desc.block_type.shape[0]
         BKX: gl.constexpr = x_desc.block_type.shape[1]
         gl.static_assert(BKX == G, "one K tile per quantization group")
@@ -284,15 +200,7 @@ if HAS_GLUON:
             mbarrier.init(s_empty.index(i), count=CONSUMERS)
         num_k = (K // BKX) // SPLIT_K  # groups per slice (a multiple of GPS: small_supports)
         t0 = gl.program_id(2) * num_k
-        if SYNC_MMA:
-            gl.warp_specialize([
-                (_sync_mma_partition, (x_bufs, w_bufs, sc_bufs, mn_bufs, ready, empty, s_ready, s_empty, y_ptr,
-                                       ws_ptr, cnt_ptr, xs_ptr, m0, n0, M, N, t0, num_k, 0, BN, 1, F16, SPLIT_K,
-                                       TOKEN_SCALES, num_warps)),
-                (_load_partition_blocks, (x_desc, w_desc, sc_desc, mn_desc, x_bufs, w_bufs, sc_bufs, mn_bufs, ready,
-                                          empty, s_ready, s_empty, m0, n0, t0, num_k, GPS, BLOCKS, ABLATE)),
-            ], [1], [LREGS])
-        elif CONSUMERS == 1:
+        if CONSUMERS == 1:
             gl.warp_specialize([
                 (_sa_mma_partition, (x_bufs, w_bufs, sc_bufs, mn_bufs, ready, empty, s_ready, s_empty, y_ptr, ws_ptr,
                                      cnt_ptr,
@@ -377,7 +285,7 @@ def consumer_regs(cfg: TileConfig) -> tuple[int, int, int]:
 
 
 def w4a16_wgmma_small(x2: torch.Tensor, store: Int4Weight, cfg: TileConfig,
-                      token_scales: torch.Tensor | None = None, ablate: int = 0, sync_mma: bool = False) -> torch.Tensor:
+                      token_scales: torch.Tensor | None = None, ablate: int = 0) -> torch.Tensor:
     """x2 [M, K] bf16/fp16 -> [M, N] in x2's dtype, on an sm_90 GPU. With `token_scales` [M]
     (fp32), x2 holds activation codes and row m of the result is multiplied by token_scales[m].
     `ablate` != 0 only for timing experiments (wrong results): bit 1 the consumer only waits and
@@ -402,7 +310,7 @@ def w4a16_wgmma_small(x2: torch.Tensor, store: Int4Weight, cfg: TileConfig,
                                    STAGES=cfg.stages, BLOCKS=store.layout == BLOCKS16, F16=x2.dtype == torch.float16,
                                    SPLIT_K=cfg.split_k, CONSUMERS=consumers, TOKEN_SCALES=token_scales is not None,
                                    GPS=cfg.bk // g, CREGS=cregs, LREGS=lregs, num_warps=cfg.warps // consumers,
-                                   ABLATE=ablate, SYNC_MMA=sync_mma,
+                                   ABLATE=ablate,
                                    **({"maxnreg": cap} if cap else {}))
     return y
 
