@@ -254,6 +254,12 @@ def _sup_w4a16_wgmma(store, act, cfg):
     return act is None and wgmma_supports(store, cfg)
 
 
+def _per_token_codes(act) -> bool:
+    """Activations the 16-bit wgmma kernels take as codes: quantized per token (their scales in
+    the epilogue), not per group."""
+    return isinstance(act, ActQuantSpec) and act.group_size is None
+
+
 def _run_w4a8_wgmma(x2, store, act, cfg):
     from gearshift.kernels.w4a16_wgmma import w4a8_wgmma
 
@@ -263,7 +269,7 @@ def _run_w4a8_wgmma(x2, store, act, cfg):
 def _sup_w4a8_wgmma(store, act, cfg):
     from gearshift.kernels.w4a16_wgmma import wgmma_supports
 
-    return isinstance(act, ActQuantSpec) and act.group_size is None and wgmma_supports(store, cfg)
+    return _per_token_codes(act) and wgmma_supports(store, cfg)
 
 
 def _run_w4a16_wgmma_small(x2, store, act, cfg):
@@ -293,7 +299,7 @@ def _sup_w4a16_wgmma_small(store, act, cfg):
 def _sup_w4a8_wgmma_small(store, act, cfg):
     from gearshift.kernels.w4a16_wgmma_small import small_supports
 
-    return isinstance(act, ActQuantSpec) and act.group_size is None and small_supports(store, cfg)
+    return _per_token_codes(act) and small_supports(store, cfg)
 
 
 def _run_w4a8_int8_wgmma(x2, store, act, cfg):

@@ -82,13 +82,17 @@ if HAS_GLUON:
         return gl.where(bit, b, a)
 
     @gluon.jit
+    def pick_column(t, j, target: gl.constexpr):
+        """Column j (0..7) of a [BN, 8] register tile (`group_cols_layout`), as fp32 in `target`:
+        three halving selects."""
+        v = _pick(_pick(_pick(t, (j & 1) != 0), (j & 2) != 0), (j & 4) != 0)
+        return gl.convert_layout(gl.reshape(v, [t.shape[0]]).to(gl.float32), target)
+
+    @gluon.jit
     def group_column(buf, j, target: gl.constexpr, BN: gl.constexpr, WARPS: gl.constexpr):
         """Column j (0..7) of a [BN, 8] fp16 tile in shared memory, as fp32 in `target` (the rows of
-        a fragment layout): a TMA box row is at least 16 bytes, so the load warp copies 8 groups;
-        each thread picks its column with three halving selects."""
-        t = buf.load(group_cols_layout(BN, WARPS))
-        v = _pick(_pick(_pick(t, (j & 1) != 0), (j & 2) != 0), (j & 4) != 0)
-        return gl.convert_layout(gl.reshape(v, [BN]).to(gl.float32), target)
+        a fragment layout): a TMA box row is at least 16 bytes, so the load warp copies 8 groups."""
+        return pick_column(buf.load(group_cols_layout(BN, WARPS)), j, target)
 
     @gluon.jit
     def _load_partition_tma(x_desc, w_desc, sc_desc, mn_desc, sum_desc, x_bufs, w_bufs, sc_bufs, mn_bufs, sum_bufs,
