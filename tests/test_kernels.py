@@ -178,6 +178,26 @@ def test_dequant_kernel():
         assert torch.equal(dequant_int4_triton(st, torch.float16), dequant_int4_reference(st, torch.float16))
 
 
+def test_dequant_kernel_tiles():
+    """Every (rows, groups, warps) block computes the same bits, ragged rows and groups included."""
+    from gearshift.kernels.dequant import dequant_int4_reference, dequant_int4_triton
+
+    for n, k, g in ((40, 512, 64), (48, 640, 128), (16, 1024, 256)):
+        st = _store(n, k, g, seed=n)
+        ref = dequant_int4_reference(st, torch.float16)
+        for tile in ((16, 1, 4), (32, 4, 4), (8, 2, 1), (64, 8, 8)):
+            assert torch.equal(dequant_int4_triton(st, torch.float16, tile=tile), ref), (n, k, g, tile)
+
+
+def test_host_grid_helpers_match_triton():
+    import triton
+
+    from gearshift.kernels._triton import cdiv, next_pow2
+
+    assert all(next_pow2(n) == triton.next_power_of_2(n) for n in range(1, 5000))
+    assert all(cdiv(a, b) == triton.cdiv(a, b) for a in range(300) for b in range(1, 40))
+
+
 def test_tinygemm_conversion_formula():
     """z = min + 8*scale makes tinygemm's (q-8)*s+z equal our q*s+min (checked without the kernel)."""
     st = _store(16, 256, 128)

@@ -150,7 +150,7 @@ class AdaptiveDispatcher(Dispatcher):
                 or not (act is None or isinstance(act, ActQuantSpec)) or x.numel() == 0):
             return linear_reference(x, store, act, bias)
         k = store.in_features
-        x2 = x.reshape(-1, k)
+        x2 = x if x.dim() == 2 else x.reshape(-1, k)
         if x2.stride(-1) != 1:
             x2 = x2.contiguous()
         c = self.choose(store, act, x2.shape[0])
@@ -163,7 +163,7 @@ class AdaptiveDispatcher(Dispatcher):
         y = strat.run(x2, store, act, c.config)
         if bias is not None:
             y = y + bias.to(y.dtype)
-        return y.reshape(*x.shape[:-1], store.out_features)
+        return y if x.dim() == 2 else y.reshape(*x.shape[:-1], store.out_features)
 
 
 _active: Dispatcher = AdaptiveDispatcher()

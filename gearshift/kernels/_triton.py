@@ -26,3 +26,14 @@ def triton_usable(t: torch.Tensor) -> bool:
     if not HAS_TRITON:
         return False
     return t.is_cuda or interpreting()
+
+
+# Host-side grid arithmetic. triton.cdiv / triton.next_power_of_2 are `constexpr_function`s since
+# Triton 3.5: called from Python they cost microseconds each (benchmarks/host_overhead.py), which
+# eager decode pays several times per linear.
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def next_pow2(n: int) -> int:
+    return 1 << max(0, int(n) - 1).bit_length()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from gearshift.kernels._triton import HAS_TRITON, tl, triton
+from gearshift.kernels._triton import HAS_TRITON, next_pow2, tl, triton
 from gearshift.kernels.pdl import launch_kwargs, pdl_enabled
 from gearshift.quant.activations import ActQuantSpec, quantize_activations
 
@@ -50,7 +50,7 @@ if HAS_TRITON:
 
 def act_block(k: int) -> int:
     """Columns per step of the quantizer's loop over a row."""
-    return min(4096, triton.next_power_of_2(k))
+    return min(4096, next_pow2(k))
 
 
 def fused_group_sums(k: int, group: int) -> bool:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from gearshift.kernels._triton import HAS_TRITON, tl, triton
+from gearshift.kernels._triton import HAS_TRITON, cdiv, tl, triton
 from gearshift.kernels.config import TileConfig
 from gearshift.kernels.reference import linear_reference
 from gearshift.kernels.splitk import splitk_buffers
@@ -95,7 +95,7 @@ def int4_gemv(x: torch.Tensor, store: Int4Weight, cfg: TileConfig) -> torch.Tens
     x2 = x2.contiguous()
     n, k = store.out_features, store.in_features
     y = torch.empty((1, n), device=x2.device, dtype=x2.dtype)
-    grid = (triton.cdiv(n, cfg.bn), cfg.split_k)
+    grid = (cdiv(n, cfg.bn), cfg.split_k)
     ws, cnt = splitk_buffers(y, cfg.split_k, n, grid[0])
     _int4_gemv_kernel[grid](x2, store.qweight, store.scales, store.mins, y, ws, cnt, n, k, ONE_BITS, G=store.group_size,
                             BN=cfg.bn, BW=cfg.bk // 8, SPLIT_K=cfg.split_k, PREFETCH=cfg.prefetch, num_warps=cfg.warps,

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import torch
 
-from gearshift.kernels._triton import HAS_TRITON, tl, triton
+from gearshift.kernels._triton import HAS_TRITON, cdiv, tl, triton
 from gearshift.kernels.config import TileConfig
 from gearshift.kernels.pdl import l2_prefetch_enabled, launch_kwargs, pdl_enabled
 from gearshift.kernels.reference import linear_reference
@@ -348,7 +348,7 @@ def mma_gemv(x: torch.Tensor, store: Int4Weight, cfg: TileConfig, token_scales: 
     warps, split_k, prefetch = 2 blocks per step). With token_scales [M] (fp32), x holds activation
     codes and y = token_scales[:, None] * (x @ dequant(W).T). pdl / l2_prefetch / trigger (defaults:
     `pdl.py`'s switches and `pdl_trigger`) change timing only, never the result."""
-    x2 = x.reshape(-1, x.shape[-1])
+    x2 = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])  # (host time: eager decode pays every line)
     m = x2.shape[0]
     if not mma_gemv_supports(store, cfg, m, x2.dtype):
         raise ValueError(f"mma_gemv serves 1..{MAX_TOKENS} bf16/fp16 tokens with groups of a multiple of "
@@ -361,7 +361,7 @@ def mma_gemv(x: torch.Tensor, store: Int4Weight, cfg: TileConfig, token_scales: 
     two = cfg.bm == 16  # TileConfig.bm: weight rows per warp (8: A rows 8..15 give sum(x); 16: an extra MMA does)
     tiles = 2 if m > 8 else 1  # 9..16 tokens: both token tiles share each A fragment (weights read once)
     bn = (16 if two else 8) * cfg.warps
-    grid = (triton.cdiv(n, bn), cfg.split_k, triton.cdiv(m, 8 * tiles))
+    grid = (cdiv(n, bn), cfg.split_k, cdiv(m, 8 * tiles))
     ws, cnt = splitk_buffers(y, cfg.split_k, m * n, grid[0] * grid[2])
     xs = token_scales if token_scales is not None else y
     dt = "bf16" if x2.dtype == torch.bfloat16 else "f16"
@@ -376,7 +376,7 @@ def mma_gemv(x: torch.Tensor, store: Int4Weight, cfg: TileConfig, token_scales: 
                            LOAD=WEIGHT_LOADS[WEIGHT_LOAD["name"]], SHINT=WEIGHT_LOAD["scales"], TILED=store.layout == BLOCKS16,
                            num_warps=cfg.warps, num_stages=1,
                            **launch_kwargs(pdl))
-    return y.reshape(*x.shape[:-1], n)
+    return y if x.dim() == 2 else y.reshape(*x.shape[:-1], n)
 
 
 def pdl_trigger(m: int) -> int:

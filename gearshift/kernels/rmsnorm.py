@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from gearshift.kernels._triton import HAS_TRITON, tl, triton
+from gearshift.kernels._triton import HAS_TRITON, next_pow2, tl, triton
 from gearshift.kernels.pdl import launch_kwargs, pdl_enabled
 
 
@@ -48,7 +48,7 @@ def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.
         x2 = x2.contiguous()
     out_dtype = torch.promote_types(weight.dtype, x.dtype)
     y = torch.empty((x2.shape[0], d), device=x.device, dtype=out_dtype)
-    bd = triton.next_power_of_2(d)
+    bd = next_pow2(d)
     pdl = pdl_enabled(y)
     _rms_norm_kernel[(x2.shape[0],)](x2, weight, y, d, x2.stride(0), y.stride(0), eps, BD=bd, PDL=pdl,
                                      num_warps=4 if bd <= 4096 else 8, **launch_kwargs(pdl))

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from gearshift.kernels._triton import HAS_TRITON, interpreting, tl, triton
+from gearshift.kernels._triton import HAS_TRITON, cdiv, interpreting, tl, triton
 from gearshift.kernels.config import TileConfig
 from gearshift.kernels.reference import linear_reference
 from gearshift.kernels.tiles import blocks_fit, rows_only, tile_buffers
@@ -119,7 +119,7 @@ def w4a16_gemv(x2: torch.Tensor, store: Int4Weight, cfg: TileConfig) -> torch.Te
     n = store.out_features
     bk = effective_bk(store, cfg)
     y = _out(x2, n, cfg.split_k)
-    grid = (triton.cdiv(n, cfg.bn), cfg.split_k)
+    grid = (cdiv(n, cfg.bn), cfg.split_k)
     _w4a16_gemv_kernel[grid](x2, store.qweight, store.scales, store.mins, y, m, n, k, x2.stride(0), y.stride(0),
                              G=store.group_size, BM=cfg.bm, BN=cfg.bn, BK=bk, SPLIT_K=cfg.split_k,
                              ATOMIC=cfg.split_k > 1, num_warps=cfg.warps, num_stages=cfg.stages)
@@ -152,7 +152,7 @@ def w4a16_linear(x2: torch.Tensor, store: Int4Weight, cfg: TileConfig, asm: bool
     n = store.out_features
     bk = effective_bk(store, cfg)
     y = torch.empty((m, n), device=x2.device, dtype=x2.dtype)
-    grid = (triton.cdiv(n, cfg.bn), triton.cdiv(m, cfg.bm), cfg.split_k)
+    grid = (cdiv(n, cfg.bn), cdiv(m, cfg.bm), cfg.split_k)
     ws, cnt = tile_buffers(y, cfg.split_k, grid)
     _w4a16_kernel[grid](x2, store.qweight, store.scales, store.mins, y, ws, cnt, m, n, k, x2.stride(0), y.stride(0),
                         G=store.group_size, BM=cfg.bm, BN=cfg.bn, BK=bk, SPLIT_K=cfg.split_k,

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from gearshift.kernels._triton import HAS_TRITON, tl, triton
+from gearshift.kernels._triton import HAS_TRITON, cdiv, tl, triton
 from gearshift.kernels.reference import linear_reference
 from gearshift.kernels.tiles import rows_only
 from gearshift.quant.int4 import ROWS, Int4Weight
@@ -91,7 +91,7 @@ def w4a16_smallm(x: torch.Tensor, store: Int4Weight, bn: int = 32, bk: int = 512
     n, k = store.out_features, store.in_features
     y = torch.empty((m, n), device=x2.device, dtype=x2.dtype)
     ngb = max(bk // store.group_size, 1)
-    _smallm_kernel[(triton.cdiv(n, bn),)](x2, store.qweight, store.scales, store.mins, y, m, n, k, x2.stride(0),
+    _smallm_kernel[(cdiv(n, bn),)](x2, store.qweight, store.scales, store.mins, y, m, n, k, x2.stride(0),
                                           y.stride(0), G=store.group_size, BM=16, BN=bn, BK=bk, NGB=ngb,
                                           num_warps=warps, num_stages=stages)
     return y.reshape(*x.shape[:-1], n)
@@ -115,7 +115,7 @@ def w4a16_rowgemv(x: torch.Tensor, store: Int4Weight, bn: int = 16, bk: int = 51
     n, k = store.out_features, store.in_features
     y = torch.empty((1, n), device=x2.device, dtype=x2.dtype)
     ngb = max(bk // store.group_size, 1)
-    _rowgemv_kernel[(triton.cdiv(n, bn),)](x2, store.qweight, store.scales, store.mins, y, n, k,
+    _rowgemv_kernel[(cdiv(n, bn),)](x2, store.qweight, store.scales, store.mins, y, n, k,
                                            G=store.group_size, BN=bn, BK=bk, NGB=ngb,
                                            num_warps=warps, num_stages=stages)
     return y.reshape(*x.shape[:-1], n)

@@ -274,11 +274,17 @@ if HAS_GLUON:
                                    n0, t0, num_k, K, G, BLOCKS)),
             ], [num_warps, 1], [232, 40])
 
+    @functools.lru_cache(maxsize=None)
+    def act_layout(bm: int, bk: int, dtype):
+        """Shared layout of a [bm, bk] activation tile: cached, building it costs host microseconds
+        per call (eager decode, benchmarks/host_overhead.py)."""
+        return gl.NVMMASharedLayout.get_default_for([bm, bk], dtype)
+
     def _descriptors(x2: torch.Tensor, store: Int4Weight, bm: int, bn: int, bk: int = BK):
         """TMA descriptors of the activations [M, K] and of the weight bytes (row layout: [N, K/2];
         blocks16: the [N/16, K/128 * 16, 64] view whose [BN/16, 16, bk/2] box is the same tile)."""
         xdt = gl.float16 if x2.dtype == torch.float16 else gl.bfloat16
-        x_desc = TensorDescriptor.from_tensor(x2, [bm, bk], gl.NVMMASharedLayout.get_default_for([bm, bk], xdt))
+        x_desc = TensorDescriptor.from_tensor(x2, [bm, bk], act_layout(bm, bk, xdt))
         return x_desc, _weight_descriptor(store, bn, bk)
 
     def _weight_descriptor(store: Int4Weight, bn: int, bk: int, swizzle: int | None = None):
@@ -371,7 +377,12 @@ def wgmma_supports(store, cfg: TileConfig | None, x_dtype: torch.dtype | None = 
 @functools.lru_cache(maxsize=1)
 def _is_sm90_or_cpu() -> bool:
     """wgmma exists on sm_90 only; on a CPU-only machine the kernel can still be compiled."""
-    return not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] == 9
+    return not torch.cuda.is_available() or _major(torch.cuda.current_device()) == 9
+
+
+@functools.lru_cache(maxsize=None)
+def _major(index: int) -> int:
+    return torch.cuda.get_device_capability(index)[0]  # a device query: cached, supports() runs per call
 
 
 #: register cap of the two-consumer launch: 3 warpgroups share the 64K registers of an SM

@@ -49,7 +49,7 @@ if HAS_GLUON:
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     from gearshift.kernels.w4a8_wgmma import group_cols_layout, group_descriptors, pick_column
-    from gearshift.kernels.w4a16_wgmma import _store_tile, _tma_load, byte_layout, tma_tiles
+    from gearshift.kernels.w4a16_wgmma import _store_tile, _tma_load, act_layout, byte_layout, tma_tiles
 
     _OFFSET = gl.constexpr(OFFSET)
 
@@ -220,7 +220,7 @@ if HAS_GLUON:
 
     def _act_descriptor(x2: torch.Tensor, bm: int, bk: int):
         xdt = gl.float16 if x2.dtype == torch.float16 else gl.bfloat16
-        return TensorDescriptor.from_tensor(x2, [bm, bk], gl.NVMMASharedLayout.get_default_for([bm, bk], xdt))
+        return TensorDescriptor.from_tensor(x2, [bm, bk], act_layout(bm, bk, xdt))
 
 
 #: (BM tokens, BN weight rows, warps, stages, register cap, split-K, groups per stage). A stage

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from gearshift.kernels._triton import HAS_TRITON, interpreting, tl, triton
+from gearshift.kernels._triton import HAS_TRITON, cdiv, interpreting, tl, triton
 from gearshift.kernels.act_quant import fused_group_sums, quantize_act_triton
 from gearshift.kernels.config import TileConfig
 from gearshift.kernels.reference import linear_reference
@@ -142,7 +142,7 @@ def w4a8_from_codes(xq: torch.Tensor, xs: torch.Tensor, store: Int4Weight, cfg: 
     if w_parts not in (1, 2, 4) or a_parts not in (1, 2):
         raise ValueError(f"unsupported partition W_PARTS={w_parts} A_PARTS={a_parts}")
     y = torch.empty((m, n), device=xq.device, dtype=out_dtype)
-    grid = (triton.cdiv(n, cfg.bn), triton.cdiv(m, cfg.bm), cfg.split_k)
+    grid = (cdiv(n, cfg.bn), cdiv(m, cfg.bm), cfg.split_k)
     ws, cnt = tile_buffers(y, cfg.split_k, grid)
     if fp8:
         xq = xq.view(torch.uint8)

@@ -48,7 +48,7 @@ if HAS_GLUON:
     from triton.experimental.gluon.language.nvidia.hopper import mbarrier, warpgroup_mma, warpgroup_mma_wait
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    from gearshift.kernels.w4a16_wgmma import _store_tile, _tma_load, fragment_rows, tma_tiles
+    from gearshift.kernels.w4a16_wgmma import _store_tile, _tma_load, act_layout, fragment_rows, tma_tiles
 
     _MAGIC = gl.constexpr(MAGIC)
     _MAGIC_BITS = gl.constexpr(MAGIC_BITS)
@@ -221,8 +221,7 @@ if HAS_GLUON:
             ], [num_warps, 1], [232, 40])
 
     def _code_descriptor(codes: torch.Tensor, bm: int, bk: int):
-        layout = gl.NVMMASharedLayout.get_default_for([bm, bk], gl.int8)
-        return TensorDescriptor.from_tensor(codes, [bm, bk], layout)
+        return TensorDescriptor.from_tensor(codes, [bm, bk], act_layout(bm, bk, gl.int8))
 
     def group_descriptors(store: Int4Weight, bn: int):
         """TMA descriptors of the scales and mins [N, K / G]: [bn, 8] boxes (8 groups); built once

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from gearshift.kernels._triton import HAS_TRITON, tl, triton
+from gearshift.kernels._triton import HAS_TRITON, cdiv, tl, triton
 from gearshift.kernels.act_quant import quantize_act_triton
 from gearshift.kernels.config import TileConfig
 from gearshift.kernels.reference import linear_reference
@@ -68,7 +68,7 @@ def w8_linear(x2: torch.Tensor, store: Int8Weight, act: ActQuantSpec | None, cfg
     else:
         xin, xs = x2, store.scales  # xs unused
     y = torch.empty((m, n), device=x2.device, dtype=x2.dtype)
-    grid = (triton.cdiv(n, cfg.bn), triton.cdiv(m, cfg.bm), cfg.split_k)
+    grid = (cdiv(n, cfg.bn), cdiv(m, cfg.bm), cfg.split_k)
     ws, cnt = tile_buffers(y, cfg.split_k, grid)
     _w8_kernel[grid](xin, xs, store.qweight, store.scales, y, ws, cnt, m, n, k, xin.stride(0), y.stride(0),
                      BM=cfg.bm, BN=cfg.bn, BK=cfg.bk, SPLIT_K=cfg.split_k, A8=act is not None,
