@@ -377,12 +377,7 @@ def wgmma_supports(store, cfg: TileConfig | None, x_dtype: torch.dtype | None = 
 @functools.lru_cache(maxsize=1)
 def _is_sm90_or_cpu() -> bool:
     """wgmma exists on sm_90 only; on a CPU-only machine the kernel can still be compiled."""
-    return not torch.cuda.is_available() or _major(torch.cuda.current_device()) == 9
-
-
-@functools.lru_cache(maxsize=None)
-def _major(index: int) -> int:
-    return torch.cuda.get_device_capability(index)[0]  # a device query: cached, supports() runs per call
+    return not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] == 9
 
 
 #: register cap of the two-consumer launch: 3 warpgroups share the 64K registers of an SM
