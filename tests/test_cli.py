@@ -48,6 +48,23 @@ def test_quantize_round_trip(model_dir, tmp_path, capsys):
     assert json.loads(o1)["outputs"][0]["token_ids"] == json.loads(o2)["outputs"][0]["token_ids"]
 
 
+def test_quantize_int4_prog_round_trip_and_qspec(model_dir, tmp_path, capsys):
+    """int4-prog checkpoints keep their row units; QSPEC over them still equals plain W4A16 decoding."""
+    out = tmp_path / "qp"
+    code, _, err = cli(capsys, "quantize", str(model_dir("tiny")), str(out), "--group-size", "32",
+                       "--weights", "int4-prog")
+    assert code == 0, err
+    manifest = json.loads((out / "gearshift.json").read_text())
+    assert manifest["layers"]["model.layers.0.self_attn.qkv_proj"]["meta"].get("row_units") is True
+    runs = {}
+    for policy in (["--mode", "w4a16"], ["--policy", "qspec"]):
+        code, o, err = cli(capsys, "generate", "--model", str(out), "--prompt", "hi", "--max-new-tokens", "6",
+                           "--json", "--ignore-eos", *policy)
+        assert code == 0, err
+        runs[policy[0]] = json.loads(o)["outputs"][0]["token_ids"]
+    assert runs["--policy"] == runs["--mode"]
+
+
 def test_missing_folder(capsys, tmp_path):
     assert_one_line_error(*cli(capsys, "generate", "--model", str(tmp_path / "nope"), "--prompt", "x")[::2],
                           "does not exist")

@@ -246,3 +246,25 @@ def test_bundled_map_choices_can_run_their_shapes():
                     if c is None or (c.strategy.endswith("_wgmma") and not HAS_GLUON):
                         continue
                     assert STRATEGIES[c.strategy].supports(st, MODES[mode].act, c.config), (path.name, key, m, layout)
+
+
+def test_map_pick_a_store_cannot_run_falls_to_its_best_timed_alternative():
+    """A map profiled on stores with row units picks `w4a8_progressive`; a plain int4 store at the
+    same shape gets the fastest candidate the map timed that it can run, not the rule default."""
+    from gearshift.dispatch.profiler import random_store
+    from gearshift.kernels.w4a8_progressive import HAS_GLUON, progressive_configs
+
+    if not HAS_GLUON:
+        pytest.skip("this Triton has no Gluon")
+    act = ActQuantSpec("int8")
+    key = type_key("w4a8", 128, 256, 1024)
+    prog = candidate_name("w4a8_progressive", progressive_configs(256)[0])
+    pad = candidate_name("w4a8_pad", TileConfig(128, 128, 128, 1, 8, 3, True, True))
+    slow = candidate_name("w4a8_split", TileConfig(64, 64, 64, 1, 4, 3, True, True))
+    pm = PolicyMap("dev", timings={key: {str(m): {prog: 5.0, pad: 7.0, slow: 9.0} for m in M_BUCKETS}}).without("-")
+    d = AdaptiveDispatcher(pm, autoload=False)
+    assert d.choose(random_store("int4p", 256, 1024, 128, "cpu"), act, 256).strategy == "w4a8_progressive"
+    plain = random_store("int4", 256, 1024, 128, "cpu")
+    for _ in range(2):  # the second call comes from the memo
+        c = d.choose(plain, act, 256)
+        assert c.strategy == "w4a8_pad" and c.config.bm == 128

@@ -39,8 +39,9 @@ def register(sub) -> None:
                         "'tok;g32;o32;g32+o32;had+g32' (see --act-quant)")
     a.add_argument("--gamma", type=int, default=3, help="QSPEC draft length")
     a.add_argument("--batch-size", type=int, default=8)
-    a.add_argument("--quantize", default="auto", choices=["auto", "none", "int4", "int4-sym"],
-                   help="round-to-nearest int4 for a dense model; auto = only if it has no int4 weights")
+    a.add_argument("--quantize", default="auto", choices=["auto", "none", "int4", "int4-sym", "int4-prog"],
+                   help="round-to-nearest int4 for a dense model (int4-prog: int8-exact groups, see "
+                        "`gearshift quantize --help`); auto = only if it has no int4 weights")
     a.add_argument("--group-size", type=int, default=128, help="int4 weight group size when quantizing")
     a.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     add_act_quant_args(a, default_modes="w4a4,w4a8")

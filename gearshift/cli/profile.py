@@ -22,6 +22,10 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--int4-layout", default="blocks16", choices=("rows", "blocks16"),
                    help="int4 byte order to time (the engine loads int4 weights as blocks16 on GPU unless "
                         "told --int4-layout rows)")
+    p.add_argument("--int4-prog", action="store_true",
+                   help="time int4 stores whose groups are exact int8 multiples of a row unit (models quantized "
+                        "with --quantize int4-prog): adds the int8 tensor-core W4A8/W4A4 kernel "
+                        "w4a8_progressive; plain int4 models then run the fastest other kernel the map timed")
     p.add_argument("--shapes", default=None, help="explicit NxK list, e.g. 6144x4096,4096x4096 (overrides --model)")
     p.set_defaults(handler=run)
     return p
@@ -50,7 +54,7 @@ def run(args) -> int:
     device = torch.cuda.get_device_name()
     with tqdm(total=len(shapes) * len(modes) * len(m_list), desc=f"profile {device}", unit="point") as bar:
         pm = profile(shapes, modes, m_list, group=args.group_size, device_name=device, progress=bar,
-                     int4_layout=args.int4_layout)
+                     int4_layout=args.int4_layout, int4_progressive=args.int4_prog)
     pm.meta.update({"model": str(args.model), "layers": layers, "shapes": shapes})
     out = args.out or (cache_dir() / f"{device_slug(device)}.json")
     path = pm.save(out)

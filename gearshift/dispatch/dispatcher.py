@@ -118,10 +118,15 @@ class AdaptiveDispatcher(Dispatcher):
             cfg = cfgs[0]
             return Choice(self.static, cfg)
         pm = self._policy()
-        if pm is not None:
-            c = pm.lookup(type_key(mode, group_of(store), n, k), m)
-            if c is not None and self._serves(c, store, act, m) and not self._stale_small_m(pm, mode, m):
+        if pm is not None and not self._stale_small_m(pm, mode, m):
+            key = type_key(mode, group_of(store), n, k)
+            c = pm.lookup(key, m)
+            if c is not None and self._serves(c, store, act, m):
                 return c
+            if c is not None:  # e.g. a map profiled on stores with row units, run on plain ones
+                c = self._best_served(pm, key, store, act, m)
+                if c is not None:
+                    return c
         for c in small_m_choices(mode, m, n, k):
             if self._serves(c, store, act, m):
                 return c
@@ -131,6 +136,28 @@ class AdaptiveDispatcher(Dispatcher):
     def _serves(c: Choice, store: WeightFormat, act: ActQuantSpec | None, m: int) -> bool:
         s = STRATEGIES.get(c.strategy)
         return s is not None and m <= MAX_TOKENS.get(c.strategy, 1 << 62) and s.supports(store, act, c.config)
+
+    def _best_served(self, pm: PolicyMap, key: str, store: WeightFormat, act: ActQuantSpec | None,
+                     m: int) -> Choice | None:
+        """The fastest candidate the map timed at m's bucket that can run this store, when the map's
+        pick cannot (its kernel needs a property this store lacks). Cached per store kind."""
+        from gearshift.dispatch.policy import parse_candidate
+
+        bucket = pm.buckets[pm.bucket_index(m)]
+        memo = self.__dict__.setdefault("_served_memo", {})
+        kind = (id(pm), key, bucket, m, getattr(store, "layout", None), getattr(store, "row_units", None) is None,
+                None if act is None else (act.dtype, act.bits, act.group_size))
+        hit = memo.get(kind)
+        if hit is not None and self._serves(hit, store, act, m):
+            return hit
+        cands = pm.timings.get(key, {}).get(str(bucket), {})
+        for cand, us in sorted(((c, us) for c, us in cands.items() if us is not None), key=lambda cu: cu[1]):
+            name, cfg = parse_candidate(cand)
+            c = Choice(name, cfg, us)
+            if self._serves(c, store, act, m):
+                memo[kind] = c
+                return c
+        return None
 
     def _stale_small_m(self, pm: PolicyMap, mode: str, m: int) -> bool:
         """A map profiled before the small-M kernels existed must not override them at M <= 16."""

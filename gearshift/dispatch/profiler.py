@@ -57,13 +57,21 @@ def model_shapes(model: str) -> tuple[list[tuple[str, int, int]], int]:
 def random_store(fmt: str, n: int, k: int, group: int, device, dtype=torch.bfloat16,
                  layout: str = "rows") -> WeightFormat:
     """A random store of realistic value ranges (timing only; never zeros); int4 in `layout`
-    where the shape fits it (`Int4Weight.to_layout`)."""
-    if fmt == "int4":
+    where the shape fits it (`Int4Weight.to_layout`); "int4p": int4 with row units
+    (`quantize_int4_progressive`'s form)."""
+    if fmt in ("int4", "int4p"):
         g = k if group <= 0 else group
         q = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, device=device)
-        s = (torch.rand(n, k // g, device=device) * 0.02 + 0.005).half()
-        mn = (-8 * s.float() + torch.randn_like(s.float()) * 0.001).half()
-        st = Int4Weight(q, s, mn, g)
+        units = None
+        if fmt == "int4p":  # groups that are exact int8 multiples of a per-row power of two
+            units = torch.exp2(torch.randint(-13, -10, (n,), device=device).float())
+            t = torch.randint(1, 16, (n, k // g), device=device).float()
+            z = torch.randint(7, 9, (n, k // g), device=device).float()
+            s, mn = (t * units[:, None]).half(), (-t * z * units[:, None]).half()
+        else:
+            s = (torch.rand(n, k // g, device=device) * 0.02 + 0.005).half()
+            mn = (-8 * s.float() + torch.randn_like(s.float()) * 0.001).half()
+        st = Int4Weight(q, s, mn, g, row_units=units)
         return st.to_layout(layout) if blocks16_fits(n, k) else st
     if fmt == "int8":
         q = torch.randint(-127, 128, (n, k), dtype=torch.int8, device=device)
@@ -174,20 +182,25 @@ MODE_FORMATS = {"w4a16": "int4", "w4a8": "int4", "w4a8fp8": "int4", "w4a4": "int
 def profile(shapes: Iterable[tuple[str, int, int]], modes: Iterable[str], m_list=M_BUCKETS, group: int = 128,
             device_name: str | None = None, progress=None, policy: PolicyMap | None = None,
             strategies: list[str] | None = None, dtype=torch.bfloat16, log=None,
-            int4_layout: str = "blocks16") -> PolicyMap:
+            int4_layout: str = "blocks16", int4_progressive: bool = False) -> PolicyMap:
     """Sweep (shape, mode, M, strategy, config); return (or extend) the policy map. Int4 weights
-    are timed in `int4_layout`, the engine's layout on GPU (`model.loader.use_int4_layout`)."""
+    are timed in `int4_layout`, the engine's layout on GPU (`model.loader.use_int4_layout`);
+    with `int4_progressive` as stores with row units, which every int4 kernel runs and
+    `w4a8_progressive` needs (plain stores then run the fastest other timed candidate)."""
     dev = torch.device("cuda")
     device_name = device_name or torch.cuda.get_device_name()
     pm = policy or PolicyMap(device_name, M_BUCKETS, meta={"dtype": str(dtype).replace("torch.", "")})
     pm.meta["int4_layout"] = int4_layout
+    if int4_progressive:
+        pm.meta["int4_row_units"] = True
     for _, n, k in shapes:
         for mode_name in modes:
             fmt = MODE_FORMATS[mode_name]
             act: ActQuantSpec | None = MODES[mode_name].act
             g = group if fmt == "int4" else 0
-            stores = [random_store(fmt, n, k, g, dev, dtype, int4_layout)]
-            stores += [random_store(fmt, n, k, g, dev, dtype, int4_layout) for _ in range(n_copies(stores[0]) - 1)]
+            sfmt = "int4p" if fmt == "int4" and int4_progressive else fmt
+            stores = [random_store(sfmt, n, k, g, dev, dtype, int4_layout)]
+            stores += [random_store(sfmt, n, k, g, dev, dtype, int4_layout) for _ in range(n_copies(stores[0]) - 1)]
             key = type_key(mode_key(stores[0], act), group_of(stores[0]), n, k)
             for m in m_list:
                 x = torch.randn(m, k, device=dev, dtype=dtype)

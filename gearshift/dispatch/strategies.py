@@ -320,6 +320,24 @@ def _sup_w4a8_int8_wgmma(store, act, cfg):
     return int8_wgmma_supports(store, act, cfg)
 
 
+def _run_w4a8_progressive(x2, store, act, cfg):
+    from gearshift.kernels.w4a8_progressive import w4a8_progressive
+
+    return w4a8_progressive(x2, store, act, cfg)
+
+
+def _progressive_configs(m: int) -> list[TileConfig]:
+    from gearshift.kernels.w4a8_progressive import progressive_configs
+
+    return progressive_configs(m)
+
+
+def _sup_w4a8_progressive(store, act, cfg):
+    from gearshift.kernels.w4a8_progressive import progressive_supports
+
+    return progressive_supports(store, act, cfg)
+
+
 def _w4a8_runner(w_parts: int, a_parts: int):
     def run(x2, store, act, cfg):
         from gearshift.kernels.w4a8 import w4a8_linear
@@ -380,6 +398,8 @@ register(Strategy("w4a8_wgmma_small", DPRPartition((4,), (8,), "bf16-wgmma", "pa
                   _run_w4a8_wgmma_small, _small_configs, _sup_w4a8_wgmma_small))
 register(Strategy("w4a8_int8_wgmma", DPRPartition((4,), (8,), "int8-wgmma", "padding"), ("w4a8", "w4a4"),
                   _run_w4a8_int8_wgmma, _int8_wgmma_configs, _sup_w4a8_int8_wgmma))
+register(Strategy("w4a8_progressive", DPRPartition((4,), (8,), "int8-wgmma", "padding"), ("w4a8", "w4a4"),
+                  _run_w4a8_progressive, _progressive_configs, _sup_w4a8_progressive))
 register(Strategy("w4a16_gemv", DPRPartition((4,), (16,), "fp32-fma", "padding"), ("w4a16",), _run_w4a16_gemv,
                   gemv_configs, _sup_w4a16_gemv))
 register(Strategy("w4a16_rowgemv", DPRPartition((4,), (16,), "fp32-fma", "padding"), ("w4a16",),

@@ -19,11 +19,11 @@ from gearshift.errors import GearshiftError
 from gearshift.model.config import ModelConfig
 from gearshift.model.quant_linear import QuantLinear, concat_rows
 from gearshift.model.transformer import Attention, Decoder, DecoderLayer, MLP, RMSNorm, Transformer
-from gearshift.quant import DenseWeight, quantize_int4, quantize_int8
+from gearshift.quant import DenseWeight, quantize_int4, quantize_int4_progressive, quantize_int8
 from gearshift.quant.base import WeightFormat, build_format
 
 CHECKPOINT_MANIFEST = "gearshift.json"
-WEIGHT_QUANTIZERS = ("int4", "int4-sym", "int8")
+WEIGHT_QUANTIZERS = ("int4", "int4-sym", "int4-prog", "int8")
 
 
 @dataclass
@@ -60,6 +60,8 @@ def choose_group_size(k: int, wanted: int) -> int:
 def quantize_store(w: torch.Tensor, how: str, group_size: int) -> WeightFormat:
     if how in ("int4", "int4-sym"):
         return quantize_int4(w, choose_group_size(w.shape[1], group_size), symmetric=how == "int4-sym")
+    if how == "int4-prog":
+        return quantize_int4_progressive(w, choose_group_size(w.shape[1], group_size))
     if how == "int8":
         return quantize_int8(w)
     raise GearshiftError(f"unknown weight quantization {how!r}; choose one of {', '.join(WEIGHT_QUANTIZERS)}")

@@ -5,6 +5,12 @@ Every value is `w = q * scale + min` with `q` in 0..15 and one fp16 (scale, min)
 asymmetric round-to-nearest with an integer zero point z (min = -z*scale), symmetric
 (min = -8*scale) and llama.cpp's Q4_1 blocks (scale d, min m), which load without
 re-quantizing. Two values share a byte: column 2j in the low nibble, 2j+1 in the high one.
+
+Optional `row_units` (one power of two per row, from `quantize_int4_progressive`): every scale
+is t * unit and every min is -tz * unit with small integers t, tz chosen so that each weight is
+an int8 value t * q - tz times its row's unit. The fp16 scales and mins hold these exactly, so
+every kernel reads the same weights; the int8 wgmma kernel (`kernels/w4a8_progressive.py`) uses
+the integer form and needs no per-group rescaling (QServe's progressive group quantization).
 """
 
 from __future__ import annotations
@@ -63,7 +69,7 @@ class Int4Weight(WeightFormat):
     weight_bits = 4
 
     def __init__(self, qweight: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor, group_size: int,
-                 symmetric: bool = False, layout: str = ROWS):
+                 symmetric: bool = False, layout: str = ROWS, row_units: torch.Tensor | None = None):
         out_features, half_k = qweight.shape
         super().__init__(out_features, half_k * 2)
         if qweight.dtype != torch.uint8:
@@ -84,6 +90,9 @@ class Int4Weight(WeightFormat):
         self.register_buffer("qweight", qweight)
         self.register_buffer("scales", scales)
         self.register_buffer("mins", mins)
+        if row_units is not None:
+            check_row_units(scales, mins, row_units)
+        self.register_buffer("row_units", row_units)
 
     def rows_qweight(self) -> torch.Tensor:
         """qweight in the row layout, whatever this store's layout."""
@@ -95,7 +104,7 @@ class Int4Weight(WeightFormat):
         if layout == self.layout:
             return self
         q = blocks16_from_rows(self.qweight) if layout == BLOCKS16 else self.rows_qweight()
-        return Int4Weight(q, self.scales, self.mins, self.group_size, self.symmetric, layout)
+        return Int4Weight(q, self.scales, self.mins, self.group_size, self.symmetric, layout, self.row_units)
 
     def unpacked(self) -> torch.Tensor:
         return unpack_int4(self.rows_qweight())
@@ -106,21 +115,64 @@ class Int4Weight(WeightFormat):
         w = q * self.scales.float().unsqueeze(-1) + self.mins.float().unsqueeze(-1)
         return w.reshape(n, k).to(dtype)
 
+    def int8_factors(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(t, tz) [N, K / G] int32 of a store with row units: scale = t * unit, min = -tz * unit."""
+        if self.row_units is None:
+            raise ValueError("this int4 store has no row units (quantize it with quantize_int4_progressive)")
+        u = self.row_units.float()[:, None]
+        return (self.scales.float() / u).to(torch.int32), (-self.mins.float() / u).to(torch.int32)
+
+    def int8_weights(self) -> torch.Tensor:
+        """[N, K] int8 t * q - tz of a store with row units: the weights are these times the row's unit."""
+        t, tz = self.int8_factors()
+        g = self.group_size
+        q = self.unpacked().to(torch.int32)
+        w8 = q * t.repeat_interleave(g, 1) - tz.repeat_interleave(g, 1)
+        return w8.to(torch.int8)
+
     def meta(self) -> dict:
         m = {"group_size": self.group_size, "symmetric": self.symmetric}
         if self.layout != ROWS:
             m["layout"] = self.layout
+        if self.row_units is not None:
+            m["row_units"] = True
         return m
 
     @classmethod
     def from_state(cls, tensors, meta):
         return cls(tensors["qweight"], tensors["scales"], tensors["mins"], int(meta["group_size"]),
-                   bool(meta.get("symmetric", False)), meta.get("layout", ROWS))
+                   bool(meta.get("symmetric", False)), meta.get("layout", ROWS), tensors.get("row_units"))
 
     def extra_repr(self) -> str:
         kind = "sym" if self.symmetric else "asym"
         lay = "" if self.layout == ROWS else f", {self.layout}"
-        return f"{self.out_features}x{self.in_features}, int4 g{self.group_size} {kind}{lay}"
+        prog = ", int8 row units" if self.row_units is not None else ""
+        return f"{self.out_features}x{self.in_features}, int4 g{self.group_size} {kind}{lay}{prog}"
+
+
+#: the int8 weights t * q - tz stay within +-INT8_LIMIT for every code q in 0..15
+INT8_LIMIT = 127
+#: t <= 15: with t = 16 no zero point keeps 16 * (0..15) - tz inside +-127
+MAX_T = 15
+
+
+def check_row_units(scales: torch.Tensor, mins: torch.Tensor, row_units: torch.Tensor) -> None:
+    """Raise unless every scale is t * unit and every min -tz * unit exactly, with integers
+    0 <= t <= 15 and tz such that t * q - tz is an int8 value for every q in 0..15."""
+    if row_units.shape != (scales.shape[0],) or row_units.dtype != torch.float32:
+        raise ValueError(f"row_units must be fp32 [{scales.shape[0]}], got {row_units.dtype} {tuple(row_units.shape)}")
+    u = row_units
+    mant, _ = torch.frexp(u)
+    if not bool(((mant == 0.5) & (u > 0)).all()):
+        raise ValueError("row_units must be positive powers of two")
+    t = scales.float() / u[:, None]
+    tz = -mins.float() / u[:, None]
+    exact = (t == t.round()) & (tz == tz.round()) & (t.round() * u[:, None] == scales.float())
+    ok = exact & (t >= 0) & (t <= MAX_T) & (tz <= INT8_LIMIT) & (15 * t - tz <= INT8_LIMIT)
+    if not bool(ok.all()):
+        bad = int((~ok).sum())
+        raise ValueError(f"{bad} int4 groups are not exact int8 multiples of their row unit "
+                         "(scale = t * unit with t in 0..15, min = -tz * unit, |t * q - tz| <= 127)")
 
 
 def quantize_int4(weight: torch.Tensor, group_size: int = 128, symmetric: bool = False) -> Int4Weight:
@@ -141,3 +193,30 @@ def quantize_int4(weight: torch.Tensor, group_size: int = 128, symmetric: bool =
     q = torch.clamp(torch.round(w / s) + zero.unsqueeze(-1), 0, 15).to(torch.uint8).reshape(n, k)
     mins = (-zero * scale.float()).to(SCALE_DTYPE)
     return Int4Weight(pack_int4(q), scale, mins, group_size, symmetric=symmetric)
+
+
+def quantize_int4_progressive(weight: torch.Tensor, group_size: int = 128) -> Int4Weight:
+    """Group-wise asymmetric int4 whose groups are exact int8 multiples of a per-row power of two
+    (QServe's progressive group quantization, with the int8 level kept implicit).
+
+    Per row, unit = the power of two at or above max|w| / 112; per group, t = round(range / 15) in
+    1..15 units and z = round(-min / t) kept where t * (0..15 - z) stays in int8; codes as usual.
+    The weights are then (t * q - t * z) * unit: a W4A16 kernel reads them through the fp16 scale
+    t * unit and min -t * z * unit (both exact), the int8 kernel as t * q - tz. On random and on
+    SmolLM2's weights the error is 1-2% above `quantize_int4`'s (docs/kernels.md, stop 19)."""
+    n, k = weight.shape
+    if k % group_size:
+        raise ValueError(f"in_features {k} is not a multiple of the int4 group size {group_size}")
+    w = weight.detach().float()
+    amax = w.abs().amax(1).clamp_min(1e-30)
+    unit = torch.exp2(torch.ceil(torch.log2(amax / 112.0))).clamp_min(2.0 ** -24)
+    wu = (w / unit[:, None]).reshape(n, k // group_size, group_size)
+    wmax = wu.amax(-1).clamp_min(0.0)
+    wmin = wu.amin(-1).clamp_max(0.0)
+    t = torch.clamp(torch.round((wmax - wmin) / 15.0), 1, MAX_T)
+    z = torch.round(-wmin / t)
+    z = torch.minimum(torch.maximum(z, torch.ceil(15 - INT8_LIMIT / t)), torch.floor(INT8_LIMIT / t)).clamp(0, 15)
+    q = torch.clamp(torch.round(wu / t.unsqueeze(-1)) + z.unsqueeze(-1), 0, 15).to(torch.uint8).reshape(n, k)
+    scale = (t * unit[:, None]).to(SCALE_DTYPE)
+    mins = (-(t * z) * unit[:, None]).to(SCALE_DTYPE)
+    return Int4Weight(pack_int4(q), scale, mins, group_size, row_units=unit.float())

@@ -1,0 +1,244 @@
+"""W4A8 / W4A4 for M >= 64 on Hopper's int8 tensor cores, for int4 stores whose groups are exact
+int8 multiples of a per-row power of two (`quantize_int4_progressive`, QServe's progressive
+group quantization).
+
+Why: `w4a8_int8_wgmma` must rescale every group's int32 partial in fp32 (4 ALU operations per
+output element per group, the measured limiter: docs/kernels.md, stop 16). Here a group's
+weights are t * q - tz with small integers t, tz, so one byte of two codes becomes two int8
+weights in registers and the int32 accumulator runs over the whole K without a rescale:
+
+    y[n, m] = unit[n] * xscale[m] * sum_k (t[n, g(k)] q[n, k] - tz[n, g(k)]) c[m, k]
+
+DPR: P_W = (4) widened to an 8-bit weight by an integer multiply-add, P_X = (8) (W4A4's int4
+codes are int8 too), int32 products over all of K, reconstructed once per output in the epilogue.
+
+The int8 weights come from two codes in 16-bit lanes (one AND, one shift + AND), one IMAD per
+lane pair, `lane = q * t + 256 - tz` (its low byte is t * q - tz in two's complement, the lane
+never carries), and one PRMT that gathers the four low bytes: six instructions per four weights.
+t and tz come from the fp16 scale and min the load warp already copies (scale = t * unit and
+min = -tz * unit exactly, `Int4Weight.row_units`), times 1 / unit, which is exact.
+
+Partitions, TMA boxes and the deterministic split-K are those of `w4a8_int8_wgmma`, without the
+code sums. CPU: `w4a8_progressive_emulate` is the torch model of the numerics; Gluon has no
+interpreter, so the tests compile for sm_90 there and compare on a Hopper GPU.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from gearshift.kernels.act_quant import quantize_act_triton
+from gearshift.kernels.config import TileConfig
+from gearshift.kernels.splitk import splitk_buffers
+from gearshift.kernels.w4a16_wgmma import HAS_GLUON, TWO_CONSUMER_REGS, _is_sm90_or_cpu, _weight_descriptor
+from gearshift.kernels.w4a8_wgmma import INT8_CODES
+from gearshift.quant.int4 import BLOCKS16, Int4Weight
+
+if HAS_GLUON:
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import mbarrier, warpgroup_mma, warpgroup_mma_wait
+
+    from gearshift.kernels.w4a16_wgmma import _store_tile, _tma_load, fragment_rows, tma_tiles
+    from gearshift.kernels.w4a8_wgmma import _code_descriptor, byte_layout_i8, group_column, group_descriptors
+
+    @gluon.constexpr_function
+    def code_layout_i8(BN, BK, warps):
+        """Register layout of the [BN, BK] tile of doubled bytes (`byte_layout_i8` joined with
+        itself): lane (g, t) holds rows g, g+8 and weights 4t..4t+3 in one 32-bit register, i.e.
+        the int8 wgmma A fragment; explicit so that per-row values can be broadcast along it."""
+        extra, warp_bases = fragment_rows(BN, warps)
+        reg = [[0, 1], [0, 2], [8, 0]] + [[0, 16 << i] for i in range((BK // 16).bit_length() - 1)] + extra
+        return gl.DistributedLinearLayout(
+            reg_bases=reg, lane_bases=[[0, 4], [0, 8], [1, 0], [2, 0], [4, 0]],
+            warp_bases=warp_bases, block_bases=[], shape=[BN, BK])
+
+    # {b0, b0, b1, b1}, t, c = (256 - tz) * 0x10001 -> the int8 weights t * q - tz of
+    # {lo(b0), hi(b0), lo(b1), hi(b1)}: codes (q0, q2) and (q1, q3) in 16-bit lanes, q * t + 256 - tz
+    # per lane (< 2^16: no carry between lanes), the four low bytes gathered
+    _INT8_WEIGHTS = gl.constexpr("{ .reg .b32 a, h; and.b32 a, $1, 0x000F000F; shr.u32 h, $1, 12; "
+                                 "and.b32 h, h, 0x000F000F; mad.lo.u32 a, a, $2, $6; mad.lo.u32 h, h, $2, $6; "
+                                 "prmt.b32 $0, a, h, 0x6240; }")
+
+    @gluon.jit
+    def int8_weights(bb, t, c):
+        """bb: [BN, BK] doubled code bytes (`code_layout_i8`); t, c: [BN, 1] int32 per row."""
+        return gl.inline_asm_elementwise(_INT8_WEIGHTS, "=r,r,r,r,r,r,r,r,r,r", [bb, t, c], dtype=gl.int8,
+                                         is_pure=True, pack=4)
+
+    @gluon.jit
+    def _load_partition(x_desc, w_desc, sc_desc, mn_desc, x_bufs, w_bufs, sc_bufs, mn_bufs, ready, empty, m0, n0,
+                        t0, num_k, BLOCKS: gl.constexpr):
+        """One warp, TMA only: per K tile (= group g) the codes, the weight bytes and the [BN, 8]
+        scale and min boxes of groups 8 (g / 8) .. + 7."""
+        STAGES: gl.constexpr = x_bufs.type.shape[0]
+        BKX: gl.constexpr = x_desc.block_type.shape[1]
+        NB: gl.constexpr = x_desc.block_type.nbytes + w_desc.block_type.nbytes + 2 * sc_desc.block_type.nbytes
+        for i in range(num_k):
+            s = i % STAGES
+            mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)
+            mbarrier.expect(ready.index(s), NB)
+            g = t0 + i
+            tma_tiles(x_desc, w_desc, x_bufs.index(s), w_bufs.index(s), ready.index(s), m0, n0, g * BKX, BLOCKS)
+            _tma_load(sc_desc, [n0, g // 8 * 8], ready.index(s), sc_bufs.index(s))
+            _tma_load(mn_desc, [n0, g // 8 * 8], ready.index(s), mn_bufs.index(s))
+
+    @gluon.jit
+    def _mma_partition(x_bufs, w_bufs, sc_bufs, mn_bufs, ready, empty, units_ptr, y_ptr, ws_ptr, cnt_ptr, xs_ptr,
+                       m0, n0, M, N, t0, num_k, ROW0: gl.constexpr, BN: gl.constexpr, NPART: gl.constexpr,
+                       SPLIT_K: gl.constexpr, WARPS: gl.constexpr):
+        """Weight rows [ROW0, ROW0 + BN) of the tile: per K tile the int8 weights in registers and
+        one int32 wgmma into the running accumulator (retired before the next tile's A registers
+        are built: see `w4a16_wgmma`'s register-A note); unit * float(acc) once at the end."""
+        STAGES: gl.constexpr = x_bufs.type.shape[0]
+        BM: gl.constexpr = x_bufs.type.shape[1]
+        BKX: gl.constexpr = x_bufs.type.shape[2]
+        mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
+                                                      instr_shape=[16, BM, 32])
+        dot: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=4)
+        bl: gl.constexpr = byte_layout_i8(BN, BKX // 2, WARPS)
+        ql: gl.constexpr = code_layout_i8(BN, BKX, WARPS)
+        rows: gl.constexpr = gl.SliceLayout(1, ql)
+        inv = 1.0 / gl.load(units_ptr + n0 + ROW0 + gl.arange(0, BN, layout=rows))  # powers of two: exact
+        part = gl.zeros([BN, BM], gl.int32, layout=mma)
+        for i in range(num_k):
+            s = i % STAGES
+            mbarrier.wait(ready.index(s), (i // STAGES) & 1)
+            j = (t0 + i) % 8  # the tile's group among the 8 of the scale box
+            t = (group_column(sc_bufs.index(s).slice(ROW0, BN), j, rows, BN, WARPS) * inv).to(gl.int32)
+            ntz = (group_column(mn_bufs.index(s).slice(ROW0, BN), j, rows, BN, WARPS) * inv).to(gl.int32)
+            c = (ntz + 256) * 65537
+            b = w_bufs.index(s).reshape([BN * NPART, BKX // 2]).slice(ROW0, BN).load(bl)
+            bb = gl.convert_layout(gl.reshape(gl.join(b, b), [BN, BKX]), ql, assert_trivial=True)
+            a = gl.convert_layout(int8_weights(bb, t[:, None], c[:, None]), dot, assert_trivial=True)
+            part = warpgroup_mma(a, x_bufs.index(s).permute((1, 0)), part, is_async=True)
+            part = warpgroup_mma_wait(0, deps=(part,))
+            mbarrier.arrive(empty.index(s))
+        unit = gl.load(units_ptr + n0 + ROW0 + gl.arange(0, BN, layout=gl.SliceLayout(1, mma)))
+        acc = part.to(gl.float32) * unit[:, None]
+        _store_tile(acc, mma, y_ptr, ws_ptr, cnt_ptr, xs_ptr, m0, n0 + ROW0, M, N, ROW0 // BN, NPART, SPLIT_K, True)
+
+    @gluon.jit
+    def w4a8_progressive_kernel(x_desc, w_desc, sc_desc, mn_desc, units_ptr, xs_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K,
+                                G: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, BLOCKS: gl.constexpr,
+                                SPLIT_K: gl.constexpr, CONSUMERS: gl.constexpr, num_warps: gl.constexpr):
+        BM: gl.constexpr = x_desc.block_type.shape[0]
+        BKX: gl.constexpr = x_desc.block_type.shape[1]
+        gl.static_assert(BKX == G, "one K tile per quantization group")
+        m0 = gl.program_id(1) * BM
+        n0 = gl.program_id(0) * BN
+        x_bufs = gl.allocate_shared_memory(x_desc.dtype, [STAGES] + x_desc.block_type.shape, x_desc.layout)
+        w_bufs = gl.allocate_shared_memory(w_desc.dtype, [STAGES] + w_desc.block_type.shape, w_desc.layout)
+        sc_bufs = gl.allocate_shared_memory(gl.float16, [STAGES, BN, 8], sc_desc.layout)
+        mn_bufs = gl.allocate_shared_memory(gl.float16, [STAGES, BN, 8], mn_desc.layout)
+        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(STAGES):
+            mbarrier.init(ready.index(i), count=1)  # the TMA bytes
+            mbarrier.init(empty.index(i), count=CONSUMERS)
+        kt = K // BKX
+        per = gl.cdiv(kt, SPLIT_K)
+        t0 = gl.program_id(2) * per
+        num_k = gl.minimum(per, kt - t0)
+        if CONSUMERS == 1:
+            gl.warp_specialize([
+                (_mma_partition, (x_bufs, w_bufs, sc_bufs, mn_bufs, ready, empty, units_ptr, y_ptr, ws_ptr, cnt_ptr,
+                                  xs_ptr, m0, n0, M, N, t0, num_k, 0, BN, 1, SPLIT_K, num_warps)),
+                (_load_partition, (x_desc, w_desc, sc_desc, mn_desc, x_bufs, w_bufs, sc_bufs, mn_bufs, ready, empty,
+                                   m0, n0, t0, num_k, BLOCKS)),
+            ], [1], [64])
+        else:
+            half: gl.constexpr = BN // 2
+            gl.warp_specialize([
+                (_mma_partition, (x_bufs, w_bufs, sc_bufs, mn_bufs, ready, empty, units_ptr, y_ptr, ws_ptr, cnt_ptr,
+                                  xs_ptr, m0, n0, M, N, t0, num_k, 0, half, 2, SPLIT_K, num_warps)),
+                (_mma_partition, (x_bufs, w_bufs, sc_bufs, mn_bufs, ready, empty, units_ptr, y_ptr, ws_ptr, cnt_ptr,
+                                  xs_ptr, m0, n0, M, N, t0, num_k, half, half, 2, SPLIT_K, num_warps)),
+                (_load_partition, (x_desc, w_desc, sc_desc, mn_desc, x_bufs, w_bufs, sc_bufs, mn_bufs, ready, empty,
+                                   m0, n0, t0, num_k, BLOCKS)),
+            ], [num_warps, 1], [232, 40])
+
+
+#: (BM tokens, BN weight rows, warps, stages, register cap, split-K); BK is the group size. BM = 256
+#: would need an m64n256k32 int8 wgmma, which Triton 3.6 / 3.9 do not lower ("WGMMA type or shape
+#: is not supported"). One int32 accumulator: BM * BN / threads <= 64 registers.
+_CONFIGS = ((64, 64, 4, 6, 128, 1), (128, 64, 4, 4, 0, 1), (128, 64, 4, 4, 168, 1), (128, 64, 4, 6, 0, 1),
+            (128, 128, 8, 4, 0, 1), (128, 128, 8, 5, 0, 1), (128, 128, 8, 3, 0, 1), (64, 128, 8, 6, 0, 1),
+            (128, 64, 4, 4, 0, 2), (128, 128, 8, 4, 0, 2), (64, 128, 8, 4, 0, 2), (128, 128, 8, 4, 0, 4))
+
+
+def progressive_configs(m: int, group: int = 128) -> list[TileConfig]:
+    """The tiles worth profiling at this M."""
+    if m < 64:
+        return []
+    return [TileConfig(bm, bn, group, sk, w, st, maxnreg=r) for bm, bn, w, st, r, sk in _CONFIGS if bm <= max(64, m)]
+
+
+def smem_bytes(cfg: TileConfig) -> int:
+    return cfg.stages * (cfg.bm * cfg.bk + cfg.bn * cfg.bk // 2 + 32 * cfg.bn) + 1024
+
+
+def progressive_supports(store, act, cfg: TileConfig | None) -> bool:
+    if not HAS_GLUON or not isinstance(store, Int4Weight) or store.row_units is None or cfg is None:
+        return False
+    if getattr(act, "dtype", None) not in INT8_CODES or getattr(act, "group_size", 0) is not None:
+        return False
+    n, k, g = store.out_features, store.in_features, store.group_size
+    if cfg.bk != g or g not in (64, 128) or cfg.split_k not in (1, 2, 4) or cfg.bm not in (64, 128):
+        return False
+    if cfg.warps not in (4, 8) or cfg.bn != 16 * cfg.warps or cfg.a_smem:
+        return False
+    if cfg.bm * cfg.bn // (32 * cfg.warps) > 128 or smem_bytes(cfg) > 227 * 1024:
+        return False
+    if n % cfg.bn or k % g or k // g < 2 * cfg.split_k or (k // g) % 8 or store.scales.dtype != torch.float16:
+        return False
+    return _is_sm90_or_cpu()
+
+
+def w4a8_progressive(x2: torch.Tensor, store: Int4Weight, act, cfg: TileConfig) -> torch.Tensor:
+    """x2 [M, K] bf16/fp16 -> [M, N]: the activations quantized per token to int8 codes, then the
+    kernel."""
+    if not progressive_supports(store, act, cfg):
+        raise ValueError(f"w4a8_progressive cannot run {cfg} with activations {act} on this store/device "
+                         f"({store.out_features}x{store.in_features}, group {getattr(store, 'group_size', '?')}, "
+                         f"row units: {getattr(store, 'row_units', None) is not None}); "
+                         "progressive_supports() says which")
+    codes, scales = quantize_act_triton(x2, act)
+    return progressive_codes(codes, scales, store, cfg, x2.dtype)
+
+
+def progressive_codes(codes: torch.Tensor, scales: torch.Tensor, store: Int4Weight, cfg: TileConfig,
+                      out_dtype: torch.dtype) -> torch.Tensor:
+    """The kernel on already quantized activations: codes [M, K] int8, scales [M] fp32."""
+    m, n, k = codes.shape[0], store.out_features, store.in_features
+    y = torch.empty((m, n), device=codes.device, dtype=out_dtype)
+    x_desc = _code_descriptor(codes, cfg.bm, cfg.bk)
+    w_desc = _weight_descriptor(store, cfg.bn, cfg.bk)
+    sc_desc, mn_desc = group_descriptors(store, cfg.bn)
+    consumers = 2 if cfg.warps == 8 else 1
+    grid = (n // cfg.bn, -(-m // cfg.bm), cfg.split_k)
+    ws, cnt = splitk_buffers(y, cfg.split_k, m * n, grid[0] * grid[1] * consumers)
+    regs = cfg.maxnreg or (TWO_CONSUMER_REGS if consumers == 2 else 0)
+    w4a8_progressive_kernel[grid](x_desc, w_desc, sc_desc, mn_desc, store.row_units, scales, y, ws, cnt, m, n, k,
+                                  G=store.group_size, BN=cfg.bn, STAGES=cfg.stages, BLOCKS=store.layout == BLOCKS16,
+                                  SPLIT_K=cfg.split_k, CONSUMERS=consumers, num_warps=cfg.warps // consumers,
+                                  **({"maxnreg": regs} if regs else {}))
+    return y
+
+
+def w4a8_progressive_emulate(codes: torch.Tensor, scales: torch.Tensor, store: Int4Weight, out_dtype: torch.dtype,
+                             split_k: int = 1) -> torch.Tensor:
+    """The kernel's numerics in torch: exact int32 sums over each K slice, float(sum) * unit (exact),
+    times the token scale in fp32, the slices added in order."""
+    g = store.group_size
+    w8 = store.int8_weights().to(torch.float64)
+    c = codes.to(torch.float64)
+    kt = store.in_features // g
+    per = -(-kt // split_k)
+    acc = None
+    for sl in range(split_k):
+        cols = slice(sl * per * g, min(kt, (sl + 1) * per) * g)
+        part = (w8[:, cols] @ c[:, cols].t()).float()  # exact integers, then one rounding to fp32
+        part = part * store.row_units.float()[:, None] * scales.float().reshape(1, -1)
+        acc = part if acc is None else acc + part
+    return acc.t().to(out_dtype)

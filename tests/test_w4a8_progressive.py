@@ -1,0 +1,242 @@
+"""Int4 stores with row units (`quantize_int4_progressive`) and the int8-weight W4A8 / W4A4 Gluon
+kernel that reads them (`kernels/w4a8_progressive.py`).
+
+On CPU: the quantizer's exactness and error, the store's checks, the kernel's torch model against
+the reference, the support rules, and an sm_90 compile (which also proves the doubled-byte tile's
+layout is the int8 wgmma A fragment). On a Hopper GPU: the kernel against its model, bit for bit.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gearshift.dispatch.profiler import random_store
+from gearshift.kernels.act_quant import quantize_act_reference
+from gearshift.kernels.reference import linear_reference
+from gearshift.kernels.w4a8_progressive import (HAS_GLUON, progressive_configs, progressive_supports,
+                                                w4a8_progressive_emulate)
+from gearshift.model.quant_linear import concat_rows
+from gearshift.quant.activations import ActQuantSpec
+from gearshift.quant.int4 import BLOCKS16, ROWS, Int4Weight, quantize_int4, quantize_int4_progressive
+
+from hopper import needs_hopper  # tests/hopper.py
+
+
+def _rel(a, b):
+    return ((a - b).norm() / b.norm()).item()
+
+
+@pytest.mark.parametrize("dist", ["normal", "heavy", "tiny"])
+def test_progressive_groups_are_exact_int8_multiples(dist):
+    torch.manual_seed(0)
+    w = {"normal": torch.randn(128, 1024), "heavy": torch.distributions.StudentT(3).sample((128, 1024)),
+         "tiny": torch.randn(128, 1024) * 1e-6}[dist]
+    st = quantize_int4_progressive(w, 128)
+    w8 = st.int8_weights()
+    assert w8.dtype == torch.int8 and int(w8.abs().max()) <= 127
+    mant, _ = torch.frexp(st.row_units)
+    assert bool((mant == 0.5).all())
+    # the fp16 scales and mins hold t * unit and -tz * unit exactly: every kernel reads the same weights
+    assert torch.equal(st.dequantize(), w8.float() * st.row_units[:, None])
+    # a little more error than plain round-to-nearest (the group scale is a whole number of units)
+    assert _rel(st.dequantize(), w) < 1.1 * _rel(quantize_int4(w, 128).dequantize(), w)
+
+
+def test_row_units_are_checked_and_travel_with_the_store():
+    st = quantize_int4_progressive(torch.randn(64, 512), 128)
+    with pytest.raises(ValueError, match="powers of two"):
+        Int4Weight(st.qweight, st.scales, st.mins, 128, row_units=st.row_units * 3)
+    with pytest.raises(ValueError, match="not exact int8 multiples"):
+        Int4Weight(st.qweight, st.scales, st.mins, 128, row_units=st.row_units * 2)
+    b16 = st.to_layout(BLOCKS16)
+    assert b16.row_units is st.row_units and torch.equal(b16.int8_weights(), st.int8_weights())
+    back = Int4Weight.from_state(dict(b16.named_buffers()), b16.meta())
+    assert back.meta()["row_units"] and torch.equal(back.dequantize(), st.dequantize())
+    both = concat_rows([st, quantize_int4_progressive(torch.randn(32, 512), 128)])
+    assert both.row_units.shape == (96,) and both.out_features == 96
+    assert quantize_int4(torch.randn(8, 128)).row_units is None
+
+
+def test_loader_quantizes_int4_prog():
+    from gearshift.model.loader import WEIGHT_QUANTIZERS, quantize_store
+
+    assert "int4-prog" in WEIGHT_QUANTIZERS
+    st = quantize_store(torch.randn(32, 256), "int4-prog", 128)
+    assert isinstance(st, Int4Weight) and st.row_units is not None
+
+
+@pytest.mark.parametrize("act_dtype", ["int8", "int4"])
+@pytest.mark.parametrize("split_k", [1, 2])
+def test_emulation_is_the_reference(act_dtype, split_k):
+    torch.manual_seed(0)
+    act = ActQuantSpec(act_dtype)
+    st = random_store("int4p", 96, 1024, 128, "cpu")
+    x = torch.randn(37, 1024)
+    codes, scales = quantize_act_reference(x, act)
+    emu = w4a8_progressive_emulate(codes, scales, st, torch.float32, split_k)
+    ref = linear_reference(x, st, act)
+    assert _rel(emu, ref) < 1e-5  # the same products, summed in another order
+
+
+@pytest.mark.skipif(not HAS_GLUON, reason="this Triton has no Gluon")
+def test_support_rules():
+    prog = random_store("int4p", 256, 1024, 128, "cpu")
+    cfgs = progressive_configs(256)
+    assert cfgs and all(progressive_supports(prog, ActQuantSpec("int8"), c) for c in cfgs)
+    c = cfgs[0]
+    assert progressive_supports(prog, ActQuantSpec("int4"), c)
+    assert not progressive_supports(random_store("int4", 256, 1024, 128, "cpu"), ActQuantSpec("int8"), c)
+    assert not progressive_supports(prog, ActQuantSpec("fp8"), c)  # e4m3 codes are not integers
+    assert not progressive_supports(prog, ActQuantSpec("int8", group_size=32), c)
+    assert not progressive_supports(prog, None, c)
+    assert progressive_configs(32) == []
+
+
+_COMPILE = r"""
+import torch
+from triton.runtime.jit import mangle_type
+from triton.experimental.gluon._runtime import GluonASTSource
+from gearshift.dispatch.profiler import random_store
+from gearshift.kernels import w4a8_progressive as P
+from gearshift.kernels import w4a8_wgmma as W
+from gearshift.kernels.w4a16_wgmma import _weight_descriptor
+
+def gluon_ptx(bm, bn, warps, stages, layout, maxnreg=None, split_k=1, consumers=1):
+    st = random_store("int4p", 4096, 4096, 128, "cpu", layout=layout)
+    xd = W._code_descriptor(torch.empty(bm, 4096, dtype=torch.int8), bm, 128)
+    wd = _weight_descriptor(st, bn, 128, swizzle=64)
+    sd, md = W.group_descriptors(st, bn)
+    sig = {"x_desc": mangle_type(xd), "w_desc": mangle_type(wd), "sc_desc": mangle_type(sd),
+           "mn_desc": mangle_type(md), "units_ptr": "*fp32", "xs_ptr": "*fp32", "y_ptr": "*bf16",
+           "ws_ptr": "*fp32", "cnt_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32"}
+    attrs = {(list(sig).index(n),): [["tt.divisibility", 16]] for n in ("y_ptr", "N", "K")}
+    cx = {"G": 128, "BN": bn, "STAGES": stages, "BLOCKS": layout == "blocks16", "SPLIT_K": split_k,
+          "CONSUMERS": consumers, "num_warps": warps}
+    sig.update({name: "constexpr" for name in cx})
+    names = list(sig)
+    src = GluonASTSource(fn=P.w4a8_progressive_kernel, signature=sig,
+                         constexprs={(names.index(k),): v for k, v in cx.items()}, attrs=attrs)
+    opts = {"num_warps": warps, **({"maxnreg": maxnreg} if maxnreg else {})}
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts).asm["ptx"]
+
+out["one_consumer_blocks16"] = gluon_ptx(128, 64, 4, 4, "blocks16", 168)
+out["two_consumers_rows_splitk"] = gluon_ptx(128, 128, 4, 4, "rows", 168, 2, 2)
+"""
+
+
+@pytest.fixture(scope="module")
+def gluon_ptx(compile_sm90):
+    if not HAS_GLUON:
+        pytest.skip("this Triton has no Gluon")
+    return compile_sm90(_COMPILE)
+
+
+@pytest.mark.parametrize("name", ["one_consumer_blocks16", "two_consumers_rows_splitk"])
+def test_compiles_to_int8_wgmma_with_packed_weights(gluon_ptx, name):
+    p = gluon_ptx[name]
+    assert "wgmma.mma_async.sync.aligned.m64n128k32.s32.s8.s8" in p
+    assert "cp.async.bulk.tensor" in p and "setmaxnreg" in p
+    # the asm's $2 is t (a float -> int conversion of scale / unit) and $6 is (256 - tz) * 0x10001:
+    # Triton hands each 32-bit argument of a pack-4 asm over as 4 operands, the first of which is read
+    import re
+
+    defs = {reg: op for op, reg in re.findall(r"^\s*(\S+)\s+(%r\d+),", p, re.M)}
+    uses = re.findall(r"mad\.lo\.u32 a, a, (%r\d+), (%r\d+);", p)
+    assert uses
+    for t_reg, c_reg in uses:
+        assert defs[t_reg] == "cvt.rzi.s32.f32", t_reg
+        assert re.search(rf"mad\.lo\.s32\s+{c_reg}, %r\d+, 65537, 16777472;", p), c_reg
+    if name == "two_consumers_rows_splitk":
+        assert "atom.global.gpu.acq_rel.add" in p
+
+
+@needs_hopper
+@pytest.mark.parametrize("layout", [ROWS, BLOCKS16])
+@pytest.mark.parametrize("act_dtype", ["int8", "int4"])
+def test_kernel_matches_its_model_bit_for_bit(layout, act_dtype):
+    from gearshift.kernels.act_quant import quantize_act_triton
+    from gearshift.kernels.w4a8_progressive import progressive_codes, w4a8_progressive
+
+    torch.manual_seed(0)
+    act = ActQuantSpec(act_dtype)
+    st = random_store("int4p", 384, 2048, 128, "cuda", layout=layout)
+    real = quantize_int4_progressive(torch.randn(256, 1024, device="cuda"), 128).to_layout(layout)
+    bound = 3e-2 if act_dtype == "int4" else 5e-3  # the quantizers' rounding (docs/kernels.md bounds)
+    for store in (st, real):
+        for m in (1, 64, 100, 300):
+            x = torch.randn(m, store.in_features, device="cuda", dtype=torch.bfloat16)
+            codes, scales = quantize_act_triton(x, act)
+            ref = linear_reference(x.float(), store, act).cpu()
+            for cfg in progressive_configs(max(m, 64)):
+                if not progressive_supports(store, act, cfg):
+                    continue
+                emu = w4a8_progressive_emulate(codes, scales, store, torch.float32, cfg.split_k).cpu()
+                y = progressive_codes(codes, scales, store, cfg, torch.float32).cpu()
+                assert torch.equal(y, emu), (m, cfg, _rel(y, emu))
+                y2 = w4a8_progressive(x, store, act, cfg).float().cpu()
+                assert _rel(y2, ref) < bound, (m, cfg)
+
+
+def _run_ptx(asm: str, operands: dict) -> int:
+    """A few PTX integer instructions (the ones the weight asm uses), on 32-bit registers."""
+    import re
+
+    regs = dict(operands)
+    body = asm.strip()[1:-1]
+    for ins in filter(None, (i.strip() for i in body.split(";"))):
+        if ins.startswith(".reg"):
+            continue
+        op, args = ins.split(None, 1)
+        args = [x.strip() for x in args.split(",")]
+
+        def val(x):
+            return int(x, 16) if x.startswith("0x") else regs[x]
+
+        if op == "and.b32":
+            r = val(args[1]) & val(args[2])
+        elif op == "shr.u32":
+            r = val(args[1]) >> int(args[2])
+        elif op == "mad.lo.u32":
+            r = val(args[1]) * val(args[2]) + val(args[3])
+        elif op == "prmt.b32":
+            src = val(args[1]) | (val(args[2]) << 32)
+            sel = val(args[3])
+            r = 0
+            for i in range(4):
+                n = (sel >> (4 * i)) & 0xF
+                byte = (src >> (8 * (n & 7))) & 0xFF
+                if n & 8:
+                    byte = 0xFF if byte & 0x80 else 0
+                r |= byte << (8 * i)
+        else:
+            raise AssertionError(f"unexpected instruction {op}")
+        regs[args[0]] = r & 0xFFFFFFFF
+        assert re.fullmatch(r"\$?\w+", args[0])
+    return regs["$0"]
+
+
+@pytest.mark.skipif(not HAS_GLUON, reason="this Triton has no Gluon")
+def test_weight_asm_gives_t_q_minus_tz_for_every_code_pair():
+    """The shipped inline PTX, run instruction by instruction: for every byte pair and every
+    (t, tz) the checks allow, the four output bytes are the int8 weights t * q - tz."""
+    import numpy as np
+
+    from gearshift.kernels import w4a8_progressive as P
+
+    asm = P._INT8_WEIGHTS.value
+    rng = np.random.default_rng(0)
+    pairs = rng.integers(0, 256, size=(64, 2))
+    pairs[:2] = [[0, 0], [255, 255]]
+    for t in range(0, 16):
+        for tz in sorted({0, 127, max(0, 15 * t - 127), min(127, 8 * t), 7 * t, max(0, 15 * t - 127) + 1}):
+            if tz > 127 or 15 * t - tz > 127:
+                continue
+            c = ((256 - tz) * 65537) & 0xFFFFFFFF
+            for b0, b1 in pairs:
+                word = b0 | b0 << 8 | b1 << 16 | b1 << 24  # {b0, b0, b1, b1}, as the join lays it out
+                out = _run_ptx(asm, {"$1": int(word), "$2": t, "$6": c})
+                got = [((out >> (8 * i)) & 0xFF) for i in range(4)]
+                got = [v - 256 if v > 127 else v for v in got]
+                q = [b0 & 15, b0 >> 4, b1 & 15, b1 >> 4]
+                assert got == [t * v - tz for v in q], (t, tz, b0, b1)
