@@ -30,8 +30,8 @@ import torch
 from gearshift.kernels.act_quant import quantize_act_triton
 from gearshift.kernels.config import TileConfig
 from gearshift.kernels.splitk import splitk_buffers
-from gearshift.kernels.w4a16_wgmma import HAS_GLUON, TWO_CONSUMER_REGS, _is_sm90_or_cpu, _weight_descriptor
-from gearshift.kernels.w4a8_wgmma import INT8_CODES
+from gearshift.kernels.w4a16_wgmma import HAS_GLUON, TWO_CONSUMER_REGS, _weight_descriptor
+from gearshift.kernels.w4a8_wgmma import int8_tile_fits
 from gearshift.quant.int4 import BLOCKS16, Int4Weight
 
 if HAS_GLUON:
@@ -179,20 +179,8 @@ def smem_bytes(cfg: TileConfig) -> int:
 
 
 def progressive_supports(store, act, cfg: TileConfig | None) -> bool:
-    if not HAS_GLUON or not isinstance(store, Int4Weight) or store.row_units is None or cfg is None:
-        return False
-    if getattr(act, "dtype", None) not in INT8_CODES or getattr(act, "group_size", 0) is not None:
-        return False
-    n, k, g = store.out_features, store.in_features, store.group_size
-    if cfg.bk != g or g not in (64, 128) or cfg.split_k not in (1, 2, 4) or cfg.bm not in (64, 128):
-        return False
-    if cfg.warps not in (4, 8) or cfg.bn != 16 * cfg.warps or cfg.a_smem:
-        return False
-    if cfg.bm * cfg.bn // (32 * cfg.warps) > 128 or smem_bytes(cfg) > 227 * 1024:
-        return False
-    if n % cfg.bn or k % g or k // g < 2 * cfg.split_k or (k // g) % 8 or store.scales.dtype != torch.float16:
-        return False
-    return _is_sm90_or_cpu()
+    return (getattr(store, "row_units", None) is not None and cfg is not None
+            and int8_tile_fits(store, act, cfg, smem_bytes(cfg)))
 
 
 def w4a8_progressive(x2: torch.Tensor, store: Int4Weight, act, cfg: TileConfig) -> torch.Tensor:

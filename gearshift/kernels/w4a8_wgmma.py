@@ -257,7 +257,10 @@ def smem_bytes(cfg: TileConfig) -> int:
     return cfg.stages * (cfg.bm * cfg.bk + cfg.bn * cfg.bk // 2 + 32 * cfg.bn + 4 * cfg.bm) + 1024
 
 
-def int8_wgmma_supports(store, act, cfg: TileConfig | None) -> bool:
+def int8_tile_fits(store, act, cfg: TileConfig | None, smem: int) -> bool:
+    """The rules the two int8-wgmma W4A8 kernels share: int8 / int4 per-token codes, one K tile
+    per group of 64 or 128, BN = 16 rows per warp with A in registers, the accumulators within 64
+    registers per thread, `smem` bytes of shared memory, [BN, 8] scale boxes (K / G % 8 == 0)."""
     if not HAS_GLUON or not isinstance(store, Int4Weight) or cfg is None:
         return False
     if getattr(act, "dtype", None) not in INT8_CODES or getattr(act, "group_size", 0) is not None:
@@ -267,11 +270,16 @@ def int8_wgmma_supports(store, act, cfg: TileConfig | None) -> bool:
         return False
     if cfg.warps not in (4, 8) or cfg.bn != 16 * cfg.warps or cfg.a_smem:
         return False
-    if cfg.bm * cfg.bn // (32 * cfg.warps) > 64 or smem_bytes(cfg) > 227 * 1024:
+    if cfg.bm * cfg.bn // (32 * cfg.warps) > 64 or smem > 227 * 1024:
         return False
     if n % cfg.bn or k % g or k // g < 2 * cfg.split_k or (k // g) % 8 or store.scales.dtype != torch.float16:
         return False
-    return fused_group_sums(k, g) and _is_sm90_or_cpu()
+    return _is_sm90_or_cpu()
+
+
+def int8_wgmma_supports(store, act, cfg: TileConfig | None) -> bool:
+    return (cfg is not None and int8_tile_fits(store, act, cfg, smem_bytes(cfg))
+            and fused_group_sums(store.in_features, store.group_size))
 
 
 def w4a8_int8_wgmma(x2: torch.Tensor, store: Int4Weight, act, cfg: TileConfig) -> torch.Tensor:
