@@ -151,6 +151,26 @@ if HAS_GLUON:
             mn = gl.load(mn_rows + g_next)
 
     @gluon.jit
+    def ring_barriers(STAGES: gl.constexpr, READY: gl.constexpr, CONSUMERS: gl.constexpr):
+        """The mbarriers of a STAGES-deep shared-memory ring: `ready[s]` completes after READY
+        arrivals (the TMA bytes, plus any stores of the load warp), `empty[s]` once every consumer
+        partition has released slot s."""
+        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(STAGES):
+            mbarrier.init(ready.index(i), count=READY)
+            mbarrier.init(empty.index(i), count=CONSUMERS)
+        return ready, empty
+
+    @gluon.jit
+    def k_slice(K, BKX: gl.constexpr, SPLIT_K: gl.constexpr):
+        """This program's split-K slice (grid axis 2) of the K / BKX tiles: (first tile, count)."""
+        kt = K // BKX
+        per = gl.cdiv(kt, SPLIT_K)
+        t0 = gl.program_id(2) * per
+        return t0, gl.minimum(per, kt - t0)
+
+    @gluon.jit
     def _store_tile(acc, mma: gl.constexpr, y_ptr, ws_ptr, cnt_ptr, xs_ptr, m0, n0, M, N, part, NPART: gl.constexpr,
                     SPLIT_K: gl.constexpr, TOKEN_SCALES: gl.constexpr):
         """Writes the fp32 tile acc [BN weight rows from n0, BM tokens from m0] (layout `mma`) to y
@@ -243,15 +263,8 @@ if HAS_GLUON:
                                            gl.NVMMASharedLayout.get_default_for([A_ROWS, BKX], x_desc.dtype))
         sc_bufs = gl.allocate_shared_memory(gl.float16, [STAGES, BN], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
         mn_bufs = gl.allocate_shared_memory(gl.float16, [STAGES, BN], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
-        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        for i in gl.static_range(STAGES):
-            mbarrier.init(ready.index(i), count=2)  # the TMA bytes, and the load warp's scale stores
-            mbarrier.init(empty.index(i), count=CONSUMERS)
-        kt = K // BKX  # K tiles, shared out over the split-K slices (grid axis 2)
-        per = gl.cdiv(kt, SPLIT_K)
-        t0 = gl.program_id(2) * per
-        num_k = gl.minimum(per, kt - t0)
+        ready, empty = ring_barriers(STAGES, 2, CONSUMERS)  # the TMA bytes, and the load warp's scale stores
+        t0, num_k = k_slice(K, BKX, SPLIT_K)
         if CONSUMERS == 1:
             gl.warp_specialize([
                 (_mma_partition, (x_bufs, w_bufs, a_bufs, sc_bufs, mn_bufs, ready, empty, y_ptr, ws_ptr, cnt_ptr,

@@ -49,7 +49,7 @@ if HAS_GLUON:
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     from gearshift.kernels.w4a8_wgmma import group_cols_layout, group_descriptors, pick_column
-    from gearshift.kernels.w4a16_wgmma import _store_tile, _tma_load, act_layout, byte_layout, tma_tiles
+    from gearshift.kernels.w4a16_wgmma import _store_tile, _tma_load, act_layout, byte_layout, ring_barriers, tma_tiles
 
     _OFFSET = gl.constexpr(OFFSET)
 
@@ -182,16 +182,8 @@ if HAS_GLUON:
         w_bufs = gl.allocate_shared_memory(w_desc.dtype, [STAGES * GPS] + w_desc.block_type.shape, w_desc.layout)
         sc_bufs = gl.allocate_shared_memory(gl.float16, [2, BN, 8], sc_desc.layout)
         mn_bufs = gl.allocate_shared_memory(gl.float16, [2, BN, 8], mn_desc.layout)
-        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        s_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-        s_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-        for i in gl.static_range(STAGES):
-            mbarrier.init(ready.index(i), count=1)  # the TMA bytes
-            mbarrier.init(empty.index(i), count=CONSUMERS)
-        for i in gl.static_range(2):
-            mbarrier.init(s_ready.index(i), count=1)
-            mbarrier.init(s_empty.index(i), count=CONSUMERS)
+        ready, empty = ring_barriers(STAGES, 1, CONSUMERS)  # ready: the TMA bytes
+        s_ready, s_empty = ring_barriers(2, 1, CONSUMERS)  # the scale / min boxes
         num_k = (K // BKX) // SPLIT_K  # groups per slice (a multiple of GPS: small_supports)
         t0 = gl.program_id(2) * num_k
         if CONSUMERS == 1:

@@ -39,7 +39,7 @@ if HAS_GLUON:
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.hopper import mbarrier, warpgroup_mma, warpgroup_mma_wait
 
-    from gearshift.kernels.w4a16_wgmma import _store_tile, _tma_load, fragment_rows, tma_tiles
+    from gearshift.kernels.w4a16_wgmma import _store_tile, _tma_load, fragment_rows, k_slice, ring_barriers, tma_tiles
     from gearshift.kernels.w4a8_wgmma import _code_descriptor, byte_layout_i8, group_column, group_descriptors
 
     @gluon.constexpr_function
@@ -131,15 +131,8 @@ if HAS_GLUON:
         w_bufs = gl.allocate_shared_memory(w_desc.dtype, [STAGES] + w_desc.block_type.shape, w_desc.layout)
         sc_bufs = gl.allocate_shared_memory(gl.float16, [STAGES, BN, 8], sc_desc.layout)
         mn_bufs = gl.allocate_shared_memory(gl.float16, [STAGES, BN, 8], mn_desc.layout)
-        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        for i in gl.static_range(STAGES):
-            mbarrier.init(ready.index(i), count=1)  # the TMA bytes
-            mbarrier.init(empty.index(i), count=CONSUMERS)
-        kt = K // BKX
-        per = gl.cdiv(kt, SPLIT_K)
-        t0 = gl.program_id(2) * per
-        num_k = gl.minimum(per, kt - t0)
+        ready, empty = ring_barriers(STAGES, 1, CONSUMERS)  # ready: the TMA bytes
+        t0, num_k = k_slice(K, BKX, SPLIT_K)
         if CONSUMERS == 1:
             gl.warp_specialize([
                 (_mma_partition, (x_bufs, w_bufs, sc_bufs, mn_bufs, ready, empty, units_ptr, y_ptr, ws_ptr, cnt_ptr,
