@@ -29,6 +29,9 @@ def main() -> None:
     ap.add_argument("--no-fused", action="store_true", help="torch RMSNorm/RoPE instead of the Triton kernels")
     ap.add_argument("--no-pdl", action="store_true",
                     help="launch kernels without programmatic dependent launch (gearshift/kernels/pdl.py)")
+    ap.add_argument("--int4-prog", action="store_true",
+                    help="int4 weights whose groups are int8 multiples of a row unit (--quantize int4-prog): "
+                         "W4A8 / W4A4 can then run the int8 tensor-core kernel w4a8_progressive")
     ap.add_argument("--tag", default="", help="suffix of the result file name")
     ap.add_argument("--int4-layout", default="auto", choices=("auto", "rows", "blocks16"),
                     help="int4 byte order (auto: blocks16 on GPU, as the engine loads it)")
@@ -53,7 +56,7 @@ def main() -> None:
     rows = []
     models = {}
     for mode in args.modes.split(","):
-        weights = "dense" if mode == "w16a16" else "int4"
+        weights = "dense" if mode == "w16a16" else ("int4-prog" if args.int4_prog else "int4")
         if weights not in models:
             models.clear()
             torch.cuda.empty_cache()

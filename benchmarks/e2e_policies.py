@@ -21,6 +21,9 @@ def main() -> None:
     ap.add_argument("--batches", default="1,16")
     ap.add_argument("--new-tokens", type=int, default=48)
     ap.add_argument("--out", default="benchmarks/results")
+    ap.add_argument("--int4-prog", action="store_true",
+                    help="int4 weights whose groups are int8 multiples of a row unit (--quantize int4-prog), so the "
+                         "QSPEC drafts can run the int8 tensor-core kernel w4a8_progressive")
     args = ap.parse_args()
 
     from gearshift.decode.autoregressive import AutoregressivePolicy
@@ -44,7 +47,8 @@ def main() -> None:
     }
     for weights, policies in setups.items():
         torch.cuda.empty_cache()
-        model = build_random_model(args.preset, weights=weights, device="cuda")
+        model = build_random_model(args.preset, weights="int4-prog" if weights == "int4" and args.int4_prog
+                                   else weights, device="cuda")
         loaded = LoadedModel(model, None, cfg, args.preset)
         for b in [int(x) for x in args.batches.split(",")]:
             gen = torch.Generator().manual_seed(b)
@@ -77,10 +81,11 @@ def main() -> None:
         model.use_cuda_graphs = False
         del model, loaded
     doc = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "preset": args.preset,
-           "new_tokens": args.new_tokens, "rows": rows}
+           "new_tokens": args.new_tokens, "int4_prog": args.int4_prog, "rows": rows}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"e2e_policies_{doc['device'].replace(' ', '_')}.json").write_text(json.dumps(doc, indent=1))
+    tag = "_int4prog" if args.int4_prog else ""
+    (out / f"e2e_policies_{doc['device'].replace(' ', '_')}{tag}.json").write_text(json.dumps(doc, indent=1))
     print(f"\n{'policy':24} {'batch':>5} {'graphs':>6} {'tok/s':>9} same")
     for r in rows:
         print(f"{r['policy']:24} {r['batch']:5d} {str(r['cuda_graphs']):>6} {r['tokens_per_s']:9.1f} "

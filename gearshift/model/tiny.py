@@ -210,7 +210,9 @@ def build_random_model(preset: str = "llama3-8b", weights: str = "int4", group_s
     """A random-weight `Transformer` built directly in memory (no files), for benchmarks.
 
     `weights="int4"` draws packed int4 codes and fp16 scales directly (no dense weights are
-    ever materialized, so an 8B model builds in seconds); `"dense"` draws N(0, 0.02) tensors.
+    ever materialized, so an 8B model builds in seconds); `"int4-prog"` the same with scales that
+    are whole multiples of a per-row power of two (`Int4Weight.row_units`, what `--quantize
+    int4-prog` writes); `"dense"` draws N(0, 0.02) tensors.
     """
     from gearshift.model.config import ModelConfig
     from gearshift.model.loader import build_transformer, use_int4_layout
@@ -221,12 +223,18 @@ def build_random_model(preset: str = "llama3-8b", weights: str = "int4", group_s
     tensors: dict[str, object] = {}
     for name, shape in tensor_shapes(cfg):
         is_linear = len(shape) == 2 and "embed" not in name and not name.startswith("lm_head")
-        if is_linear and weights == "int4":
+        if is_linear and weights in ("int4", "int4-prog"):
             n, k = shape
             q = torch.randint(0, 256, (n, k // 2), generator=gen, device=device, dtype=torch.uint8)
-            scale = torch.full((n, k // group_size), 0.02 / 4, device=device, dtype=torch.float16)
-            scale *= 0.5 + torch.rand(scale.shape, generator=gen, device=device, dtype=torch.float16)
-            tensors[name] = Int4Weight(q, scale, -8 * scale, group_size, symmetric=True)
+            units = None
+            if weights == "int4-prog":  # t * 2^-11 with t in 5..15: scales 0.0024-0.0073, |t * (q - 8)| <= 120
+                units = torch.full((n,), 2.0 ** -11, device=device)
+                t = torch.randint(5, 16, (n, k // group_size), generator=gen, device=device).float()
+                scale = (t * units[:, None]).to(torch.float16)
+            else:
+                scale = torch.full((n, k // group_size), 0.02 / 4, device=device, dtype=torch.float16)
+                scale *= 0.5 + torch.rand(scale.shape, generator=gen, device=device, dtype=torch.float16)
+            tensors[name] = Int4Weight(q, scale, -8 * scale, group_size, symmetric=True, row_units=units)
         elif name.endswith("norm.weight"):
             tensors[name] = torch.ones(shape, device=device, dtype=dtype)
         else:
