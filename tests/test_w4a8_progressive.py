@@ -240,3 +240,13 @@ def test_weight_asm_gives_t_q_minus_tz_for_every_code_pair():
                 got = [v - 256 if v > 127 else v for v in got]
                 q = [b0 & 15, b0 >> 4, b1 & 15, b1 >> 4]
                 assert got == [t * v - tz for v in q], (t, tz, b0, b1)
+
+
+def test_random_models_with_row_units():
+    """`build_random_model(weights="int4-prog")`, which the GPU benchmarks use at 8B shapes."""
+    from gearshift.model.tiny import build_random_model
+
+    model = build_random_model("tiny", weights="int4-prog", device="cpu", dtype=torch.float32)
+    stores = [lin.store for name, lin in model.linear_layers() if name != "lm_head"]
+    assert stores and all(isinstance(s, Int4Weight) and s.row_units is not None for s in stores)
+    assert all(int(s.int8_weights().abs().max()) <= 127 for s in stores)
