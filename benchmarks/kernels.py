@@ -117,11 +117,11 @@ def time_step(run, reps=5) -> float:
     return time_us([run], rounds=1, reps=reps) / 1000.0
 
 
-def stage_bench(pm, m_list, bw, log, dtype=torch.bfloat16, layers=32, layout="blocks16") -> dict:
+def stage_bench(pm, m_list, bw, log, dtype=torch.bfloat16, layers=32, layout="blocks16", prog=False) -> dict:
     shapes = PRESETS["llama3-8b"]["shapes"]
     flops = {m: 2 * m * sum(n * k for _, n, k in shapes) * layers for m in m_list}
-    res: dict = {"m": m_list, "ms": {}, "notes": [], "int4_layout": layout}
-    int4 = Model("int4", shapes, layers, 128, dtype, layout)
+    res: dict = {"m": m_list, "ms": {}, "notes": [], "int4_layout": layout, "int4_row_units": prog}
+    int4 = Model("int4p" if prog else "int4", shapes, layers, 128, dtype, layout)
     floor_ms = int4.nbytes() / bw * 1000
     res["int4_bytes"] = int4.nbytes()
     res["floor_ms"] = floor_ms
@@ -316,6 +316,9 @@ def main(argv=None):
     ap.add_argument("--m", default=",".join(map(str, M_BUCKETS)))
     ap.add_argument("--modes", default="w4a16,w4a8,w4a8fp8,w4a4")
     ap.add_argument("--policy", default=None, help="reuse a policy JSON instead of profiling")
+    ap.add_argument("--int4-prog", action="store_true",
+                    help="int4 stores with row units (--quantize int4-prog) in profile and bench: adds the int8 "
+                         "tensor-core W4A8/W4A4 kernel w4a8_progressive")
     ap.add_argument("--int4-layout", default="blocks16", choices=("rows", "blocks16"),
                     help="int4 byte order for profile and bench (the engine's GPU default is blocks16)")
     a = ap.parse_args(argv)
@@ -351,7 +354,8 @@ def main(argv=None):
     pm = PolicyMap.load(a.policy) if a.policy else None
     if "profile" in stages:
         shapes = PRESETS["llama3-8b"]["shapes"]
-        pm = profile(shapes, a.modes.split(","), m_list, group=128, log=log, int4_layout=a.int4_layout)
+        pm = profile(shapes, a.modes.split(","), m_list, group=128, log=log, int4_layout=a.int4_layout,
+                     int4_progressive=a.int4_prog)
         pm.save(out / f"policy_{device_slug(device)}.json")
         res["ablation"] = {mode: ablations(pm, shapes, 32, mode) for mode in a.modes.split(",")}
         log(f"profile done {time.time()-t0:.0f}s")
@@ -360,7 +364,7 @@ def main(argv=None):
                 best_static = min((v for c, v in row.items() if c.startswith("only:") and v is not None), default=None)
                 log(f"abl {mode} M={m}: map={row['map']} best_static={best_static} rule={row.get('adangel_r')}")
     if "bench" in stages:
-        res["bench"] = stage_bench(pm, m_list, bw, log, layout=a.int4_layout)
+        res["bench"] = stage_bench(pm, m_list, bw, log, layout=a.int4_layout, prog=a.int4_prog)
         log(f"bench done {time.time()-t0:.0f}s")
     if "gearbx" in stages:
         res["gearbx"] = stage_gearbx(log)
