@@ -132,21 +132,92 @@ def gluon_ptx(compile_sm90):
     return compile_sm90(_COMPILE)
 
 
+_WORD_VIEW = r"""
+import ast, contextlib, io, re
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon._runtime import GluonASTSource
+
+if not hasattr(gl, "to_linear_layout"):
+    raise SystemExit(3)
+
+# a jit function needs a source file
+PROBE = (
+    "from triton.experimental import gluon\n"
+    "from triton.experimental.gluon import language as gl\n"
+    "from gearshift.kernels.w4a8_progressive import as_words\n"
+    "@gluon.jit\n"
+    "def k(x, BN: gl.constexpr, BKH: gl.constexpr, SW: gl.constexpr, RANK: gl.constexpr):\n"
+    "    L8: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=SW, element_bitwidth=8, rank=RANK)\n"
+    "    L32: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=SW, element_bitwidth=32, rank=2)\n"
+    "    if RANK == 3:  # the blocks16 TMA box, viewed as 2-D as the kernels do\n"
+    "        buf = gl.allocate_shared_memory(gl.uint8, [BN // 16, 16, BKH], L8).reshape([BN, BKH])\n"
+    "    else:\n"
+    "        buf = gl.allocate_shared_memory(gl.uint8, [BN, BKH], L8)\n"
+    "    gl.static_print('L8', gl.to_linear_layout(buf.type.layout, [BN, BKH]))\n"
+    "    w = as_words(buf, BN, BKH // 4, L32)\n"
+    "    gl.static_print('L32', gl.to_linear_layout(w.type.layout, [BN, BKH // 4]))\n")
+import importlib.util, os, tempfile
+path = os.path.join(tempfile.mkdtemp(), "word_view_probe.py")
+open(path, "w").write(PROBE)
+spec = importlib.util.spec_from_file_location("word_view_probe", path)
+probe = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(probe)
+k = probe.k
+
+def offsets(bases):
+    tab = {}
+    for off in range(1 << len(bases)):
+        r = c = 0
+        for i, (br, bc) in enumerate(bases):
+            if off >> i & 1:
+                r, c = r ^ br, c ^ bc
+        tab[(r, c)] = off
+    return tab
+
+for BN, BKH, SW, RANK in [(64, 64, 64, 2), (64, 64, 64, 3), (64, 32, 32, 2), (64, 32, 32, 3), (128, 64, 64, 3)]:
+    sig = {"x": "*i32", "BN": "constexpr", "BKH": "constexpr", "SW": "constexpr", "RANK": "constexpr"}
+    src = GluonASTSource(fn=k, signature=sig, constexprs={(1,): BN, (2,): BKH, (3,): SW, (4,): RANK}, attrs={})
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        try:
+            triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+        except Exception:
+            pass  # the prints happen while the kernel is traced
+    text = buf.getvalue()
+    l8 = offsets(ast.literal_eval(re.search(r"L8.*?offset_bases=(\[\[.*?\]\])", text).group(1)))
+    l32 = offsets(ast.literal_eval(re.search(r"L32.*?offset_bases=(\[\[.*?\]\])", text).group(1)))
+    out[f"{BN}x{BKH} sw{SW} rank{RANK}"] = all(l8[(r, 4 * u)] == 4 * l32[(r, u)]
+                                               for r in range(BN) for u in range(BKH // 4))
+"""
+
+
+@pytest.mark.skipif(not HAS_GLUON, reason="this Triton has no Gluon")
+def test_word_view_of_the_swizzled_byte_tile_has_the_same_addresses(compile_sm90):
+    """The kernel reads the TMA-swizzled byte tile as int32 words (`as_words`): word (r, u) must sit
+    at the address of byte (r, 4u), for both byte orders' boxes and both swizzle widths."""
+    res = compile_sm90(_WORD_VIEW)
+    assert res and all(res.values()), res
+
+
 @pytest.mark.parametrize("name", ["one_consumer_blocks16", "two_consumers_rows_splitk"])
 def test_compiles_to_int8_wgmma_with_packed_weights(gluon_ptx, name):
     p = gluon_ptx[name]
     assert "wgmma.mma_async.sync.aligned.m64n128k32.s32.s8.s8" in p
     assert "cp.async.bulk.tensor" in p and "setmaxnreg" in p
-    # the asm's $2 is t (a float -> int conversion of scale / unit) and $6 is (256 - tz) * 0x10001:
+    # the asm's $1 is a code word loaded as such, $9 is t (a float -> int conversion of scale / unit)
+    # and $13 is (256 - tz) * 0x10001:
     # Triton hands each 32-bit argument of a pack-4 asm over as 4 operands, the first of which is read
     import re
 
     defs = {reg: op for op, reg in re.findall(r"^\s*(\S+)\s+(%r\d+),", p, re.M)}
-    uses = re.findall(r"mad\.lo\.u32 a, a, (%r\d+), (%r\d+);", p)
+    uses = re.findall(r"prmt\.b32 x, (%r\d+), 0, (%r\d+);.*?mad\.lo\.u32 a, a, (%r\d+), (%r\d+);", p)
     assert uses
-    for t_reg, c_reg in uses:
+    for w_reg, sel_reg, t_reg, c_reg in uses:
+        assert defs[w_reg].startswith("ld.shared"), w_reg  # a code word straight from shared memory
         assert defs[t_reg] == "cvt.rzi.s32.f32", t_reg
         assert re.search(rf"mad\.lo\.s32\s+{c_reg}, %r\d+, 65537, 16777472;", p), c_reg
+    # lane (g, t) always takes half t % 2 of its words: one selector register per consumer partition
+    assert len({sel for _, sel, _, _ in uses}) == (2 if name == "two_consumers_rows_splitk" else 1)
     if name == "two_consumers_rows_splitk":
         assert "atom.global.gpu.acq_rel.add" in p
 
@@ -191,12 +262,12 @@ def _run_ptx(asm: str, operands: dict) -> int:
         args = [x.strip() for x in args.split(",")]
 
         def val(x):
-            return int(x, 16) if x.startswith("0x") else regs[x]
+            return int(x, 16) if x.startswith("0x") else int(x) if x.isdigit() else regs[x]
 
         if op == "and.b32":
             r = val(args[1]) & val(args[2])
         elif op == "shr.u32":
-            r = val(args[1]) >> int(args[2])
+            r = val(args[1]) >> val(args[2])
         elif op == "mad.lo.u32":
             r = val(args[1]) * val(args[2]) + val(args[3])
         elif op == "prmt.b32":
@@ -218,35 +289,25 @@ def _run_ptx(asm: str, operands: dict) -> int:
 
 @pytest.mark.skipif(not HAS_GLUON, reason="this Triton has no Gluon")
 def test_weight_asm_gives_t_q_minus_tz_for_every_code_pair():
-    """The shipped inline PTX, run instruction by instruction: for every byte pair and every
-    (t, tz) the checks allow, the four output bytes are the int8 weights t * q - tz."""
+    """The shipped inline PTX, run instruction by instruction: for random and extreme code words,
+    both halves of the word and every (t, tz) the checks allow, the four output bytes are the
+    int8 weights t * q - tz of the half's four codes, low nibble first."""
     import numpy as np
 
     from gearshift.kernels import w4a8_progressive as P
 
     asm = P._INT8_WEIGHTS.value
     rng = np.random.default_rng(0)
-    pairs = rng.integers(0, 256, size=(64, 2))
-    pairs[:2] = [[0, 0], [255, 255]]
+    words = [int(w) for w in rng.integers(0, 1 << 32, size=48, dtype=np.uint64)] + [0, 0xFFFFFFFF, 0x0F0F0F0F]
     for t in range(0, 16):
         for tz in sorted({0, 127, max(0, 15 * t - 127), min(127, 8 * t), 7 * t, max(0, 15 * t - 127) + 1}):
             if tz > 127 or 15 * t - tz > 127:
                 continue
             c = ((256 - tz) * 65537) & 0xFFFFFFFF
-            for b0, b1 in pairs:
-                word = b0 | b0 << 8 | b1 << 16 | b1 << 24  # {b0, b0, b1, b1}, as the join lays it out
-                out = _run_ptx(asm, {"$1": int(word), "$2": t, "$6": c})
-                got = [((out >> (8 * i)) & 0xFF) for i in range(4)]
-                got = [v - 256 if v > 127 else v for v in got]
-                q = [b0 & 15, b0 >> 4, b1 & 15, b1 >> 4]
-                assert got == [t * v - tz for v in q], (t, tz, b0, b1)
-
-
-def test_random_models_with_row_units():
-    """`build_random_model(weights="int4-prog")`, which the GPU benchmarks use at 8B shapes."""
-    from gearshift.model.tiny import build_random_model
-
-    model = build_random_model("tiny", weights="int4-prog", device="cpu", dtype=torch.float32)
-    stores = [lin.store for name, lin in model.linear_layers() if name != "lm_head"]
-    assert stores and all(isinstance(s, Int4Weight) and s.row_units is not None for s in stores)
-    assert all(int(s.int8_weights().abs().max()) <= 127 for s in stores)
+            for word in words:
+                for half, sel in ((0, P._LOW_HALF.value), (1, P._HIGH_HALF.value)):
+                    out = _run_ptx(asm, {"$1": word, "$5": sel, "$9": t, "$13": c})
+                    got = [((out >> (8 * i)) & 0xFF) for i in range(4)]
+                    got = [v - 256 if v > 127 else v for v in got]
+                    codes = [(word >> (16 * half + 4 * i)) & 15 for i in range(4)]
+                    assert got == [t * q - tz for q in codes], (t, tz, hex(word), half)

@@ -12,9 +12,12 @@ weights in registers and the int32 accumulator runs over the whole K without a r
 DPR: P_W = (4) widened to an 8-bit weight by an integer multiply-add, P_X = (8) (W4A4's int4
 codes are int8 too), int32 products over all of K, reconstructed once per output in the epilogue.
 
-The int8 weights come from two codes in 16-bit lanes (one AND, one shift + AND), one IMAD per
-lane pair, `lane = q * t + 256 - tz` (its low byte is t * q - tz in two's complement, the lane
-never carries), and one PRMT that gathers the four low bytes: six instructions per four weights.
+The int8 weights are built on 32-bit registers only: the byte tile is read from shared memory as
+int32 words (two lanes per word), each lane's half of a word spread into 16-bit lanes (PRMT), the
+codes masked apart, one IMAD per lane pair, `lane = q * t + 256 - tz` (its low byte is t * q - tz
+in two's complement, the lane never carries), one PRMT that gathers four low bytes: 7
+instructions per four weights. (On int8 tensors, Triton turns joins into byte shuffles: the
+first version's loop had 293 SASS instructions per K tile, this one 229; docs/kernels.md.)
 t and tz come from the fp16 scale and min the load warp already copies (scale = t * unit and
 min = -tz * unit exactly, `Int4Weight.row_units`), times 1 / unit, which is exact.
 
@@ -40,31 +43,51 @@ if HAS_GLUON:
     from triton.experimental.gluon.language.nvidia.hopper import mbarrier, warpgroup_mma, warpgroup_mma_wait
 
     from gearshift.kernels.w4a16_wgmma import _store_tile, _tma_load, fragment_rows, k_slice, ring_barriers, tma_tiles
-    from gearshift.kernels.w4a8_wgmma import _code_descriptor, byte_layout_i8, group_column, group_descriptors
+    from gearshift.kernels.w4a8_wgmma import _code_descriptor, group_column, group_descriptors
 
-    @gluon.constexpr_function
-    def code_layout_i8(BN, BK, warps):
-        """Register layout of the [BN, BK] tile of doubled bytes (`byte_layout_i8` joined with
-        itself): lane (g, t) holds rows g, g+8 and weights 4t..4t+3 in one 32-bit register, i.e.
-        the int8 wgmma A fragment; explicit so that per-row values can be broadcast along it."""
-        extra, warp_bases = fragment_rows(BN, warps)
-        reg = [[0, 1], [0, 2], [8, 0]] + [[0, 16 << i] for i in range((BK // 16).bit_length() - 1)] + extra
-        return gl.DistributedLinearLayout(
-            reg_bases=reg, lane_bases=[[0, 4], [0, 8], [1, 0], [2, 0], [4, 0]],
-            warp_bases=warp_bases, block_bases=[], shape=[BN, BK])
-
-    # {b0, b0, b1, b1}, t, c = (256 - tz) * 0x10001 -> the int8 weights t * q - tz of
-    # {lo(b0), hi(b0), lo(b1), hi(b1)}: codes (q0, q2) and (q1, q3) in 16-bit lanes, q * t + 256 - tz
-    # per lane (< 2^16: no carry between lanes), the four low bytes gathered
-    _INT8_WEIGHTS = gl.constexpr("{ .reg .b32 a, h; and.b32 a, $1, 0x000F000F; shr.u32 h, $1, 12; "
-                                 "and.b32 h, h, 0x000F000F; mad.lo.u32 a, a, $2, $6; mad.lo.u32 h, h, $2, $6; "
-                                 "prmt.b32 $0, a, h, 0x6240; }")
+    # Triton 3.6 names it _reinterpret, later releases reinterpret
+    _NEW_REINTERPRET = gl.constexpr(hasattr(gl.shared_memory_descriptor, "reinterpret"))
 
     @gluon.jit
-    def int8_weights(bb, t, c):
-        """bb: [BN, BK] doubled code bytes (`code_layout_i8`); t, c: [BN, 1] int32 per row."""
-        return gl.inline_asm_elementwise(_INT8_WEIGHTS, "=r,r,r,r,r,r,r,r,r,r", [bb, t, c], dtype=gl.int8,
-                                         is_pure=True, pack=4)
+    def as_words(buf, rows: gl.constexpr, cols: gl.constexpr, layout: gl.constexpr):
+        """The byte tile `buf` [rows, 4 cols] as int32 words [rows, cols] in shared layout `layout`."""
+        if _NEW_REINTERPRET:
+            return buf.reinterpret(gl.int32, [rows, cols], layout)
+        else:
+            return buf._reinterpret(gl.int32, [rows, cols], layout)
+
+    @gluon.constexpr_function
+    def word_layout(BN, BK, warps):
+        """[BN, BK/8, 8] layout whose reshape to [BN, BK] is the int8 wgmma A fragment (lane (g, t):
+        rows g, g+8, weights 4t..4t+3 + 16 i) and whose last axis (the 8 weights of a 32-bit word
+        of codes) is all registers and one lane bit: sliced on that axis, two lanes load each word."""
+        extra, warp_bases = fragment_rows(BN, warps)
+        reg = ([[0, 0, 1], [0, 0, 2], [8, 0, 0]] + [[0, 2 << i, 0] for i in range((BK // 16).bit_length() - 1)]
+               + [[r, 0, 0] for r, _ in extra])
+        return gl.DistributedLinearLayout(
+            reg_bases=reg, lane_bases=[[0, 0, 4], [0, 1, 0], [1, 0, 0], [2, 0, 0], [4, 0, 0]],
+            warp_bases=[[w, 0, 0] for w, _ in warp_bases], block_bases=[], shape=[BN, BK // 8, 8])
+
+    # $1: the 32-bit word of codes that holds this lane's 4 weights (8 codes: its low or high half);
+    # $5: the PRMT selector that spreads that half's two bytes into 16-bit lanes ({b0, 0, b1, 0});
+    # $9: t, $13: (256 - tz) * 0x10001 of the row. Codes (q0, q2) and (q1, q3) are masked apart
+    # in their lanes, q * t + 256 - tz per lane (< 2^16: no carry between lanes; the low byte is
+    # t * q - tz in two's complement), one PRMT gathers the four low bytes in k order: 7
+    # instructions per four weights, on 32-bit registers only (no int8 shuffles)
+    _INT8_WEIGHTS = gl.constexpr(
+        "{ .reg .b32 x, a, h; prmt.b32 x, $1, 0, $5; and.b32 a, x, 0x000F000F; shr.u32 h, x, 4; "
+        "and.b32 h, h, 0x000F000F; mad.lo.u32 a, a, $9, $13; mad.lo.u32 h, h, $9, $13; "
+        "prmt.b32 $0, a, h, 0x6240; }")
+    #: the selectors of the low / high half of a word
+    _LOW_HALF = gl.constexpr(0x5140)
+    _HIGH_HALF = gl.constexpr(0x7362)
+
+    @gluon.jit
+    def int8_weights(words, sel, t, c):
+        """words, sel: [BN, BK] int32 in the A-fragment layout (each weight's code word and the
+        selector of its half); t, c: [BN, 1] int32 per row -> the int8 weights [BN, BK]."""
+        return gl.inline_asm_elementwise(_INT8_WEIGHTS, "=r,r,r,r,r,r,r,r,r,r,r,r,r,r,r,r,r", [words, sel, t, c],
+                                         dtype=gl.int8, is_pure=True, pack=4)
 
     @gluon.jit
     def _load_partition(x_desc, w_desc, sc_desc, mn_desc, x_bufs, w_bufs, sc_bufs, mn_bufs, ready, empty, m0, n0,
@@ -86,7 +109,7 @@ if HAS_GLUON:
     @gluon.jit
     def _mma_partition(x_bufs, w_bufs, sc_bufs, mn_bufs, ready, empty, units_ptr, y_ptr, ws_ptr, cnt_ptr, xs_ptr,
                        m0, n0, M, N, t0, num_k, ROW0: gl.constexpr, BN: gl.constexpr, NPART: gl.constexpr,
-                       SPLIT_K: gl.constexpr, WARPS: gl.constexpr):
+                       SPLIT_K: gl.constexpr, WARPS: gl.constexpr, SW: gl.constexpr):
         """Weight rows [ROW0, ROW0 + BN) of the tile: per K tile the int8 weights in registers and
         one int32 wgmma into the running accumulator (retired before the next tile's A registers
         are built: see `w4a16_wgmma`'s register-A note); unit * float(acc) once at the end."""
@@ -96,9 +119,16 @@ if HAS_GLUON:
         mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
                                                       instr_shape=[16, BM, 32])
         dot: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=4)
-        bl: gl.constexpr = byte_layout_i8(BN, BKX // 2, WARPS)
-        ql: gl.constexpr = code_layout_i8(BN, BKX, WARPS)
-        rows: gl.constexpr = gl.SliceLayout(1, ql)
+        wl3: gl.constexpr = word_layout(BN, BKX, WARPS)
+        wl: gl.constexpr = gl.SliceLayout(2, wl3)  # the [BN, BK/8] words, each in two lanes
+        words32: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=SW, element_bitwidth=32, rank=2)
+        # the A-fragment layout of [BN, BK] (the [BN, BK/8, 8] broadcast, reshaped)
+        zeros = gl.reshape(gl.zeros([BN, BKX // 8, 8], gl.int32, layout=wl3), [BN, BKX])
+        j8 = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(0, wl3)))  # a weight's place in its word
+        kk = gl.reshape(gl.expand_dims(gl.expand_dims(j8, 0), 0) + gl.zeros([BN, BKX // 8, 8], gl.int32, layout=wl3),
+                        [BN, BKX])
+        sel = gl.where((kk & 4) != 0, _HIGH_HALF, _LOW_HALF) + zeros
+        rows: gl.constexpr = gl.SliceLayout(1, zeros.type.layout)
         inv = 1.0 / gl.load(units_ptr + n0 + ROW0 + gl.arange(0, BN, layout=rows))  # powers of two: exact
         part = gl.zeros([BN, BM], gl.int32, layout=mma)
         for i in range(num_k):
@@ -108,9 +138,10 @@ if HAS_GLUON:
             t = (group_column(sc_bufs.index(s).slice(ROW0, BN), j, rows, BN, WARPS) * inv).to(gl.int32)
             ntz = (group_column(mn_bufs.index(s).slice(ROW0, BN), j, rows, BN, WARPS) * inv).to(gl.int32)
             c = (ntz + 256) * 65537
-            b = w_bufs.index(s).reshape([BN * NPART, BKX // 2]).slice(ROW0, BN).load(bl)
-            bb = gl.convert_layout(gl.reshape(gl.join(b, b), [BN, BKX]), ql, assert_trivial=True)
-            a = gl.convert_layout(int8_weights(bb, t[:, None], c[:, None]), dot, assert_trivial=True)
+            wsm = as_words(w_bufs.index(s).reshape([BN * NPART, BKX // 2]), BN * NPART, BKX // 8, words32)
+            w = wsm.slice(ROW0, BN).load(wl)
+            wb = gl.reshape(gl.expand_dims(w, 2) + gl.zeros([BN, BKX // 8, 8], gl.int32, layout=wl3), [BN, BKX])
+            a = gl.convert_layout(int8_weights(wb, sel, t[:, None], c[:, None]), dot, assert_trivial=True)
             part = warpgroup_mma(a, x_bufs.index(s).permute((1, 0)), part, is_async=True)
             part = warpgroup_mma_wait(0, deps=(part,))
             mbarrier.arrive(empty.index(s))
@@ -128,6 +159,7 @@ if HAS_GLUON:
         m0 = gl.program_id(1) * BM
         n0 = gl.program_id(0) * BN
         x_bufs = gl.allocate_shared_memory(x_desc.dtype, [STAGES] + x_desc.block_type.shape, x_desc.layout)
+        SW: gl.constexpr = w_desc.layout.swizzle_byte_width
         w_bufs = gl.allocate_shared_memory(w_desc.dtype, [STAGES] + w_desc.block_type.shape, w_desc.layout)
         sc_bufs = gl.allocate_shared_memory(gl.float16, [STAGES, BN, 8], sc_desc.layout)
         mn_bufs = gl.allocate_shared_memory(gl.float16, [STAGES, BN, 8], mn_desc.layout)
@@ -136,7 +168,7 @@ if HAS_GLUON:
         if CONSUMERS == 1:
             gl.warp_specialize([
                 (_mma_partition, (x_bufs, w_bufs, sc_bufs, mn_bufs, ready, empty, units_ptr, y_ptr, ws_ptr, cnt_ptr,
-                                  xs_ptr, m0, n0, M, N, t0, num_k, 0, BN, 1, SPLIT_K, num_warps)),
+                                  xs_ptr, m0, n0, M, N, t0, num_k, 0, BN, 1, SPLIT_K, num_warps, SW)),
                 (_load_partition, (x_desc, w_desc, sc_desc, mn_desc, x_bufs, w_bufs, sc_bufs, mn_bufs, ready, empty,
                                    m0, n0, t0, num_k, BLOCKS)),
             ], [1], [64])
@@ -144,9 +176,9 @@ if HAS_GLUON:
             half: gl.constexpr = BN // 2
             gl.warp_specialize([
                 (_mma_partition, (x_bufs, w_bufs, sc_bufs, mn_bufs, ready, empty, units_ptr, y_ptr, ws_ptr, cnt_ptr,
-                                  xs_ptr, m0, n0, M, N, t0, num_k, 0, half, 2, SPLIT_K, num_warps)),
+                                  xs_ptr, m0, n0, M, N, t0, num_k, 0, half, 2, SPLIT_K, num_warps, SW)),
                 (_mma_partition, (x_bufs, w_bufs, sc_bufs, mn_bufs, ready, empty, units_ptr, y_ptr, ws_ptr, cnt_ptr,
-                                  xs_ptr, m0, n0, M, N, t0, num_k, half, half, 2, SPLIT_K, num_warps)),
+                                  xs_ptr, m0, n0, M, N, t0, num_k, half, half, 2, SPLIT_K, num_warps, SW)),
                 (_load_partition, (x_desc, w_desc, sc_desc, mn_desc, x_bufs, w_bufs, sc_bufs, mn_bufs, ready, empty,
                                    m0, n0, t0, num_k, BLOCKS)),
             ], [num_warps, 1], [232, 40])
