@@ -157,6 +157,9 @@ PROBE = (
     "    w = as_words(buf, BN, BKH // 4, L32)\n"
     "    gl.static_print('L32', gl.to_linear_layout(w.type.layout, [BN, BKH // 4]))\n")
 import importlib.util, os, tempfile
+# the layouts are printed while the kernel is traced: never take it from Triton's cache
+os.environ["TRITON_ALWAYS_COMPILE"] = "1"
+os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp()
 path = os.path.join(tempfile.mkdtemp(), "word_view_probe.py")
 open(path, "w").write(PROBE)
 spec = importlib.util.spec_from_file_location("word_view_probe", path)
