@@ -42,8 +42,8 @@ if HAS_GLUON:
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.hopper import mbarrier, warpgroup_mma, warpgroup_mma_wait
 
-    from gearshift.kernels.w4a16_wgmma import _store_tile, _tma_load, fragment_rows, k_slice, ring_barriers, tma_tiles
-    from gearshift.kernels.w4a8_wgmma import _code_descriptor, group_column, group_descriptors
+    from gearshift.kernels.w4a16_wgmma import _store_tile, fragment_rows, k_slice, ring_barriers
+    from gearshift.kernels.w4a8_wgmma import _code_descriptor, _load_partition_tma, group_column, group_descriptors
 
     # Triton 3.6 names it _reinterpret, later releases reinterpret
     _NEW_REINTERPRET = gl.constexpr(hasattr(gl.shared_memory_descriptor, "reinterpret"))
@@ -88,23 +88,6 @@ if HAS_GLUON:
         selector of its half); t, c: [BN, 1] int32 per row -> the int8 weights [BN, BK]."""
         return gl.inline_asm_elementwise(_INT8_WEIGHTS, "=r,r,r,r,r,r,r,r,r,r,r,r,r,r,r,r,r", [words, sel, t, c],
                                          dtype=gl.int8, is_pure=True, pack=4)
-
-    @gluon.jit
-    def _load_partition(x_desc, w_desc, sc_desc, mn_desc, x_bufs, w_bufs, sc_bufs, mn_bufs, ready, empty, m0, n0,
-                        t0, num_k, BLOCKS: gl.constexpr):
-        """One warp, TMA only: per K tile (= group g) the codes, the weight bytes and the [BN, 8]
-        scale and min boxes of groups 8 (g / 8) .. + 7."""
-        STAGES: gl.constexpr = x_bufs.type.shape[0]
-        BKX: gl.constexpr = x_desc.block_type.shape[1]
-        NB: gl.constexpr = x_desc.block_type.nbytes + w_desc.block_type.nbytes + 2 * sc_desc.block_type.nbytes
-        for i in range(num_k):
-            s = i % STAGES
-            mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)
-            mbarrier.expect(ready.index(s), NB)
-            g = t0 + i
-            tma_tiles(x_desc, w_desc, x_bufs.index(s), w_bufs.index(s), ready.index(s), m0, n0, g * BKX, BLOCKS)
-            _tma_load(sc_desc, [n0, g // 8 * 8], ready.index(s), sc_bufs.index(s))
-            _tma_load(mn_desc, [n0, g // 8 * 8], ready.index(s), mn_bufs.index(s))
 
     @gluon.jit
     def _mma_partition(x_bufs, w_bufs, sc_bufs, mn_bufs, ready, empty, units_ptr, y_ptr, ws_ptr, cnt_ptr, xs_ptr,
@@ -169,8 +152,8 @@ if HAS_GLUON:
             gl.warp_specialize([
                 (_mma_partition, (x_bufs, w_bufs, sc_bufs, mn_bufs, ready, empty, units_ptr, y_ptr, ws_ptr, cnt_ptr,
                                   xs_ptr, m0, n0, M, N, t0, num_k, 0, BN, 1, SPLIT_K, num_warps, SW)),
-                (_load_partition, (x_desc, w_desc, sc_desc, mn_desc, x_bufs, w_bufs, sc_bufs, mn_bufs, ready, empty,
-                                   m0, n0, t0, num_k, BLOCKS)),
+                (_load_partition_tma, (x_desc, w_desc, sc_desc, mn_desc, sc_desc, x_bufs, w_bufs, sc_bufs, mn_bufs,
+                                       sc_bufs, ready, empty, m0, n0, t0, num_k, BLOCKS, False)),
             ], [1], [64])
         else:
             half: gl.constexpr = BN // 2
@@ -179,8 +162,8 @@ if HAS_GLUON:
                                   xs_ptr, m0, n0, M, N, t0, num_k, 0, half, 2, SPLIT_K, num_warps, SW)),
                 (_mma_partition, (x_bufs, w_bufs, sc_bufs, mn_bufs, ready, empty, units_ptr, y_ptr, ws_ptr, cnt_ptr,
                                   xs_ptr, m0, n0, M, N, t0, num_k, half, half, 2, SPLIT_K, num_warps, SW)),
-                (_load_partition, (x_desc, w_desc, sc_desc, mn_desc, x_bufs, w_bufs, sc_bufs, mn_bufs, ready, empty,
-                                   m0, n0, t0, num_k, BLOCKS)),
+                (_load_partition_tma, (x_desc, w_desc, sc_desc, mn_desc, sc_desc, x_bufs, w_bufs, sc_bufs, mn_bufs,
+                                       sc_bufs, ready, empty, m0, n0, t0, num_k, BLOCKS, False)),
             ], [num_warps, 1], [232, 40])
 
 

@@ -97,15 +97,16 @@ if HAS_GLUON:
 
     @gluon.jit
     def _load_partition_tma(x_desc, w_desc, sc_desc, mn_desc, sum_desc, x_bufs, w_bufs, sc_bufs, mn_bufs, sum_bufs,
-                            ready, empty, m0, n0, t0, num_k, BLOCKS: gl.constexpr):
+                            ready, empty, m0, n0, t0, num_k, BLOCKS: gl.constexpr, SUMS: gl.constexpr = True):
         """One warp, TMA only (no register round trip: a load warp that waits for its own global
         loads each tile paced the whole kernel): per K tile (= group g) the codes and weight bytes,
-        the scales and mins of groups 8 (g / 8) .. + 7 of the BN rows, and the BM tokens' code sums
-        over group g (from the quantizer's [K / G, M] sums)."""
+        the scales and mins of groups 8 (g / 8) .. + 7 of the BN rows, and with SUMS the BM tokens'
+        code sums over group g (from the quantizer's [K / G, M] sums; without, sum_desc and
+        sum_bufs are not touched)."""
         STAGES: gl.constexpr = x_bufs.type.shape[0]
         BKX: gl.constexpr = x_desc.block_type.shape[1]
         NB: gl.constexpr = (x_desc.block_type.nbytes + w_desc.block_type.nbytes + 2 * sc_desc.block_type.nbytes
-                            + sum_desc.block_type.nbytes)
+                            + (sum_desc.block_type.nbytes if SUMS else 0))
         for i in range(num_k):
             s = i % STAGES
             mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)
@@ -114,7 +115,8 @@ if HAS_GLUON:
             tma_tiles(x_desc, w_desc, x_bufs.index(s), w_bufs.index(s), ready.index(s), m0, n0, g * BKX, BLOCKS)
             _tma_load(sc_desc, [n0, g // 8 * 8], ready.index(s), sc_bufs.index(s))
             _tma_load(mn_desc, [n0, g // 8 * 8], ready.index(s), mn_bufs.index(s))
-            _tma_load(sum_desc, [g, m0], ready.index(s), sum_bufs.index(s))
+            if SUMS:
+                _tma_load(sum_desc, [g, m0], ready.index(s), sum_bufs.index(s))
 
     # {b0, b0, b1, b1} -> {lo(b0), hi(b0), lo(b1), hi(b1)}: three ALU ops per four weights
     _SPLIT = gl.constexpr("{ .reg .b32 t; shr.b32 t, $1, 4; and.b32 t, t, 0x0F000F00; "
