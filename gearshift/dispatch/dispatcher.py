@@ -85,6 +85,7 @@ class AdaptiveDispatcher(Dispatcher):
         self._autoload = autoload and policy is None
         self.static = static  # force one strategy (ablations); None: use the map
         self.calls: dict[str, int] = {}
+        self._served_memo: dict[tuple, Choice] = {}  # `_best_served`, per map, type key, bucket and store kind
 
     def _policy(self) -> PolicyMap | None:
         if self._autoload:
@@ -144,10 +145,10 @@ class AdaptiveDispatcher(Dispatcher):
         from gearshift.dispatch.policy import parse_candidate
 
         bucket = pm.buckets[pm.bucket_index(m)]
-        memo = self.__dict__.setdefault("_served_memo", {})
-        kind = (id(pm), key, bucket, m, getattr(store, "layout", None), getattr(store, "row_units", None) is None,
+        memo = self._served_memo
+        kind = (id(pm), key, bucket, getattr(store, "layout", None), getattr(store, "row_units", None) is None,
                 None if act is None else (act.dtype, act.bits, act.group_size))
-        hit = memo.get(kind)
+        hit = memo.get(kind)  # re-checked below: M within the bucket can still matter (MAX_TOKENS)
         if hit is not None and self._serves(hit, store, act, m):
             return hit
         cands = pm.timings.get(key, {}).get(str(bucket), {})
