@@ -1,5 +1,5 @@
-"""Merge the entries of a freshly profiled policy map into another (e.g. the shipped one) for the
-given modes and M buckets, keeping everything else; appends what was merged to the map's meta.merged list.
+"""Merge the entries (and candidate timings) of a freshly profiled policy map into another (e.g. the
+shipped one) for the given modes and M buckets, keeping everything else; appends what was merged to the map's meta.merged list.
 
     python benchmarks/policy_merge.py --base gearshift/data/policy/NVIDIA_H100_80GB_HBM3.json \\
         --new $OUT/policy_NVIDIA_H100_80GB_HBM3.json --modes w4a16 --m 2,4,8,16 --out merged.json
@@ -30,6 +30,11 @@ def main() -> None:
             if m in per_m:
                 base["entries"].setdefault(key, {})[m] = per_m[m]
                 taken += 1
+            # the candidates timed there join the base's (newer times win): what static strategies
+            # and AdaptiveDispatcher._best_served read
+            timed = new.get("timings", {}).get(key, {}).get(m)
+            if timed:
+                base.setdefault("timings", {}).setdefault(key, {}).setdefault(m, {}).update(timed)
     meta = base.setdefault("meta", {})
     history = meta.get("merged", [])
     history = [history] if isinstance(history, str) else list(history)  # earlier maps kept one string

@@ -224,7 +224,9 @@ def test_step_cost_sums_the_map_and_proxies_w4a4():
 
 def test_bundled_map_choices_can_run_their_shapes():
     """Every int4 entry of a shipped map is supported by its strategy on a store of that shape, in
-    both int4 layouts; an unsupported entry would make the dispatcher fall back silently."""
+    both int4 layouts (with row units where the strategy needs them, `w4a8_progressive`); an
+    unsupported entry would make the dispatcher fall back silently. Plain stores at such an entry
+    get a timed candidate of the map that they can run, never the rule default."""
     import re
 
     from gearshift.dispatch.policy import bundled_dir
@@ -240,12 +242,24 @@ def test_bundled_map_choices_can_run_their_shapes():
                 continue
             mode, g, n, k = mt.group(1), int(mt.group(2)), int(mt.group(3)), int(mt.group(4))
             for layout in (ROWS, BLOCKS16):
-                st = Int4Weight(torch.empty(n, k // 2, dtype=torch.uint8), torch.ones(n, k // g, dtype=torch.float16),
-                                torch.zeros(n, k // g, dtype=torch.float16), g, layout=layout)
+                def store(units):
+                    return Int4Weight(torch.empty(n, k // 2, dtype=torch.uint8),
+                                      torch.ones(n, k // g, dtype=torch.float16),
+                                      torch.zeros(n, k // g, dtype=torch.float16), g, layout=layout, row_units=units)
+
+                st, prog = store(None), store(torch.ones(n))
+                dispatcher = AdaptiveDispatcher(pm, autoload=False)
                 for m, c in zip(pm.buckets, row):
-                    if c is None or (c.strategy.endswith("_wgmma") and not HAS_GLUON):
+                    if c is None or (c.strategy.endswith(("_wgmma", "_progressive")) and not HAS_GLUON):
                         continue
-                    assert STRATEGIES[c.strategy].supports(st, MODES[mode].act, c.config), (path.name, key, m, layout)
+                    act = MODES[mode].act
+                    if c.strategy == "w4a8_progressive":
+                        assert STRATEGIES[c.strategy].supports(prog, act, c.config), (path.name, key, m, layout)
+                        alt = dispatcher.choose(st, act, m)
+                        assert alt is not None and alt.us is not None, (path.name, key, m, layout)
+                        assert STRATEGIES[alt.strategy].supports(st, act, alt.config)
+                        continue
+                    assert STRATEGIES[c.strategy].supports(st, act, c.config), (path.name, key, m, layout)
 
 
 def test_map_pick_a_store_cannot_run_falls_to_its_best_timed_alternative():

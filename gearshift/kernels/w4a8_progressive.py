@@ -99,8 +99,12 @@ if HAS_GLUON:
         STAGES: gl.constexpr = x_bufs.type.shape[0]
         BM: gl.constexpr = x_bufs.type.shape[1]
         BKX: gl.constexpr = x_bufs.type.shape[2]
+        # BM = 256: two m64n128 wgmmas on the same A registers (Triton lowers no int8 n256), so the
+        # weights' integer build is shared by twice the tokens
+        BMH: gl.constexpr = 128 if BM > 128 else BM
+        TWO: gl.constexpr = BM > 128
         mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
-                                                      instr_shape=[16, BM, 32])
+                                                      instr_shape=[16, BMH, 32])
         dot: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=4)
         wl3: gl.constexpr = word_layout(BN, BKX, WARPS)
         wl: gl.constexpr = gl.SliceLayout(2, wl3)  # the [BN, BK/8] words, each in two lanes
@@ -113,7 +117,8 @@ if HAS_GLUON:
         sel = gl.where((kk & 4) != 0, _HIGH_HALF, _LOW_HALF) + zeros
         rows: gl.constexpr = gl.SliceLayout(1, zeros.type.layout)
         inv = 1.0 / gl.load(units_ptr + n0 + ROW0 + gl.arange(0, BN, layout=rows))  # powers of two: exact
-        part = gl.zeros([BN, BM], gl.int32, layout=mma)
+        part = gl.zeros([BN, BMH], gl.int32, layout=mma)
+        part2 = gl.zeros([BN, BMH], gl.int32, layout=mma)
         for i in range(num_k):
             s = i % STAGES
             mbarrier.wait(ready.index(s), (i // STAGES) & 1)
@@ -125,12 +130,22 @@ if HAS_GLUON:
             w = wsm.slice(ROW0, BN).load(wl)
             wb = gl.reshape(gl.expand_dims(w, 2) + gl.zeros([BN, BKX // 8, 8], gl.int32, layout=wl3), [BN, BKX])
             a = gl.convert_layout(int8_weights(wb, sel, t[:, None], c[:, None]), dot, assert_trivial=True)
-            part = warpgroup_mma(a, x_bufs.index(s).permute((1, 0)), part, is_async=True)
-            part = warpgroup_mma_wait(0, deps=(part,))
+            if TWO:
+                part = warpgroup_mma(a, x_bufs.index(s).slice(0, BMH).permute((1, 0)), part, is_async=True)
+                part2 = warpgroup_mma(a, x_bufs.index(s).slice(BMH, BMH).permute((1, 0)), part2, is_async=True)
+                part, part2 = warpgroup_mma_wait(0, deps=(part, part2))
+            else:
+                part = warpgroup_mma(a, x_bufs.index(s).permute((1, 0)), part, is_async=True)
+                part = warpgroup_mma_wait(0, deps=(part,))
             mbarrier.arrive(empty.index(s))
         unit = gl.load(units_ptr + n0 + ROW0 + gl.arange(0, BN, layout=gl.SliceLayout(1, mma)))
         acc = part.to(gl.float32) * unit[:, None]
         _store_tile(acc, mma, y_ptr, ws_ptr, cnt_ptr, xs_ptr, m0, n0 + ROW0, M, N, ROW0 // BN, NPART, SPLIT_K, True)
+        if TWO:  # the second token half has its own split-K counters, after the first half's
+            acc = part2.to(gl.float32) * unit[:, None]
+            cnt2 = cnt_ptr + gl.num_programs(0) * gl.num_programs(1) * NPART
+            _store_tile(acc, mma, y_ptr, ws_ptr, cnt2, xs_ptr, m0 + BMH, n0 + ROW0, M, N, ROW0 // BN, NPART, SPLIT_K,
+                        True)
 
     @gluon.jit
     def w4a8_progressive_kernel(x_desc, w_desc, sc_desc, mn_desc, units_ptr, xs_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K,
@@ -167,12 +182,18 @@ if HAS_GLUON:
             ], [num_warps, 1], [232, 40])
 
 
-#: (BM tokens, BN weight rows, warps, stages, register cap, split-K); BK is the group size. BM = 256
-#: would need an m64n256k32 int8 wgmma, which Triton 3.6 / 3.9 do not lower ("WGMMA type or shape
-#: is not supported"). One int32 accumulator: BM * BN / threads <= 64 registers.
+#: (BM tokens, BN weight rows, warps, stages, register cap, split-K); BK is the group size. BN = 256
+#: gives each consumer warpgroup 128 rows (two m64 wgmmas, a 128-register accumulator at BM = 128):
+#: a third less shared-memory fill per multiply-add than BN = 128. BM = 256 runs two m64n128
+#: wgmmas on the same A registers (Triton 3.6 / 3.9 lower no int8 m64n256k32): half the weight
+#: build per multiply-add.
 _CONFIGS = ((64, 64, 4, 6, 128, 1), (128, 64, 4, 4, 0, 1), (128, 64, 4, 4, 168, 1), (128, 64, 4, 6, 0, 1),
             (128, 128, 8, 4, 0, 1), (128, 128, 8, 5, 0, 1), (128, 128, 8, 3, 0, 1), (64, 128, 8, 6, 0, 1),
-            (128, 64, 4, 4, 0, 2), (128, 128, 8, 4, 0, 2), (64, 128, 8, 4, 0, 2), (128, 128, 8, 4, 0, 4))
+            (128, 64, 4, 4, 0, 2), (128, 128, 8, 4, 0, 2), (64, 128, 8, 4, 0, 2), (128, 128, 8, 4, 0, 4),
+            (128, 256, 8, 3, 0, 1), (128, 256, 8, 4, 0, 1), (128, 256, 8, 5, 0, 1), (64, 256, 8, 4, 0, 1),
+            (64, 256, 8, 6, 0, 1), (128, 256, 8, 4, 0, 2),
+            (256, 128, 8, 3, 0, 1), (256, 128, 8, 4, 0, 1), (256, 64, 4, 4, 0, 1), (256, 64, 4, 5, 0, 1),
+            (256, 64, 4, 4, 0, 2), (256, 128, 8, 3, 0, 2))
 
 
 def progressive_configs(m: int, group: int = 128) -> list[TileConfig]:
@@ -188,7 +209,8 @@ def smem_bytes(cfg: TileConfig) -> int:
 
 def progressive_supports(store, act, cfg: TileConfig | None) -> bool:
     return (getattr(store, "row_units", None) is not None and cfg is not None
-            and int8_tile_fits(store, act, cfg, smem_bytes(cfg)))
+            and int8_tile_fits(store, act, cfg, smem_bytes(cfg), rows_per_warp=(16, 32), acc_regs=128,
+                               bms=(64, 128, 256)))
 
 
 def w4a8_progressive(x2: torch.Tensor, store: Int4Weight, act, cfg: TileConfig) -> torch.Tensor:
@@ -213,7 +235,8 @@ def progressive_codes(codes: torch.Tensor, scales: torch.Tensor, store: Int4Weig
     sc_desc, mn_desc = group_descriptors(store, cfg.bn)
     consumers = 2 if cfg.warps == 8 else 1
     grid = (n // cfg.bn, -(-m // cfg.bm), cfg.split_k)
-    ws, cnt = splitk_buffers(y, cfg.split_k, m * n, grid[0] * grid[1] * consumers)
+    halves = 2 if cfg.bm > 128 else 1  # BM = 256: two token halves, each with its split-K counters
+    ws, cnt = splitk_buffers(y, cfg.split_k, m * n, grid[0] * grid[1] * consumers * halves)
     regs = cfg.maxnreg or (TWO_CONSUMER_REGS if consumers == 2 else 0)
     w4a8_progressive_kernel[grid](x_desc, w_desc, sc_desc, mn_desc, store.row_units, scales, y, ws, cnt, m, n, k,
                                   G=store.group_size, BN=cfg.bn, STAGES=cfg.stages, BLOCKS=store.layout == BLOCKS16,

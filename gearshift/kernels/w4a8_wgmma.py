@@ -253,20 +253,22 @@ def smem_bytes(cfg: TileConfig) -> int:
     return cfg.stages * (cfg.bm * cfg.bk + cfg.bn * cfg.bk // 2 + 32 * cfg.bn + 4 * cfg.bm) + 1024
 
 
-def int8_tile_fits(store, act, cfg: TileConfig | None, smem: int) -> bool:
+def int8_tile_fits(store, act, cfg: TileConfig | None, smem: int, rows_per_warp: tuple[int, ...] = (16,),
+                   acc_regs: int = 64, bms: tuple[int, ...] = (64, 128)) -> bool:
     """The rules the two int8-wgmma W4A8 kernels share: int8 / int4 per-token codes, one K tile
-    per group of 64 or 128, BN = 16 rows per warp with A in registers, the accumulators within 64
-    registers per thread, `smem` bytes of shared memory, [BN, 8] scale boxes (K / G % 8 == 0)."""
+    per group of 64 or 128, BN = 16 rows per warp with A in registers (or as many as
+    `rows_per_warp` allows), BM in `bms`, the accumulators within `acc_regs` registers per thread, `smem` bytes
+    of shared memory, [BN, 8] scale boxes (K / G % 8 == 0)."""
     if not HAS_GLUON or not isinstance(store, Int4Weight) or cfg is None:
         return False
     if getattr(act, "dtype", None) not in INT8_CODES or getattr(act, "group_size", 0) is not None:
         return False
     n, k, g = store.out_features, store.in_features, store.group_size
-    if cfg.bk != g or g not in (64, 128) or cfg.split_k not in (1, 2, 4) or cfg.bm not in (64, 128):
+    if cfg.bk != g or g not in (64, 128) or cfg.split_k not in (1, 2, 4) or cfg.bm not in bms:
         return False
-    if cfg.warps not in (4, 8) or cfg.bn != 16 * cfg.warps or cfg.a_smem:
+    if cfg.warps not in (4, 8) or cfg.bn not in [r * cfg.warps for r in rows_per_warp] or cfg.a_smem:
         return False
-    if cfg.bm * cfg.bn // (32 * cfg.warps) > 64 or smem > 227 * 1024:
+    if cfg.bm * cfg.bn // (32 * cfg.warps) > acc_regs or smem > 227 * 1024:
         return False
     if n % cfg.bn or k % g or k // g < 2 * cfg.split_k or (k // g) % 8 or store.scales.dtype != torch.float16:
         return False
