@@ -24,6 +24,8 @@ def main() -> None:
     ap.add_argument("--int4-prog", action="store_true",
                     help="int4 weights whose groups are int8 multiples of a row unit (--quantize int4-prog), so the "
                          "QSPEC drafts can run the int8 tensor-core kernel w4a8_progressive")
+    ap.add_argument("--setups", default="int4,dense",
+                    help="which model setups to run: int4 (AR W4A16 and the QSPEC drafts), dense (AR bf16, GEARBX)")
     args = ap.parse_args()
 
     from gearshift.decode.autoregressive import AutoregressivePolicy
@@ -45,6 +47,10 @@ def main() -> None:
                   ("gearbox forced low", lambda m, n: GearboxPolicy(m, prompt_texts=["x"] * n, gears="low")),
                   ("gearbox forced mid", lambda m, n: GearboxPolicy(m, prompt_texts=["x"] * n, gears="mid"))],
     }
+    unknown = set(args.setups.split(",")) - set(setups)
+    if unknown:
+        raise SystemExit(f"--setups: unknown {sorted(unknown)}; choose from {sorted(setups)}")
+    setups = {k: v for k, v in setups.items() if k in args.setups.split(",")}
     for weights, policies in setups.items():
         torch.cuda.empty_cache()
         model = build_random_model(args.preset, weights="int4-prog" if weights == "int4" and args.int4_prog

@@ -93,3 +93,18 @@ def test_seeded_sampling_is_reproducible(int4_model):
     a, _ = run(int4_model, [PROMPTS[1]], p)
     b, _ = run(int4_model, [PROMPTS[1]], p)
     assert a[0].token_ids == b[0].token_ids
+
+
+def test_stop_check_sees_every_token_of_a_multi_token_step(int4_model):
+    """The stop check only reads tokens added since the last check (QSPEC appends several per
+    step): a stop inside such a chunk still truncates right after it."""
+    from gearshift.decode.base import Sequence
+
+    eng = Engine(int4_model, max_batch=1)
+    s = Sequence(0, [1, 2], SamplingParams(max_new_tokens=20, stop_token_ids=[9]))
+    s.output = [5, 6]
+    eng._check_stop(s, [])
+    assert not s.finished and s.checked == 2
+    s.output += [7, 9, 8, 9]
+    eng._check_stop(s, [])
+    assert s.finished and s.finish_reason == "stop" and s.output == [5, 6, 7, 9]

@@ -95,8 +95,10 @@ class Engine:
             if need > self.max_seq_len:
                 r.params.max_new_tokens = self.max_seq_len - len(r.prompt_ids)
 
-    def stream(self, requests: list[Request], policy: DecodePolicy) -> Iterator[StreamEvent]:
-        """Generate for every request, yielding token/text increments as they are produced."""
+    def stream(self, requests: list[Request], policy: DecodePolicy, events: bool = True) -> Iterator[StreamEvent]:
+        """Generate for every request, yielding token/text increments as they are produced
+        (events=False: yield nothing, skip the per-step detokenization; results are in
+        self.sequences)."""
         self._validate(requests)
         eos = self.eos_ids()
         batch = min(self.max_batch, len(requests))
@@ -132,7 +134,7 @@ class Engine:
             for s in list(active):
                 first_token_at.setdefault(s.index, now - t0)
                 self._check_stop(s, eos)
-                ev = self._event(s, emitted_text, emitted_tokens)
+                ev = self._event(s, emitted_text, emitted_tokens) if events else None
                 if ev is not None:
                     yield ev
                 if s.finished:
@@ -154,12 +156,14 @@ class Engine:
 
     def _check_stop(self, s: Sequence, eos: list[int]) -> None:
         p = s.params
-        stops = set(p.stop_token_ids if p.stop_token_ids is not None else ([] if p.ignore_eos else eos))
-        for i, tok in enumerate(s.output):
-            if tok in stops:
-                del s.output[i + 1:]
-                s.finished, s.finish_reason = True, "stop"
-                break
+        stops = p.stop_token_ids if p.stop_token_ids is not None else ([] if p.ignore_eos else eos)
+        if stops:  # only the tokens added since the last check: O(new tokens) per step, not O(output)
+            for i in range(min(s.checked, len(s.output)), len(s.output)):
+                if s.output[i] in stops:
+                    del s.output[i + 1:]
+                    s.finished, s.finish_reason = True, "stop"
+                    break
+        s.checked = len(s.output)
         if len(s.output) >= p.max_new_tokens:
             del s.output[p.max_new_tokens:]
             if not s.finished:
@@ -199,9 +203,8 @@ class Engine:
 
     def generate(self, requests: list[Request], policy: DecodePolicy,
                  on_event: Callable[[StreamEvent], None] | None = None) -> list[Result]:
-        for ev in self.stream(requests, policy):
-            if on_event:
-                on_event(ev)
+        for ev in self.stream(requests, policy, events=on_event is not None):
+            on_event(ev)
         results: list[Result | None] = [None] * len(requests)
         for s in self.sequences:
             results[s.index] = Result(list(s.output), self.result_text(s), s.finish_reason or "length",
