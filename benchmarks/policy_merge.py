@@ -1,5 +1,6 @@
 """Merge the entries (and candidate timings) of a freshly profiled policy map into another (e.g. the
-shipped one) for the given modes and M buckets, keeping everything else; appends what was merged to the map's meta.merged list.
+shipped one) for the given modes and M buckets, keeping everything else; appends what was merged
+to the map's meta.merged list.
 
     python benchmarks/policy_merge.py --base gearshift/data/policy/NVIDIA_H100_80GB_HBM3.json \\
         --new $OUT/policy_NVIDIA_H100_80GB_HBM3.json --modes w4a16 --m 2,4,8,16 --out merged.json

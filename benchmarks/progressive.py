@@ -84,7 +84,8 @@ def main(argv=None):
                     emu = w4a8_progressive_emulate(codes, scales, prog[0], torch.float32, cfg.split_k)
                     res["checks"] += 1
                     if not torch.equal(y, emu):  # never timed nor put in the map; the run fails at the end
-                        bad = f"{name} M={m} {mode} {cfg}: kernel != model (max diff {(y - emu).abs().max().item():.3g})"
+                        diff = (y - emu).abs().max().item()
+                        bad = f"{name} M={m} {mode} {cfg}: kernel != model (max diff {diff:.3g})"
                         res.setdefault("failed", []).append(bad)
                         print("FAILED", bad, flush=True)
                         continue

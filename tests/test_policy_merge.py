@@ -36,3 +36,16 @@ def test_refuses_maps_of_other_devices(tmp_path):
     r = _run(tmp_path, _map("H100", "old"), _map("A100", "new"), "--modes", "w4a16", "--m", "1")
     assert r.returncode != 0 and "device mismatch" in r.stderr + r.stdout
     assert not (tmp_path / "out.json").exists()
+
+
+def test_timed_candidates_join_the_base_ones(tmp_path):
+    """The new map's timings at the merged buckets are added to the base's (newer times win), so
+    the dispatcher's fallback for stores the new pick cannot run still sees the old candidates."""
+    base, new = _map("H100", "old"), _map("H100", "new")
+    key = "w4a8:g128:64x64"
+    base["timings"] = {key: {"1": {"old@a": 3.0, "both@b": 5.0}, "2": {"old@a": 4.0}}}
+    new["timings"] = {key: {"1": {"new@c": 2.0, "both@b": 6.0}, "2": {"new@c": 1.0}}}
+    r = _run(tmp_path, base, new, "--modes", "w4a8", "--m", "1")
+    assert r.returncode == 0, r.stderr
+    t = json.loads((tmp_path / "out.json").read_text())["timings"][key]
+    assert t["1"] == {"old@a": 3.0, "both@b": 6.0, "new@c": 2.0} and t["2"] == {"old@a": 4.0}

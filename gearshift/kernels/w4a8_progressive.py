@@ -118,7 +118,7 @@ if HAS_GLUON:
         rows: gl.constexpr = gl.SliceLayout(1, zeros.type.layout)
         inv = 1.0 / gl.load(units_ptr + n0 + ROW0 + gl.arange(0, BN, layout=rows))  # powers of two: exact
         part = gl.zeros([BN, BMH], gl.int32, layout=mma)
-        part2 = gl.zeros([BN, BMH], gl.int32, layout=mma)
+        part2 = gl.zeros([BN, BMH], gl.int32, layout=mma)  # the second token half (unused unless TWO)
         for i in range(num_k):
             s = i % STAGES
             mbarrier.wait(ready.index(s), (i // STAGES) & 1)

@@ -257,8 +257,8 @@ def int8_tile_fits(store, act, cfg: TileConfig | None, smem: int, rows_per_warp:
                    acc_regs: int = 64, bms: tuple[int, ...] = (64, 128)) -> bool:
     """The rules the two int8-wgmma W4A8 kernels share: int8 / int4 per-token codes, one K tile
     per group of 64 or 128, BN = 16 rows per warp with A in registers (or as many as
-    `rows_per_warp` allows), BM in `bms`, the accumulators within `acc_regs` registers per thread, `smem` bytes
-    of shared memory, [BN, 8] scale boxes (K / G % 8 == 0)."""
+    `rows_per_warp` allows), BM in `bms`, the accumulators within `acc_regs` registers per thread,
+    `smem` bytes of shared memory, [BN, 8] scale boxes (K / G % 8 == 0)."""
     if not HAS_GLUON or not isinstance(store, Int4Weight) or cfg is None:
         return False
     if getattr(act, "dtype", None) not in INT8_CODES or getattr(act, "group_size", 0) is not None:
