@@ -102,7 +102,7 @@ from gearshift.kernels import w4a8_progressive as P
 from gearshift.kernels import w4a8_wgmma as W
 from gearshift.kernels.w4a16_wgmma import _weight_descriptor
 
-def gluon_ptx(bm, bn, warps, stages, layout, maxnreg=None, split_k=1, consumers=1):
+def gluon_ptx(bm, bn, warps, stages, layout, maxnreg=None, split_k=1, consumers=1, ablate=0):
     st = random_store("int4p", 4096, 4096, 128, "cpu", layout=layout)
     xd = W._code_descriptor(torch.empty(bm, 4096, dtype=torch.int8), bm, 128)
     wd = _weight_descriptor(st, bn, 128, swizzle=64)
@@ -112,7 +112,7 @@ def gluon_ptx(bm, bn, warps, stages, layout, maxnreg=None, split_k=1, consumers=
            "ws_ptr": "*fp32", "cnt_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32"}
     attrs = {(list(sig).index(n),): [["tt.divisibility", 16]] for n in ("y_ptr", "N", "K")}
     cx = {"G": 128, "BN": bn, "STAGES": stages, "BLOCKS": layout == "blocks16", "SPLIT_K": split_k,
-          "CONSUMERS": consumers, "num_warps": warps}
+          "CONSUMERS": consumers, "num_warps": warps, "ABLATE": ablate}
     sig.update({name: "constexpr" for name in cx})
     names = list(sig)
     src = GluonASTSource(fn=P.w4a8_progressive_kernel, signature=sig,
@@ -126,6 +126,9 @@ out["two_consumers_rows_splitk"] = gluon_ptx(128, 128, 4, 4, "rows", 168, 2, 2)
 out["bm128_bn128"] = gluon_ptx(128, 128, 4, 3, "blocks16", None, 1, 2)
 out["bm256_bn128_splitk"] = gluon_ptx(256, 128, 4, 3, "blocks16", None, 2, 2)
 out["bm128_bn256"] = gluon_ptx(128, 256, 4, 3, "blocks16", None, 1, 2)
+# the timing ablations of tc_ablations/progressive_parts.py
+out["ablate3"] = gluon_ptx(128, 64, 4, 4, "blocks16", 168, ablate=3)
+out["ablate7"] = gluon_ptx(128, 64, 4, 4, "blocks16", 168, ablate=7)
 """
 
 
@@ -217,6 +220,14 @@ def test_wide_tiles_issue_two_wgmmas_per_k_step(gluon_ptx):
 
     base = count("bm128_bn128")
     assert base > 0 and count("bm256_bn128_splitk") == 2 * base and count("bm128_bn256") == 2 * base
+
+
+def test_timing_ablations_compile_without_the_removed_parts(gluon_ptx):
+    """ABLATE 3 keeps the wgmma but not the weight build (no PRMT-based asm); 7 drops the wgmma."""
+    wgmma = "wgmma.mma_async.sync.aligned.m64n128k32.s32.s8.s8"
+    assert wgmma in gluon_ptx["ablate3"] and "prmt.b32 x" not in gluon_ptx["ablate3"]
+    assert "prmt.b32 x" in gluon_ptx["one_consumer_blocks16"]
+    assert wgmma not in gluon_ptx["ablate7"] and "cp.async.bulk.tensor" in gluon_ptx["ablate7"]
 
 
 @pytest.mark.parametrize("name", ["one_consumer_blocks16", "two_consumers_rows_splitk"])

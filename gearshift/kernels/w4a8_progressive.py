@@ -92,10 +92,13 @@ if HAS_GLUON:
     @gluon.jit
     def _mma_partition(x_bufs, w_bufs, sc_bufs, mn_bufs, ready, empty, units_ptr, y_ptr, ws_ptr, cnt_ptr, xs_ptr,
                        m0, n0, M, N, t0, num_k, ROW0: gl.constexpr, BN: gl.constexpr, NPART: gl.constexpr,
-                       SPLIT_K: gl.constexpr, WARPS: gl.constexpr, SW: gl.constexpr):
+                       SPLIT_K: gl.constexpr, WARPS: gl.constexpr, SW: gl.constexpr, ABLATE: gl.constexpr):
         """Weight rows [ROW0, ROW0 + BN) of the tile: per K tile the int8 weights in registers and
         one int32 wgmma into the running accumulator (retired before the next tile's A registers
-        are built: see `w4a16_wgmma`'s register-A note); unit * float(acc) once at the end."""
+        are built: see `w4a16_wgmma`'s register-A note); unit * float(acc) once at the end.
+        ABLATE (timing experiments only, wrong results; `tc_ablations/progressive_parts.py`):
+        bit 1 drops the scale / min pick (t = 1, tz = 0), bit 2 the weight build (constant A),
+        bit 4 the wgmma (the A tile is summed into the accumulator instead, so it stays live)."""
         STAGES: gl.constexpr = x_bufs.type.shape[0]
         BM: gl.constexpr = x_bufs.type.shape[1]
         BKX: gl.constexpr = x_bufs.type.shape[2]
@@ -123,14 +126,24 @@ if HAS_GLUON:
             s = i % STAGES
             mbarrier.wait(ready.index(s), (i // STAGES) & 1)
             j = (t0 + i) % 8  # the tile's group among the 8 of the scale box
-            t = (group_column(sc_bufs.index(s).slice(ROW0, BN), j, rows, BN, WARPS) * inv).to(gl.int32)
-            ntz = (group_column(mn_bufs.index(s).slice(ROW0, BN), j, rows, BN, WARPS) * inv).to(gl.int32)
-            c = (ntz + 256) * 65537
-            wsm = as_words(w_bufs.index(s).reshape([BN * NPART, BKX // 2]), BN * NPART, BKX // 8, words32)
-            w = wsm.slice(ROW0, BN).load(wl)
-            wb = gl.reshape(gl.expand_dims(w, 2) + gl.zeros([BN, BKX // 8, 8], gl.int32, layout=wl3), [BN, BKX])
-            a = gl.convert_layout(int8_weights(wb, sel, t[:, None], c[:, None]), dot, assert_trivial=True)
-            if TWO:
+            if ABLATE & 1:
+                t = gl.full([BN], 1, gl.int32, layout=rows)
+                c = gl.full([BN], 256 * 65537, gl.int32, layout=rows)
+            else:
+                t = (group_column(sc_bufs.index(s).slice(ROW0, BN), j, rows, BN, WARPS) * inv).to(gl.int32)
+                ntz = (group_column(mn_bufs.index(s).slice(ROW0, BN), j, rows, BN, WARPS) * inv).to(gl.int32)
+                c = (ntz + 256) * 65537
+            if ABLATE & 2:
+                a = gl.convert_layout((t[:, None] + c[:, None] + zeros).to(gl.int8), dot)
+            else:
+                wsm = as_words(w_bufs.index(s).reshape([BN * NPART, BKX // 2]), BN * NPART, BKX // 8, words32)
+                w = wsm.slice(ROW0, BN).load(wl)
+                wb = gl.reshape(gl.expand_dims(w, 2) + gl.zeros([BN, BKX // 8, 8], gl.int32, layout=wl3),
+                                [BN, BKX])
+                a = gl.convert_layout(int8_weights(wb, sel, t[:, None], c[:, None]), dot, assert_trivial=True)
+            if ABLATE & 4:
+                part = part + gl.convert_layout(gl.sum(a.to(gl.int32), 1), gl.SliceLayout(1, mma))[:, None]
+            elif TWO:
                 part = warpgroup_mma(a, x_bufs.index(s).slice(0, BMH).permute((1, 0)), part, is_async=True)
                 part2 = warpgroup_mma(a, x_bufs.index(s).slice(BMH, BMH).permute((1, 0)), part2, is_async=True)
                 part, part2 = warpgroup_mma_wait(0, deps=(part, part2))
@@ -150,7 +163,8 @@ if HAS_GLUON:
     @gluon.jit
     def w4a8_progressive_kernel(x_desc, w_desc, sc_desc, mn_desc, units_ptr, xs_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K,
                                 G: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, BLOCKS: gl.constexpr,
-                                SPLIT_K: gl.constexpr, CONSUMERS: gl.constexpr, num_warps: gl.constexpr):
+                                SPLIT_K: gl.constexpr, CONSUMERS: gl.constexpr, num_warps: gl.constexpr,
+                                ABLATE: gl.constexpr = 0):
         BM: gl.constexpr = x_desc.block_type.shape[0]
         BKX: gl.constexpr = x_desc.block_type.shape[1]
         gl.static_assert(BKX == G, "one K tile per quantization group")
@@ -166,7 +180,7 @@ if HAS_GLUON:
         if CONSUMERS == 1:
             gl.warp_specialize([
                 (_mma_partition, (x_bufs, w_bufs, sc_bufs, mn_bufs, ready, empty, units_ptr, y_ptr, ws_ptr, cnt_ptr,
-                                  xs_ptr, m0, n0, M, N, t0, num_k, 0, BN, 1, SPLIT_K, num_warps, SW)),
+                                  xs_ptr, m0, n0, M, N, t0, num_k, 0, BN, 1, SPLIT_K, num_warps, SW, ABLATE)),
                 (_load_partition_tma, (x_desc, w_desc, sc_desc, mn_desc, sc_desc, x_bufs, w_bufs, sc_bufs, mn_bufs,
                                        sc_bufs, ready, empty, m0, n0, t0, num_k, BLOCKS, False)),
             ], [1], [64])
@@ -174,9 +188,9 @@ if HAS_GLUON:
             half: gl.constexpr = BN // 2
             gl.warp_specialize([
                 (_mma_partition, (x_bufs, w_bufs, sc_bufs, mn_bufs, ready, empty, units_ptr, y_ptr, ws_ptr, cnt_ptr,
-                                  xs_ptr, m0, n0, M, N, t0, num_k, 0, half, 2, SPLIT_K, num_warps, SW)),
+                                  xs_ptr, m0, n0, M, N, t0, num_k, 0, half, 2, SPLIT_K, num_warps, SW, ABLATE)),
                 (_mma_partition, (x_bufs, w_bufs, sc_bufs, mn_bufs, ready, empty, units_ptr, y_ptr, ws_ptr, cnt_ptr,
-                                  xs_ptr, m0, n0, M, N, t0, num_k, half, half, 2, SPLIT_K, num_warps, SW)),
+                                  xs_ptr, m0, n0, M, N, t0, num_k, half, half, 2, SPLIT_K, num_warps, SW, ABLATE)),
                 (_load_partition_tma, (x_desc, w_desc, sc_desc, mn_desc, sc_desc, x_bufs, w_bufs, sc_bufs, mn_bufs,
                                        sc_bufs, ready, empty, m0, n0, t0, num_k, BLOCKS, False)),
             ], [num_warps, 1], [232, 40])
@@ -227,8 +241,9 @@ def w4a8_progressive(x2: torch.Tensor, store: Int4Weight, act, cfg: TileConfig) 
 
 
 def progressive_codes(codes: torch.Tensor, scales: torch.Tensor, store: Int4Weight, cfg: TileConfig,
-                      out_dtype: torch.dtype) -> torch.Tensor:
-    """The kernel on already quantized activations: codes [M, K] int8, scales [M] fp32."""
+                      out_dtype: torch.dtype, ablate: int = 0) -> torch.Tensor:
+    """The kernel on already quantized activations: codes [M, K] int8, scales [M] fp32. ablate: timing
+    experiments only (wrong results), see `_mma_partition`."""
     m, n, k = codes.shape[0], store.out_features, store.in_features
     y = torch.empty((m, n), device=codes.device, dtype=out_dtype)
     x_desc = _code_descriptor(codes, cfg.bm, cfg.bk)
@@ -242,7 +257,7 @@ def progressive_codes(codes: torch.Tensor, scales: torch.Tensor, store: Int4Weig
     w4a8_progressive_kernel[grid](x_desc, w_desc, sc_desc, mn_desc, store.row_units, scales, y, ws, cnt, m, n, k,
                                   G=store.group_size, BN=cfg.bn, STAGES=cfg.stages, BLOCKS=store.layout == BLOCKS16,
                                   SPLIT_K=cfg.split_k, CONSUMERS=consumers, num_warps=cfg.warps // consumers,
-                                  **({"maxnreg": regs} if regs else {}))
+                                  ABLATE=ablate, **({"maxnreg": regs} if regs else {}))
     return y
 
 

@@ -1,0 +1,69 @@
+"""Where `w4a8_progressive`'s time goes: the same tiles with parts removed (`ablate` bits of
+`kernels/w4a8_progressive._mma_partition`: 1 = no scale / min pick, 2 = no weight build (constant
+A), 4 = no wgmma; 7 leaves the TMA stream, barriers and epilogue). Results are wrong by
+construction; only the times matter. Stop 20's best tile reached 55% of the int8 peak at M = 4096
+with no spills in its loop; this says which part the rest is.
+
+Usage on the GPU: PYTHONPATH=. python benchmarks/tc_ablations/progressive_parts.py [--ncu]
+(--ncu: one launch of each full tile, for `ncu --clock-control none -k regex:w4a8_progressive`).
+Writes $OUT/<tag>.json and prints a table last.
+"""
+import argparse
+import json
+import os
+
+import torch
+
+from gearshift.dispatch.profiler import PRESETS, n_copies, random_store, time_us
+from gearshift.kernels.act_quant import quantize_act_triton
+from gearshift.kernels.config import TileConfig
+from gearshift.kernels.w4a8_progressive import progressive_codes
+from gearshift.quant.activations import ActQuantSpec
+
+ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+ap.add_argument("--ms", default="256,4096")
+ap.add_argument("--shapes", default="qkv,gate_up")
+ap.add_argument("--configs", default="256,128,8,3,0,1;128,128,8,4,0,1;128,64,4,4,0,1",
+                help="BM,BN,warps,stages,maxnreg,split_k;...")
+ap.add_argument("--ablate", default="0,1,2,3,4,7")
+ap.add_argument("--ncu", action="store_true")
+ap.add_argument("--tag", default="progressive_parts")
+args = ap.parse_args()
+dev = "cuda"
+act = ActQuantSpec("int8")
+cfgs = [TileConfig(bm, bn, 128, sk, w, st, maxnreg=r) for bm, bn, w, st, r, sk in
+        (tuple(int(v) for v in c.split(",")) for c in args.configs.split(";"))]
+shapes = {name: (n, k) for name, n, k in PRESETS["llama3-8b"]["shapes"]}
+if args.ncu:
+    n, k = shapes["gate_up"]
+    st = random_store("int4p", n, k, 128, dev, layout="blocks16")
+    codes, scales = quantize_act_triton(torch.randn(4096, k, device=dev, dtype=torch.bfloat16), act)
+    for c in cfgs:
+        progressive_codes(codes, scales, st, c, torch.bfloat16)
+    torch.cuda.synchronize()
+    raise SystemExit(0)
+res = []
+for m in [int(v) for v in args.ms.split(",")]:
+    for name in args.shapes.split(","):
+        n, k = shapes[name]
+        st0 = random_store("int4p", n, k, 128, dev, layout="blocks16")
+        copies = [st0] + [random_store("int4p", n, k, 128, dev, layout="blocks16") for _ in range(n_copies(st0) - 1)]
+        codes, scales = quantize_act_triton(torch.randn(m, k, device=dev, dtype=torch.bfloat16), act)
+        for c in cfgs:
+            if c.bm > max(64, m):
+                continue
+            row = {"m": m, "shape": name, "cfg": c.key()}
+            for ab in (int(v) for v in args.ablate.split(",")):
+                row[str(ab)] = time_us([lambda s=s, ab=ab: progressive_codes(codes, scales, s, c, torch.bfloat16, ab)
+                                        for s in copies])
+            row["tops"] = 2 * m * n * k / row["0"] / 1e6
+            res.append(row)
+            print(row, flush=True)
+        del copies, st0
+        torch.cuda.empty_cache()
+json.dump({"device": torch.cuda.get_device_name(), "rows": res},
+          open(os.path.join(os.environ.get("OUT", "."), f"{args.tag}.json"), "w"), indent=1)
+print(f"\n{'M':>5} {'shape':8} {'cfg':24} " + " ".join(f"{'ab' + a:>8}" for a in args.ablate.split(",")) + "  TOPS")
+for r in res:
+    print(f"{r['m']:5d} {r['shape']:8} {r['cfg']:24} " + " ".join(f"{r[a]:8.1f}" for a in args.ablate.split(","))
+          + f"  {r['tops']:.0f}")
