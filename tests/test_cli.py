@@ -125,3 +125,17 @@ def test_tiny_model_refuses_nonempty(tmp_path, capsys):
     (tmp_path / "x" / "f").write_text("keep")
     assert_one_line_error(*cli(capsys, "tiny-model", str(tmp_path / "x"))[::2], "not empty")
     assert_one_line_error(*cli(capsys, "tiny-model", str(tmp_path / "y"), "--config", "nope")[::2], "unknown model preset")
+
+
+def test_int4_prog_hint_only_for_quantized_activations_on_hopper(monkeypatch):
+    import torch
+
+    from gearshift.cli.common import int4_prog_hint
+
+    assert int4_prog_hint(["w4a8"], "cpu") is None
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: (9, 0))
+    assert "int4-prog" in int4_prog_hint(["w4a16", "w4a8"], "cuda")
+    assert "int4-prog" in int4_prog_hint(["w4a4"], "cuda:0")
+    assert int4_prog_hint(["w4a16"], "cuda") is None
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: (8, 0))
+    assert int4_prog_hint(["w4a8"], "cuda") is None
