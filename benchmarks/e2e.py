@@ -26,7 +26,7 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, default=32)
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--out", default="benchmarks/results")
-    ap.add_argument("--no-fused", action="store_true", help="torch RMSNorm/RoPE instead of the Triton kernels")
+    ap.add_argument("--no-fused", action="store_true", help="torch RMSNorm/RoPE/KV-write/SwiGLU instead of the Triton kernels")
     ap.add_argument("--no-pdl", action="store_true",
                     help="launch kernels without programmatic dependent launch (gearshift/kernels/pdl.py)")
     ap.add_argument("--int4-prog", action="store_true",

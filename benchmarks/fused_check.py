@@ -1,4 +1,5 @@
-"""Logits of one forward with the Triton RMSNorm/RoPE vs the torch ops (GPU, random 8B shapes)."""
+"""Logits of one forward with the fused Triton kernels (RMSNorm, RoPE, KV write, SwiGLU) vs the torch ops
+(GPU, random 8B shapes)."""
 
 import torch
 

@@ -1,4 +1,4 @@
-"""One switch for the engine's small fused Triton kernels (RMSNorm, RoPE, KV-cache write).
+"""One switch for the engine's small fused Triton kernels (RMSNorm, RoPE, KV-cache write, SwiGLU).
 
 On by default on CUDA; `set_fused_kernels(False)` restores the torch ops (benchmarks compare
 the two). GEMM kernels are chosen by the dispatcher, not here.

@@ -15,6 +15,7 @@ from torch import nn
 
 from gearshift.kernels.rmsnorm import rms_norm_reference, rms_norm_triton
 from gearshift.kernels.rope import rope_triton
+from gearshift.kernels.silu_mul import silu_mul_reference, silu_mul_triton
 from gearshift.kernels.switches import fused_kernels_enabled, set_fused_kernels  # noqa: F401 (re-exported)
 from gearshift.model.config import ModelConfig
 from gearshift.model.kv_cache import KVCache
@@ -71,8 +72,10 @@ class MLP(nn.Module):
         self.gate_up_proj, self.down_proj = gate_up_proj, down_proj
 
     def forward(self, x, mode):
-        gate, up = self.gate_up_proj(x, mode).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up, mode)
+        gate_up = self.gate_up_proj(x, mode)
+        if gate_up.is_cuda and fused_kernels_enabled():  # one pass instead of two kernels and a temporary
+            return self.down_proj(silu_mul_triton(gate_up), mode)
+        return self.down_proj(silu_mul_reference(gate_up), mode)
 
 
 class DecoderLayer(nn.Module):

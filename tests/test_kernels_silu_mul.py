@@ -1,0 +1,43 @@
+"""The one-kernel SwiGLU product vs its torch reference (TRITON_INTERPRET=1 on CPU, or the GPU)."""
+
+import os
+
+import pytest
+import torch
+
+from gearshift.kernels._triton import HAS_TRITON
+
+if not HAS_TRITON or (os.environ.get("TRITON_INTERPRET", "0") in ("", "0") and not torch.cuda.is_available()):
+    pytest.skip("needs triton with TRITON_INTERPRET=1 or a GPU", allow_module_level=True)
+
+from gearshift.kernels.silu_mul import silu_mul_reference, silu_mul_triton  # noqa: E402
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+# bf16 on the GPU only: Triton's interpreter truncates fp32 -> bf16 instead of rounding
+_HALF = torch.bfloat16 if DEV == "cuda" else torch.float16
+
+
+@pytest.mark.parametrize("shape,dtype", [((3, 5, 2 * 64), torch.float32), ((7, 2 * 1536), _HALF),
+                                         ((2, 2 * 96), torch.float16), ((1, 2 * 2500), _HALF)])
+def test_silu_mul_matches_reference(shape, dtype):
+    g = torch.Generator().manual_seed(shape[-1])
+    gu = (torch.randn(shape, generator=g) * 4).to(DEV, dtype)
+    y = silu_mul_triton(gu)
+    ref = silu_mul_reference(gu)
+    assert y.dtype == ref.dtype and y.shape == ref.shape
+    # silu rounded to the dtype, then the product rounded: at most one rounding step apart
+    tol = 1e-6 if dtype == torch.float32 else (2 ** -7 if dtype == torch.bfloat16 else 2 ** -10)
+    assert torch.allclose(y.float(), ref.float(), rtol=tol, atol=1e-6)
+
+
+def test_silu_mul_reads_strided_rows():
+    gu = torch.randn(4, 2 * 80, device=DEV)[:, :].t().contiguous().t()  # column-major: stride(-1) != 1
+    assert gu.stride(-1) != 1
+    assert torch.allclose(silu_mul_triton(gu), silu_mul_reference(gu), rtol=1e-6, atol=1e-6)
+
+
+def test_odd_width_is_an_error():
+    with pytest.raises(ValueError, match="even"):
+        silu_mul_triton(torch.zeros(2, 7, device=DEV))
