@@ -26,3 +26,24 @@ def test_rms_norm_matches_reference(shape, dtype):
     assert y.dtype == ref.dtype and y.shape == ref.shape
     tol = 1e-5 if dtype == torch.float32 else 2e-3
     assert torch.allclose(y.float(), ref.float(), rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("shape,dtype", [((3, 5, 64), torch.float32), ((7, 576), torch.float16),
+                                         ((2, 3, 96), torch.float16)])
+def test_add_rms_norm_matches_reference(shape, dtype):
+    """The residual add inside the norm: the sum exactly as torch's (one rounding), the norm as
+    rms_norm_triton's."""
+    from gearshift.kernels.rmsnorm import add_rms_norm_reference, add_rms_norm_triton
+
+    g = torch.Generator().manual_seed(shape[-1] + 1)
+    x = (torch.randn(shape, generator=g) * 3).to(DEV, dtype)
+    d = torch.randn(shape, generator=g).to(DEV, dtype)
+    w = (1 + 0.1 * torch.randn(shape[-1], generator=g)).to(DEV, dtype)
+    s, y = add_rms_norm_triton(x, d, w, 1e-5)
+    s_ref, y_ref = add_rms_norm_reference(x, d, w, 1e-5)
+    assert torch.equal(s, s_ref) and y.shape == y_ref.shape and y.dtype == y_ref.dtype
+    assert torch.equal(y, rms_norm_triton(s_ref, w, 1e-5))
+    tol = 1e-5 if dtype == torch.float32 else 2e-3
+    assert torch.allclose(y.float(), y_ref.float(), rtol=tol, atol=tol)
+    with pytest.raises(ValueError, match="differ"):
+        add_rms_norm_triton(x, d.float() if dtype != torch.float32 else d.half(), w, 1e-5)

@@ -22,6 +22,13 @@ def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tor
     return weight * h.to(dtype)
 
 
+def add_rms_norm_reference(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor,
+                           eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The residual update and the norm of its result: (x + delta, rms_norm(x + delta))."""
+    s = x + delta
+    return s, rms_norm_reference(s, weight, eps)
+
+
 if HAS_TRITON:
     from gearshift.kernels.pdl import grid_wait, launch_dependents
 
@@ -33,12 +40,32 @@ if HAS_TRITON:
         offs = tl.arange(0, BD)
         mask = offs < D
         x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0)
+        _norm_row(x, w_ptr, y_ptr + row * stride_y, offs, mask, D, eps)
+
+    @triton.jit
+    def _norm_row(x, w_ptr, y_row_ptr, offs, mask, D, eps):
+        """One row's RMSNorm: fp32 statistics, the normalized row rounded to x's dtype, then the
+        weight multiply rounded to y's (both kernels share it: the same arithmetic)."""
         xf = x.to(tl.float32)
         var = tl.sum(xf * xf, 0) / D
         h = (xf * (1.0 / tl.sqrt(var + eps))).to(x.dtype)
         w = tl.load(w_ptr + offs, mask=mask, other=0.0)
         y = w.to(tl.float32) * h.to(tl.float32)
-        tl.store(y_ptr + row * stride_y + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
+        tl.store(y_row_ptr + offs, y.to(y_row_ptr.dtype.element_ty), mask=mask)
+
+    @triton.jit
+    def _add_rms_norm_kernel(x_ptr, d_ptr, w_ptr, s_ptr, y_ptr, D, stride_x, stride_d, stride_s, stride_y, eps,
+                             BD: tl.constexpr, PDL: tl.constexpr):
+        launch_dependents(PDL)
+        grid_wait(PDL)
+        row = tl.program_id(0)
+        offs = tl.arange(0, BD)
+        mask = offs < D
+        x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0)
+        d = tl.load(d_ptr + row * stride_d + offs, mask=mask, other=0.0)
+        s = (x.to(tl.float32) + d.to(tl.float32)).to(x.dtype)  # torch's x + delta: one rounding
+        tl.store(s_ptr + row * stride_s + offs, s, mask=mask)
+        _norm_row(s, w_ptr, y_ptr + row * stride_y, offs, mask, D, eps)
 
 
 def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -53,3 +80,22 @@ def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.
     _rms_norm_kernel[(x2.shape[0],)](x2, weight, y, d, x2.stride(0), y.stride(0), eps, BD=bd, PDL=pdl,
                                      num_warps=4 if bd <= 4096 else 8, **launch_kwargs(pdl))
     return y.reshape(*x.shape[:-1], d)
+
+
+def add_rms_norm_triton(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor,
+                        eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x + delta, rms_norm(x + delta)) in one pass: the residual update of a decoder layer and the
+    next norm, which torch runs as an add kernel and a norm reading its result back."""
+    if x.shape != delta.shape or x.dtype != delta.dtype:
+        raise ValueError(f"residual {tuple(x.shape)} {x.dtype} and update {tuple(delta.shape)} {delta.dtype} differ")
+    d = x.shape[-1]
+    x2, d2 = x.reshape(-1, d), delta.reshape(-1, d)
+    x2 = x2 if x2.stride(-1) == 1 else x2.contiguous()
+    d2 = d2 if d2.stride(-1) == 1 else d2.contiguous()
+    s = torch.empty((x2.shape[0], d), device=x.device, dtype=x.dtype)
+    y = torch.empty((x2.shape[0], d), device=x.device, dtype=torch.promote_types(weight.dtype, x.dtype))
+    bd = next_pow2(d)
+    pdl = pdl_enabled(y)
+    _add_rms_norm_kernel[(x2.shape[0],)](x2, d2, weight, s, y, d, x2.stride(0), d2.stride(0), s.stride(0), y.stride(0),
+                                         eps, BD=bd, PDL=pdl, num_warps=4 if bd <= 4096 else 8, **launch_kwargs(pdl))
+    return s.reshape(x.shape), y.reshape(*x.shape[:-1], d)

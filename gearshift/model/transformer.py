@@ -13,7 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from gearshift.kernels.rmsnorm import rms_norm_reference, rms_norm_triton
+from gearshift.kernels.rmsnorm import (add_rms_norm_reference, add_rms_norm_triton, rms_norm_reference,
+                                       rms_norm_triton)
 from gearshift.kernels.rope import rope_triton
 from gearshift.kernels.silu_mul import silu_mul_reference, silu_mul_triton
 from gearshift.kernels.switches import fused_kernels_enabled, set_fused_kernels  # noqa: F401 (re-exported)
@@ -33,6 +34,12 @@ class RMSNorm(nn.Module):
         if x.is_cuda and fused_kernels_enabled():
             return rms_norm_triton(x, self.weight, self.eps)
         return rms_norm_reference(x, self.weight, self.eps)
+
+    def add(self, x: torch.Tensor, delta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(x + delta, norm(x + delta)): a residual update and the norm after it, one pass on GPU."""
+        if x.is_cuda and fused_kernels_enabled():
+            return add_rms_norm_triton(x, delta, self.weight, self.eps)
+        return add_rms_norm_reference(x, delta, self.weight, self.eps)
 
 
 class Attention(nn.Module):
@@ -84,9 +91,14 @@ class DecoderLayer(nn.Module):
         self.self_attn, self.mlp = attn, mlp
         self.input_layernorm, self.post_attention_layernorm = input_norm, post_norm
 
-    def forward(self, x, cos, sin, cache, layer, targets, mask, upto, mode):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache, layer, targets, mask, upto, mode)
-        return x + self.mlp(self.post_attention_layernorm(x), mode)
+    def forward(self, x, delta, cos, sin, cache, layer, targets, mask, upto, mode):
+        """x: the residual stream; delta: the previous layer's MLP output, not yet added (None for
+        the first layer), so that each residual add runs inside the norm after it. Returns the
+        residual stream and this layer's MLP output."""
+        x, h = (x, self.input_layernorm(x)) if delta is None else self.input_layernorm.add(x, delta)
+        x, h = self.post_attention_layernorm.add(x, self.self_attn(h, cos, sin, cache, layer, targets, mask, upto,
+                                                                   mode))
+        return x, self.mlp(h, mode)
 
 
 class Decoder(nn.Module):
@@ -181,9 +193,13 @@ class Transformer(nn.Module):
         x = self.model.embed_tokens(tokens).to(self.dtype)
         cos, sin = self.rotary(positions, self.dtype)
         targets = cache.targets(positions, valid)  # KV write positions, once for all layers
+        delta = None
         for i, layer in enumerate(self.model.layers):
-            x = layer(x, cos, sin, cache, i, targets, mask, upto, mode)
+            x, delta = layer(x, delta, cos, sin, cache, i, targets, mask, upto, mode)
         if logits == "last":
             last = (n_new - 1).clamp_min(0)
-            x = x[torch.arange(b, device=dev), last].unsqueeze(1)
-        return self.lm_head(self.model.norm(x), mode).float()
+            rows = torch.arange(b, device=dev)
+            x = x[rows, last].unsqueeze(1)
+            delta = None if delta is None else delta[rows, last].unsqueeze(1)
+        h = self.model.norm(x) if delta is None else self.model.norm.add(x, delta)[1]
+        return self.lm_head(h, mode).float()
