@@ -5,27 +5,19 @@ of `kernels/w4a8_wgmma._i8_mma_partition`: 1 = no fp32 scale-after, 2 = no weigh
 Usage on the GPU: PYTHONPATH=. python benchmarks/tc_ablations/int8_wgmma_parts.py [--ncu]
 (--ncu: one launch of the full kernel, for `ncu -k regex:w4a8_int8`). Writes $OUT/<tag>.json.
 """
-import argparse, json, os
-
 import torch
 
 from gearshift.dispatch.profiler import PRESETS, n_copies, random_store, time_us
 from gearshift.kernels.act_quant import quantize_act_triton
-from gearshift.kernels.config import TileConfig
 from gearshift.kernels.w4a8_wgmma import int8_wgmma_codes
 from gearshift.quant.activations import ActQuantSpec
+from parts_common import parts_parser, save_and_print, tile_configs
 
-ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-ap.add_argument("--ms", default="1024,4096")
-ap.add_argument("--configs", default="128,128,8,3,0,1;128,64,4,4,168,1")
-ap.add_argument("--ablate", default="0,1,2,3,4,7")
-ap.add_argument("--ncu", action="store_true")
-ap.add_argument("--tag", default="int8_wgmma_parts")
+ap = parts_parser(__doc__, "1024,4096", "128,128,8,3,0,1;128,64,4,4,168,1", "int8_wgmma_parts")
 args = ap.parse_args()
 dev = "cuda"
 act = ActQuantSpec("int8")
-cfgs = [TileConfig(bm, bn, 128, sk, w, st, maxnreg=r) for bm, bn, w, st, r, sk in
-        (tuple(int(v) for v in c.split(",")) for c in args.configs.split(";"))]
+cfgs = tile_configs(args.configs)
 shapes = {name: (n, k) for name, n, k in PRESETS["llama3-8b"]["shapes"]}
 if args.ncu:
     n, k = shapes["qkv"]
@@ -55,9 +47,4 @@ for m in [int(v) for v in args.ms.split(",")]:
             print(row, flush=True)
         del copies, st0
         torch.cuda.empty_cache()
-json.dump({"device": torch.cuda.get_device_name(), "rows": res},
-          open(os.path.join(os.environ.get("OUT", "."), f"{args.tag}.json"), "w"), indent=1)
-print(f"\n{'M':>5} {'shape':8} {'cfg':24} " + " ".join(f"{'ab' + a:>8}" for a in args.ablate.split(",")) + "  TOPS")
-for r in res:
-    print(f"{r['m']:5d} {r['shape']:8} {r['cfg']:24} " + " ".join(f"{r[a]:8.1f}" for a in args.ablate.split(","))
-          + f"  {r['tops']:.0f}")
+save_and_print(res, args.ablate, args.tag)
