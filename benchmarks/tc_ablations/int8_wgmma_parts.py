@@ -7,18 +7,14 @@ Usage on the GPU: PYTHONPATH=. python benchmarks/tc_ablations/int8_wgmma_parts.p
 """
 import torch
 
-from gearshift.dispatch.profiler import PRESETS, n_copies, random_store, time_us
+from gearshift.dispatch.profiler import n_copies, random_store, time_us
 from gearshift.kernels.act_quant import quantize_act_triton
 from gearshift.kernels.w4a8_wgmma import int8_wgmma_codes
-from gearshift.quant.activations import ActQuantSpec
-from parts_common import parts_parser, save_and_print, tile_configs
+from parts_common import parse_parts, parts_parser, save_and_print
 
 ap = parts_parser(__doc__, "1024,4096", "128,128,8,3,0,1;128,64,4,4,168,1", "int8_wgmma_parts")
-args = ap.parse_args()
+args, cfgs, shapes, act = parse_parts(ap)
 dev = "cuda"
-act = ActQuantSpec("int8")
-cfgs = tile_configs(args.configs)
-shapes = {name: (n, k) for name, n, k in PRESETS["llama3-8b"]["shapes"]}
 if args.ncu:
     n, k = shapes["qkv"]
     st = random_store("int4", n, k, 128, dev, layout="blocks16")

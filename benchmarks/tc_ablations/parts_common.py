@@ -6,7 +6,9 @@ import os
 
 import torch
 
+from gearshift.dispatch.profiler import PRESETS
 from gearshift.kernels.config import TileConfig
+from gearshift.quant.activations import ActQuantSpec
 
 
 def parts_parser(doc: str, ms: str, configs: str, tag: str) -> argparse.ArgumentParser:
@@ -18,6 +20,13 @@ def parts_parser(doc: str, ms: str, configs: str, tag: str) -> argparse.Argument
     ap.add_argument("--ncu", action="store_true", help="one launch per tile, for Nsight Compute; no timing")
     ap.add_argument("--tag", default=tag)
     return ap
+
+
+def parse_parts(ap: argparse.ArgumentParser):
+    """(args, tiles, {shape: (N, K)} of Llama-3-8B, the int8 per-token activation spec)."""
+    args = ap.parse_args()
+    return (args, tile_configs(args.configs), {name: (n, k) for name, n, k in PRESETS["llama3-8b"]["shapes"]},
+            ActQuantSpec("int8"))
 
 
 def tile_configs(spec: str, bk: int = 128) -> list[TileConfig]:

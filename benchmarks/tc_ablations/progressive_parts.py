@@ -10,19 +10,15 @@ Writes $OUT/<tag>.json and prints a table last.
 """
 import torch
 
-from gearshift.dispatch.profiler import PRESETS, n_copies, random_store, time_us
+from gearshift.dispatch.profiler import n_copies, random_store, time_us
 from gearshift.kernels.act_quant import quantize_act_triton
 from gearshift.kernels.w4a8_progressive import progressive_codes
-from gearshift.quant.activations import ActQuantSpec
-from parts_common import parts_parser, save_and_print, tile_configs
+from parts_common import parse_parts, parts_parser, save_and_print
 
 ap = parts_parser(__doc__, "256,4096", "256,128,8,3,0,1;128,128,8,4,0,1;128,64,4,4,0,1", "progressive_parts")
 ap.add_argument("--shapes", default="qkv,gate_up")
-args = ap.parse_args()
+args, cfgs, shapes, act = parse_parts(ap)
 dev = "cuda"
-act = ActQuantSpec("int8")
-cfgs = tile_configs(args.configs)
-shapes = {name: (n, k) for name, n, k in PRESETS["llama3-8b"]["shapes"]}
 if args.ncu:
     n, k = shapes["gate_up"]
     st = random_store("int4p", n, k, 128, dev, layout="blocks16")

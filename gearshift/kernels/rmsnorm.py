@@ -68,11 +68,15 @@ if HAS_TRITON:
         _norm_row(s, w_ptr, y_ptr + row * stride_y, offs, mask, D, eps)
 
 
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    """x as [rows, D] with unit stride along D (what the kernels index)."""
+    x2 = x.reshape(-1, x.shape[-1])
+    return x2 if x2.stride(-1) == 1 else x2.contiguous()
+
+
 def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     d = x.shape[-1]
-    x2 = x.reshape(-1, d)
-    if x2.stride(-1) != 1:
-        x2 = x2.contiguous()
+    x2 = _rows(x)
     out_dtype = torch.promote_types(weight.dtype, x.dtype)
     y = torch.empty((x2.shape[0], d), device=x.device, dtype=out_dtype)
     bd = next_pow2(d)
@@ -89,9 +93,7 @@ def add_rms_norm_triton(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tens
     if x.shape != delta.shape or x.dtype != delta.dtype:
         raise ValueError(f"residual {tuple(x.shape)} {x.dtype} and update {tuple(delta.shape)} {delta.dtype} differ")
     d = x.shape[-1]
-    x2, d2 = x.reshape(-1, d), delta.reshape(-1, d)
-    x2 = x2 if x2.stride(-1) == 1 else x2.contiguous()
-    d2 = d2 if d2.stride(-1) == 1 else d2.contiguous()
+    x2, d2 = _rows(x), _rows(delta)
     s = torch.empty((x2.shape[0], d), device=x.device, dtype=x.dtype)
     y = torch.empty((x2.shape[0], d), device=x.device, dtype=torch.promote_types(weight.dtype, x.dtype))
     bd = next_pow2(d)

@@ -112,11 +112,11 @@ if HAS_GLUON:
         wl3: gl.constexpr = word_layout(BN, BKX, WARPS)
         wl: gl.constexpr = gl.SliceLayout(2, wl3)  # the [BN, BK/8] words, each in two lanes
         words32: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=SW, element_bitwidth=32, rank=2)
+        zeros3 = gl.zeros([BN, BKX // 8, 8], gl.int32, layout=wl3)
         # the A-fragment layout of [BN, BK] (the [BN, BK/8, 8] broadcast, reshaped)
-        zeros = gl.reshape(gl.zeros([BN, BKX // 8, 8], gl.int32, layout=wl3), [BN, BKX])
+        zeros = gl.reshape(zeros3, [BN, BKX])
         j8 = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(0, wl3)))  # a weight's place in its word
-        kk = gl.reshape(gl.expand_dims(gl.expand_dims(j8, 0), 0) + gl.zeros([BN, BKX // 8, 8], gl.int32, layout=wl3),
-                        [BN, BKX])
+        kk = gl.reshape(gl.expand_dims(gl.expand_dims(j8, 0), 0) + zeros3, [BN, BKX])
         sel = gl.where((kk & 4) != 0, _HIGH_HALF, _LOW_HALF) + zeros
         rows: gl.constexpr = gl.SliceLayout(1, zeros.type.layout)
         inv = 1.0 / gl.load(units_ptr + n0 + ROW0 + gl.arange(0, BN, layout=rows))  # powers of two: exact
@@ -138,8 +138,7 @@ if HAS_GLUON:
             else:
                 wsm = as_words(w_bufs.index(s).reshape([BN * NPART, BKX // 2]), BN * NPART, BKX // 8, words32)
                 w = wsm.slice(ROW0, BN).load(wl)
-                wb = gl.reshape(gl.expand_dims(w, 2) + gl.zeros([BN, BKX // 8, 8], gl.int32, layout=wl3),
-                                [BN, BKX])
+                wb = gl.reshape(gl.expand_dims(w, 2) + zeros3, [BN, BKX])
                 a = gl.convert_layout(int8_weights(wb, sel, t[:, None], c[:, None]), dot, assert_trivial=True)
             if ABLATE & 4:
                 part = part + gl.convert_layout(gl.sum(a.to(gl.int32), 1), gl.SliceLayout(1, mma))[:, None]
