@@ -75,31 +75,36 @@ def main() -> None:
     run(4)  # compile / warm up
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         run(1)  # prefill + 1 token
-    base = {e.key: e.device_time_total for e in prof.key_averages()}
+    base = {e.key: (e.device_time_total, e.count) for e in prof.key_averages()}
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        st = run(1 + args.steps)
-    per_kernel = {}
+        run(1 + args.steps)
+    per_kernel, launches = {}, {}
     for e in prof.key_averages():
-        us = e.device_time_total - base.get(e.key, 0.0)  # subtract the prefill-only run
+        us0, n0 = base.get(e.key, (0.0, 0))
+        us = e.device_time_total - us0  # subtract the prefill-only run
         if us > 0:
             per_kernel[e.key] = us / args.steps
+            launches[e.key] = (e.count - n0) / args.steps
     fams: dict[str, float] = {}
     for k, us in per_kernel.items():
         fams[family(k)] = fams.get(family(k), 0.0) + us
     total = sum(fams.values())
     doc = {"device": torch.cuda.get_device_name(), "preset": args.preset, "mode": args.mode, "batch": args.batch,
            "us_per_step_by_family": fams, "us_per_step_total_gpu": total,
-           "top_kernels_us_per_step": dict(sorted(per_kernel.items(), key=lambda t: -t[1])[:25])}
+           "launches_per_step": sum(launches.values()),
+           "top_kernels_us_per_step": dict(sorted(per_kernel.items(), key=lambda t: -t[1])[:25]),
+           "launches_per_step_by_kernel": dict(sorted(launches.items(), key=lambda t: -t[1]))}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / f"step_profile_{doc['device'].replace(' ', '_')}_{args.mode}_b{args.batch}.json").write_text(
         json.dumps(doc, indent=1))
-    print(f"GPU kernel time per decode step ({args.mode}, batch {args.batch}): {total / 1000:.3f} ms")
+    print(f"GPU kernel time per decode step ({args.mode}, batch {args.batch}): {total / 1000:.3f} ms "
+          f"in {doc['launches_per_step']:.0f} kernel launches")
     for fam, us in sorted(fams.items(), key=lambda t: -t[1]):
         print(f"  {fam:40s} {us / 1000:7.3f} ms  {100 * us / total:5.1f}%")
     print("top kernels:")
-    for k, us in list(doc["top_kernels_us_per_step"].items())[:12]:
-        print(f"  {us:8.1f} us  {k[:110]}")
+    for k, us in list(doc["top_kernels_us_per_step"].items())[:20]:
+        print(f"  {us:8.1f} us  {launches[k]:5.0f}x  {k[:100]}")
 
 
 if __name__ == "__main__":
