@@ -12,6 +12,7 @@ import torch
 
 from gearshift.errors import GearshiftError
 from gearshift.kernels.kv_write import kv_write_reference, kv_write_triton
+from gearshift.kernels.rope_kv_write import rope_kv_write_triton
 from gearshift.kernels.switches import fused_kernels_enabled
 
 
@@ -54,6 +55,12 @@ class KVCache:
             kv_write_triton(self.k[layer], self.v[layer], k, v, targets)
         else:
             kv_write_reference(self.k[layer], self.v[layer], k, v, targets)
+
+    def write_rotated(self, layer: int, qkv: torch.Tensor, n_q: int, cos: torch.Tensor, sin: torch.Tensor,
+                      targets: torch.Tensor) -> torch.Tensor:
+        """RoPE q and k of a fused qkv output [B, T, W], store rotated k and v at `targets`, return
+        rotated q [B, T, n_q, D]: one launch instead of three (GPU with the fused kernels only)."""
+        return rope_kv_write_triton(qkv, n_q, self.k.shape[2], cos, sin, self.k[layer], self.v[layer], targets)
 
     def view(self, layer: int, upto: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.k[layer, :, :, :upto], self.v[layer, :, :, :upto]

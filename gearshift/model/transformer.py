@@ -16,6 +16,7 @@ from torch import nn
 from gearshift.kernels.rmsnorm import (add_rms_norm_reference, add_rms_norm_triton, rms_norm_reference,
                                        rms_norm_triton)
 from gearshift.kernels.rope import rope_triton
+from gearshift.kernels.rope_kv_write import split_qkv
 from gearshift.kernels.silu_mul import silu_mul_reference, silu_mul_triton
 from gearshift.kernels.switches import fused_kernels_enabled, set_fused_kernels  # noqa: F401 (re-exported)
 from gearshift.model.config import ModelConfig
@@ -53,19 +54,19 @@ class Attention(nn.Module):
     def forward(self, x, cos, sin, cache: KVCache, layer: int, targets, mask, upto, mode):
         b, t, _ = x.shape
         qkv = self.qkv_proj(x, mode)
-        q_end = self.n_heads * self.head_dim
-        kv_end = q_end + self.n_kv * self.head_dim
-        q = qkv[..., :q_end].view(b, t, self.n_heads, self.head_dim)
-        k = qkv[..., q_end:kv_end].view(b, t, self.n_kv, self.head_dim)
-        v = qkv[..., kv_end:].view(b, t, self.n_kv, self.head_dim)
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        if x.is_cuda and fused_kernels_enabled():  # one launch per tensor instead of five
-            q, k = rope_triton(q, cos, sin), rope_triton(k, cos, sin)
+        fused = x.is_cuda and fused_kernels_enabled()
+        if fused and self.q_norm is None:  # RoPE of q and k and the cache write in one launch
+            q = cache.write_rotated(layer, qkv, self.n_heads, cos, sin, targets)
         else:
-            q = apply_rotary(q.transpose(1, 2), cos, sin).transpose(1, 2)
-            k = apply_rotary(k.transpose(1, 2), cos, sin).transpose(1, 2)
-        cache.write(layer, k, v, targets)
+            q, k, v = split_qkv(qkv, self.n_heads, self.n_kv, self.head_dim)
+            if self.q_norm is not None:
+                q, k = self.q_norm(q), self.k_norm(k)
+            if fused:  # one launch per tensor instead of five
+                q, k = rope_triton(q, cos, sin), rope_triton(k, cos, sin)
+            else:
+                q = apply_rotary(q.transpose(1, 2), cos, sin).transpose(1, 2)
+                k = apply_rotary(k.transpose(1, 2), cos, sin).transpose(1, 2)
+            cache.write(layer, k, v, targets)
         q = q.transpose(1, 2)
         keys, values = cache.view(layer, upto)
         out = F.scaled_dot_product_attention(q, keys.to(q.dtype), values.to(q.dtype), attn_mask=mask,
@@ -188,8 +189,10 @@ class Transformer(nn.Module):
         dev = tokens.device
         steps = torch.arange(t, device=dev).unsqueeze(0)
         valid = steps < n_new.unsqueeze(1)
-        # key j is visible to the query at absolute position p iff j <= p
-        mask = (torch.arange(upto, device=dev).view(1, 1, 1, upto) <= positions.view(b, 1, t, 1))
+        # key j is visible to the query at absolute position p iff j <= p. An additive mask built
+        # once here: a boolean one is converted to this by SDPA in every layer (three launches each)
+        visible = torch.arange(upto, device=dev).view(1, 1, 1, upto) <= positions.view(b, 1, t, 1)
+        mask = torch.zeros(visible.shape, dtype=self.dtype, device=dev).masked_fill_(~visible, float("-inf"))
         x = self.model.embed_tokens(tokens).to(self.dtype)
         cos, sin = self.rotary(positions, self.dtype)
         targets = cache.targets(positions, valid)  # KV write positions, once for all layers
