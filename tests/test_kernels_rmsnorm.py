@@ -47,3 +47,44 @@ def test_add_rms_norm_matches_reference(shape, dtype):
     assert torch.allclose(y.float(), y_ref.float(), rtol=tol, atol=tol)
     with pytest.raises(ValueError, match="differ"):
         add_rms_norm_triton(x, d.float() if dtype != torch.float32 else d.half(), w, 1e-5)
+
+
+_HALF = [torch.bfloat16] if DEV == "cuda" else []  # the interpreter truncates to bf16
+
+
+@pytest.mark.parametrize("qmax,act", [(127.0, "int8"), (7.0, "int4")])
+@pytest.mark.parametrize("shape,dtype", [((3, 5, 64), torch.float32), ((7, 576), torch.float16),
+                                         ((2, 3, 96), torch.float16)] + [((4, 2, 4096), d) for d in _HALF])
+@pytest.mark.parametrize("with_add", [False, True])
+def test_norm_emits_the_quantizers_codes(shape, dtype, qmax, act, with_add):
+    """The codes an RMSNorm emits for the next linear are, bit for bit, what the activation
+    quantizer makes of the rows the norm stored; the stored rows do not change."""
+    from gearshift.kernels.act_quant import quantize_act_triton
+    from gearshift.kernels.rmsnorm import (add_rms_norm_codes_triton, add_rms_norm_triton, rms_norm_codes_triton)
+    from gearshift.quant.activations import ActQuantSpec
+
+    g = torch.Generator().manual_seed(shape[-1] + int(qmax))
+    x = (torch.randn(shape, generator=g) * 3).to(DEV, dtype)
+    d = torch.randn(shape, generator=g).to(DEV, dtype)
+    w = (1 + 0.1 * torch.randn(shape[-1], generator=g)).to(DEV, dtype)
+    x[0, ..., 5] = 40.0  # an outlier column sets the scale of the first rows
+    if with_add:
+        s, y, codes = add_rms_norm_codes_triton(x, d, w, 1e-5, qmax)
+        s0, y0 = add_rms_norm_triton(x, d, w, 1e-5)
+        assert torch.equal(s, s0)
+    else:
+        y, codes = rms_norm_codes_triton(x, w, 1e-5, qmax)
+        y0 = rms_norm_triton(x, w, 1e-5)
+    assert torch.equal(y, y0)
+    q, sc = quantize_act_triton(y.reshape(-1, shape[-1]), ActQuantSpec(act))
+    assert codes.qmax == qmax and codes.codes.dtype == torch.int8
+    assert torch.equal(codes.codes, q) and torch.equal(codes.scales, sc)
+    assert codes.codes.abs().max().item() == int(qmax)
+
+
+def test_norm_codes_need_an_integer_range():
+    from gearshift.kernels.rmsnorm import rms_norm_codes_triton
+
+    x = torch.randn(2, 64, device=DEV)
+    with pytest.raises(ValueError, match="qmax"):
+        rms_norm_codes_triton(x, torch.ones(64, device=DEV), 1e-5, 448.0)

@@ -342,3 +342,30 @@ def test_weight_asm_gives_t_q_minus_tz_for_every_code_pair():
                     got = [v - 256 if v > 127 else v for v in got]
                     codes = [(word >> (16 * half + 4 * i)) & 15 for i in range(4)]
                     assert got == [t * q - tz for q in codes], (t, tz, hex(word), half)
+
+
+@needs_hopper
+@pytest.mark.parametrize("act_dtype", ["int8", "int4"])
+def test_dispatcher_takes_codes_from_the_norm(act_dtype):
+    """Where the map picks w4a8_progressive, the dispatcher asks for the norm's codes and, given
+    them, returns the same bits as quantizing itself; codes for another range are ignored."""
+    from gearshift.dispatch.dispatcher import AdaptiveDispatcher
+    from gearshift.dispatch.policy import Choice, PolicyMap, type_key
+    from gearshift.kernels.rmsnorm import rms_norm_codes_triton
+
+    torch.manual_seed(1)
+    act = ActQuantSpec(act_dtype)
+    st = random_store("int4p", 512, 1024, 128, "cuda", layout=BLOCKS16)
+    cfg = next(c for c in progressive_configs(128) if progressive_supports(st, act, c))
+    pm = PolicyMap("test", [128], {type_key(f"w4a{act.bits}", 128, 512, 1024): [Choice("w4a8_progressive", cfg)]})
+    disp = AdaptiveDispatcher(pm)
+    qmax = 127.0 if act_dtype == "int8" else 7.0
+    assert disp.codes_qmax(st, act, 128) == qmax
+    assert disp.codes_qmax(st, None, 128) is None  # W4A16 quantizes nothing
+    x = torch.randn(128, 1024, device="cuda", dtype=torch.bfloat16)
+    h, codes = rms_norm_codes_triton(x, torch.ones(1024, device="cuda", dtype=torch.bfloat16), 1e-5, qmax)
+    plain = disp.linear(h, st, act)
+    assert torch.equal(disp.linear(h, st, act, codes=codes), plain)
+    wrong = rms_norm_codes_triton(x, torch.ones(1024, device="cuda", dtype=torch.bfloat16), 1e-5,
+                                  7.0 if qmax == 127.0 else 127.0)[1]
+    assert torch.equal(disp.linear(h, st, act, codes=wrong), plain)

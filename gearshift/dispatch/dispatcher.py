@@ -16,6 +16,7 @@ import torch
 from gearshift.dispatch.policy import Choice, PolicyMap, load_policy_for_device, type_key
 from gearshift.dispatch.strategies import MAX_TOKENS, STRATEGIES, group_of, mode_key
 from gearshift.kernels._triton import HAS_TRITON
+from gearshift.kernels.act_quant import ActCodes, codes_qmax
 from gearshift.kernels.config import TileConfig, block_m_for
 from gearshift.kernels.reference import linear_reference
 from gearshift.quant.activations import ActQuantSpec
@@ -28,8 +29,15 @@ class Dispatcher:
     name = "reference"
 
     def linear(self, x: torch.Tensor, store: WeightFormat, act: ActQuantSpec | None,
-               bias: torch.Tensor | None = None) -> torch.Tensor:
+               bias: torch.Tensor | None = None, codes: ActCodes | None = None) -> torch.Tensor:
+        """codes: x already quantized per token by its producer; used where the chosen kernel takes
+        them (`codes_qmax` says when), else ignored: the result is the same either way."""
         return linear_reference(x, store, act, bias)
+
+    def codes_qmax(self, store: WeightFormat, act: ActQuantSpec | None, m: int) -> float | None:
+        """The code range the kernel chosen for m tokens would take already quantized activations
+        in, or None where it quantizes them itself."""
+        return None
 
 
 @functools.lru_cache(maxsize=4096)
@@ -172,8 +180,16 @@ class AdaptiveDispatcher(Dispatcher):
                                       for row in pm.entries.values() for c in row))
         return not self._knows_mma
 
+    def codes_qmax(self, store: WeightFormat, act: ActQuantSpec | None, m: int) -> float | None:
+        qmax = codes_qmax(act)
+        if qmax is None or not HAS_TRITON:
+            return None
+        c = self.choose(store, act, m)
+        s = None if c is None else STRATEGIES.get(c.strategy)
+        return qmax if s is not None and s.run_codes is not None and s.supports(store, act, c.config) else None
+
     def linear(self, x: torch.Tensor, store: WeightFormat, act: ActQuantSpec | None,
-               bias: torch.Tensor | None = None) -> torch.Tensor:
+               bias: torch.Tensor | None = None, codes: ActCodes | None = None) -> torch.Tensor:
         if (not x.is_cuda or not HAS_TRITON or x.dtype not in (torch.float16, torch.bfloat16)
                 or not (act is None or isinstance(act, ActQuantSpec)) or x.numel() == 0):
             return linear_reference(x, store, act, bias)
@@ -188,7 +204,11 @@ class AdaptiveDispatcher(Dispatcher):
             strat = STRATEGIES.get(c.strategy)
         if strat is None or not strat.supports(store, act, c.config):
             return linear_reference(x, store, act, bias)
-        y = strat.run(x2, store, act, c.config)
+        if (codes is not None and strat.run_codes is not None and codes.qmax == codes_qmax(act)
+                and codes.codes.shape == x2.shape):
+            y = strat.run_codes(codes, store, c.config, x2.dtype)
+        else:
+            y = strat.run(x2, store, act, c.config)
         if bias is not None:
             y = y + bias.to(y.dtype)
         return y if x.dim() == 2 else y.reshape(*x.shape[:-1], store.out_features)
@@ -217,5 +237,5 @@ def install_policy(model_dir=None, device: str | None = None) -> AdaptiveDispatc
 
 
 def run_linear(x: torch.Tensor, store: WeightFormat, act: ActQuantSpec | None,
-               bias: torch.Tensor | None = None) -> torch.Tensor:
-    return _active.linear(x, store, act, bias)
+               bias: torch.Tensor | None = None, codes: ActCodes | None = None) -> torch.Tensor:
+    return _active.linear(x, store, act, bias, codes)

@@ -46,6 +46,8 @@ class Strategy:
     supports: Callable[[WeightFormat, ActQuantSpec | None, TileConfig | None], bool] = field(
         default=lambda s, a, c: True)
     gpu_only: bool = True
+    #: the kernel on activations already quantized per token (`ActCodes` from an RMSNorm), or None
+    run_codes: Callable[[object, WeightFormat, TileConfig | None, torch.dtype], torch.Tensor] | None = None
 
 
 STRATEGIES: dict[str, Strategy] = {}
@@ -326,6 +328,12 @@ def _run_w4a8_progressive(x2, store, act, cfg):
     return w4a8_progressive(x2, store, act, cfg)
 
 
+def _run_progressive_codes(codes, store, cfg, out_dtype):
+    from gearshift.kernels.w4a8_progressive import progressive_codes
+
+    return progressive_codes(codes.codes, codes.scales, store, cfg, out_dtype)
+
+
 def _progressive_configs(m: int) -> list[TileConfig]:
     from gearshift.kernels.w4a8_progressive import progressive_configs
 
@@ -399,7 +407,8 @@ register(Strategy("w4a8_wgmma_small", DPRPartition((4,), (8,), "bf16-wgmma", "pa
 register(Strategy("w4a8_int8_wgmma", DPRPartition((4,), (8,), "int8-wgmma", "padding"), ("w4a8", "w4a4"),
                   _run_w4a8_int8_wgmma, _int8_wgmma_configs, _sup_w4a8_int8_wgmma))
 register(Strategy("w4a8_progressive", DPRPartition((4,), (8,), "int8-wgmma", "padding"), ("w4a8", "w4a4"),
-                  _run_w4a8_progressive, _progressive_configs, _sup_w4a8_progressive))
+                  _run_w4a8_progressive, _progressive_configs, _sup_w4a8_progressive,
+                  run_codes=_run_progressive_codes))
 register(Strategy("w4a16_gemv", DPRPartition((4,), (16,), "fp32-fma", "padding"), ("w4a16",), _run_w4a16_gemv,
                   gemv_configs, _sup_w4a16_gemv))
 register(Strategy("w4a16_rowgemv", DPRPartition((4,), (16,), "fp32-fma", "padding"), ("w4a16",),

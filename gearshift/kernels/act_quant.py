@@ -7,6 +7,8 @@ and half to even in torch; on random data that moves a code by one in about one 
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from gearshift.kernels._triton import HAS_TRITON, next_pow2, tl, triton
@@ -15,8 +17,41 @@ from gearshift.quant.activations import ActQuantSpec, quantize_activations
 
 _QMAX = {"int8": 127.0, "int4": 7.0, "fp8": 448.0}
 
+
+class ActCodes(NamedTuple):
+    """Activations already quantized per token by the kernel that produced them (an RMSNorm):
+    codes [M, K] int8 and fp32 scales [M], for a linear whose activations quantize with `qmax`."""
+
+    codes: torch.Tensor
+    scales: torch.Tensor
+    qmax: float
+
+
+def codes_qmax(spec) -> float | None:
+    """The integer code range a per-token activation spec quantizes to, or None where a producer
+    cannot emit its codes (fp8, per-group scales, calibrated quantizer modules)."""
+    if not isinstance(spec, ActQuantSpec) or spec.group_size is not None or spec.dtype not in ("int8", "int4"):
+        return None
+    return _QMAX[spec.dtype]
+
 if HAS_TRITON:
     from gearshift.kernels.pdl import grid_wait, launch_dependents
+
+    @triton.jit
+    def token_codes(x, scale, QMAX: tl.constexpr, FP8: tl.constexpr):
+        """fp32 values of one token -> its codes at `scale` (shared with the RMSNorm that emits
+        codes, so both give the same bits)."""
+        y = x / scale
+        if FP8:
+            q = tl.minimum(tl.maximum(y, -QMAX), QMAX).to(tl.float8e4nv)
+        else:
+            r = tl.where(y >= 0, tl.floor(y + 0.5), tl.ceil(y - 0.5))
+            q = tl.minimum(tl.maximum(r, -QMAX), QMAX).to(tl.int8)
+        return q
+
+    @triton.jit
+    def token_scale(amax, QMAX: tl.constexpr):
+        return tl.maximum(amax / QMAX, 1e-8)
 
     @triton.jit
     def _act_quant_kernel(x_ptr, q_ptr, s_ptr, sum_ptr, K, stride_x, stride_q, sum_row, sum_group,
@@ -30,16 +65,11 @@ if HAS_TRITON:
         for k0 in range(0, K, BLOCK):
             x = tl.load(x_ptr + row * stride_x + k0 + offs, mask=k0 + offs < K, other=0.0).to(tl.float32)
             amax = tl.maximum(amax, tl.abs(x))
-        scale = tl.maximum(tl.max(amax, 0) / QMAX, 1e-8)
+        scale = token_scale(tl.max(amax, 0), QMAX)
         for k0 in range(0, K, BLOCK):
             m = k0 + offs < K
             x = tl.load(x_ptr + row * stride_x + k0 + offs, mask=m, other=0.0).to(tl.float32)
-            y = x / scale
-            if FP8:
-                q = tl.minimum(tl.maximum(y, -QMAX), QMAX).to(tl.float8e4nv)
-            else:
-                r = tl.where(y >= 0, tl.floor(y + 0.5), tl.ceil(y - 0.5))
-                q = tl.minimum(tl.maximum(r, -QMAX), QMAX).to(tl.int8)
+            q = token_codes(x, scale, QMAX, FP8)
             tl.store(q_ptr + row * stride_q + k0 + offs, q, mask=m)
             if GROUP > 0:  # per-group sums of the codes (exact for int8; fp32 sums of e4m3 values)
                 gs = tl.sum(tl.reshape(q.to(tl.float32), (BLOCK // GROUP, GROUP)), 1)

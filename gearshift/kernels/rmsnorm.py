@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from gearshift.kernels._triton import HAS_TRITON, next_pow2, tl, triton
+from gearshift.kernels.act_quant import ActCodes
 from gearshift.kernels.pdl import launch_kwargs, pdl_enabled
 
 
@@ -30,32 +31,47 @@ def add_rms_norm_reference(x: torch.Tensor, delta: torch.Tensor, weight: torch.T
 
 
 if HAS_TRITON:
+    from gearshift.kernels.act_quant import token_codes, token_scale
     from gearshift.kernels.pdl import grid_wait, launch_dependents
 
     @triton.jit
-    def _rms_norm_kernel(x_ptr, w_ptr, y_ptr, D, stride_x, stride_y, eps, BD: tl.constexpr, PDL: tl.constexpr):
+    def _rms_norm_kernel(x_ptr, w_ptr, y_ptr, q_ptr, qs_ptr, D, stride_x, stride_y, stride_q, eps, BD: tl.constexpr,
+                         PDL: tl.constexpr, QMAX: tl.constexpr):
         launch_dependents(PDL)  # the next kernel may start prefetching its weights
         grid_wait(PDL)
         row = tl.program_id(0)
         offs = tl.arange(0, BD)
         mask = offs < D
         x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0)
-        _norm_row(x, w_ptr, y_ptr + row * stride_y, offs, mask, D, eps)
+        y = _norm_row(x, w_ptr, y_ptr + row * stride_y, offs, mask, D, eps)
+        if QMAX > 0:
+            _row_codes(y, q_ptr + row * stride_q, qs_ptr + row, offs, mask, QMAX)
 
     @triton.jit
     def _norm_row(x, w_ptr, y_row_ptr, offs, mask, D, eps):
         """One row's RMSNorm: fp32 statistics, the normalized row rounded to x's dtype, then the
-        weight multiply rounded to y's (both kernels share it: the same arithmetic)."""
+        weight multiply rounded to y's (both kernels share it: the same arithmetic). Returns the
+        stored row."""
         xf = x.to(tl.float32)
         var = tl.sum(xf * xf, 0) / D
         h = (xf * (1.0 / tl.sqrt(var + eps))).to(x.dtype)
         w = tl.load(w_ptr + offs, mask=mask, other=0.0)
-        y = w.to(tl.float32) * h.to(tl.float32)
-        tl.store(y_row_ptr + offs, y.to(y_row_ptr.dtype.element_ty), mask=mask)
+        y = (w.to(tl.float32) * h.to(tl.float32)).to(y_row_ptr.dtype.element_ty)
+        tl.store(y_row_ptr + offs, y, mask=mask)
+        return y
 
     @triton.jit
-    def _add_rms_norm_kernel(x_ptr, d_ptr, w_ptr, s_ptr, y_ptr, D, stride_x, stride_d, stride_s, stride_y, eps,
-                             BD: tl.constexpr, PDL: tl.constexpr):
+    def _row_codes(y, q_row_ptr, scale_ptr, offs, mask, QMAX: tl.constexpr):
+        """The per-token integer codes of the normed row, as `quantize_act_triton` makes them from
+        the stored row (the same helpers; lanes past D hold 0 and do not move the max)."""
+        yf = y.to(tl.float32)
+        scale = token_scale(tl.max(tl.abs(yf), 0), QMAX)
+        tl.store(q_row_ptr + offs, token_codes(yf, scale, QMAX, False), mask=mask)
+        tl.store(scale_ptr, scale)
+
+    @triton.jit
+    def _add_rms_norm_kernel(x_ptr, d_ptr, w_ptr, s_ptr, y_ptr, q_ptr, qs_ptr, D, stride_x, stride_d, stride_s,
+                             stride_y, stride_q, eps, BD: tl.constexpr, PDL: tl.constexpr, QMAX: tl.constexpr):
         launch_dependents(PDL)
         grid_wait(PDL)
         row = tl.program_id(0)
@@ -65,7 +81,9 @@ if HAS_TRITON:
         d = tl.load(d_ptr + row * stride_d + offs, mask=mask, other=0.0)
         s = (x.to(tl.float32) + d.to(tl.float32)).to(x.dtype)  # torch's x + delta: one rounding
         tl.store(s_ptr + row * stride_s + offs, s, mask=mask)
-        _norm_row(s, w_ptr, y_ptr + row * stride_y, offs, mask, D, eps)
+        y = _norm_row(s, w_ptr, y_ptr + row * stride_y, offs, mask, D, eps)
+        if QMAX > 0:
+            _row_codes(y, q_ptr + row * stride_q, qs_ptr + row, offs, mask, QMAX)
 
 
 def _rows(x: torch.Tensor) -> torch.Tensor:
@@ -74,30 +92,64 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
     return x2 if x2.stride(-1) == 1 else x2.contiguous()
 
 
-def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+def _codes_buffers(rows: int, d: int, qmax: float | None, like: torch.Tensor):
+    """Codes [rows, D] int8 and scales [rows] fp32 when the kernel emits them, else stand-ins
+    (the kernel never touches them then)."""
+    if qmax is None:
+        return like, like, 0
+    if not 0 < qmax <= 127:
+        raise ValueError(f"integer codes need 0 < qmax <= 127, got {qmax}")
+    q = torch.empty((rows, d), device=like.device, dtype=torch.int8)
+    return q, torch.empty((rows,), device=like.device, dtype=torch.float32), q.stride(0)
+
+
+def _launch_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, qmax: float | None):
     d = x.shape[-1]
     x2 = _rows(x)
-    out_dtype = torch.promote_types(weight.dtype, x.dtype)
-    y = torch.empty((x2.shape[0], d), device=x.device, dtype=out_dtype)
+    y = torch.empty((x2.shape[0], d), device=x.device, dtype=torch.promote_types(weight.dtype, x.dtype))
+    q, qs, sq = _codes_buffers(x2.shape[0], d, qmax, y)
     bd = next_pow2(d)
     pdl = pdl_enabled(y)
-    _rms_norm_kernel[(x2.shape[0],)](x2, weight, y, d, x2.stride(0), y.stride(0), eps, BD=bd, PDL=pdl,
-                                     num_warps=4 if bd <= 4096 else 8, **launch_kwargs(pdl))
-    return y.reshape(*x.shape[:-1], d)
+    _rms_norm_kernel[(x2.shape[0],)](x2, weight, y, q, qs, d, x2.stride(0), y.stride(0), sq, eps, BD=bd, PDL=pdl,
+                                     QMAX=qmax or 0.0, num_warps=4 if bd <= 4096 else 8, **launch_kwargs(pdl))
+    return y.reshape(*x.shape[:-1], d), (None if qmax is None else ActCodes(q, qs, qmax))
 
 
-def add_rms_norm_triton(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor,
-                        eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """(x + delta, rms_norm(x + delta)) in one pass: the residual update of a decoder layer and the
-    next norm, which torch runs as an add kernel and a norm reading its result back."""
+def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    return _launch_norm(x, weight, eps, None)[0]
+
+
+def rms_norm_codes_triton(x: torch.Tensor, weight: torch.Tensor, eps: float,
+                          qmax: float) -> tuple[torch.Tensor, ActCodes]:
+    """The norm and, from the same pass, its per-token integer codes for the next linear (W4A8 /
+    W4A4): what `quantize_act_triton` would make of the result, without its launch and re-read."""
+    return _launch_norm(x, weight, eps, qmax)
+
+
+def _launch_add_norm(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float, qmax: float | None):
     if x.shape != delta.shape or x.dtype != delta.dtype:
         raise ValueError(f"residual {tuple(x.shape)} {x.dtype} and update {tuple(delta.shape)} {delta.dtype} differ")
     d = x.shape[-1]
     x2, d2 = _rows(x), _rows(delta)
     s = torch.empty((x2.shape[0], d), device=x.device, dtype=x.dtype)
     y = torch.empty((x2.shape[0], d), device=x.device, dtype=torch.promote_types(weight.dtype, x.dtype))
+    q, qs, sq = _codes_buffers(x2.shape[0], d, qmax, y)
     bd = next_pow2(d)
     pdl = pdl_enabled(y)
-    _add_rms_norm_kernel[(x2.shape[0],)](x2, d2, weight, s, y, d, x2.stride(0), d2.stride(0), s.stride(0), y.stride(0),
-                                         eps, BD=bd, PDL=pdl, num_warps=4 if bd <= 4096 else 8, **launch_kwargs(pdl))
-    return s.reshape(x.shape), y.reshape(*x.shape[:-1], d)
+    _add_rms_norm_kernel[(x2.shape[0],)](x2, d2, weight, s, y, q, qs, d, x2.stride(0), d2.stride(0), s.stride(0),
+                                         y.stride(0), sq, eps, BD=bd, PDL=pdl, QMAX=qmax or 0.0,
+                                         num_warps=4 if bd <= 4096 else 8, **launch_kwargs(pdl))
+    return s.reshape(x.shape), y.reshape(*x.shape[:-1], d), (None if qmax is None else ActCodes(q, qs, qmax))
+
+
+def add_rms_norm_triton(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor,
+                        eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x + delta, rms_norm(x + delta)) in one pass: the residual update of a decoder layer and the
+    next norm, which torch runs as an add kernel and a norm reading its result back."""
+    return _launch_add_norm(x, delta, weight, eps, None)[:2]
+
+
+def add_rms_norm_codes_triton(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float,
+                              qmax: float) -> tuple[torch.Tensor, torch.Tensor, ActCodes]:
+    """`add_rms_norm_triton` plus the normed rows' integer codes (see `rms_norm_codes_triton`)."""
+    return _launch_add_norm(x, delta, weight, eps, qmax)

@@ -10,8 +10,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from gearshift.dispatch import run_linear
+from gearshift.dispatch import get_dispatcher, run_linear
 from gearshift.errors import GearshiftError
+from gearshift.kernels.act_quant import ActCodes
 from gearshift.quant.base import WeightFormat
 from gearshift.quant.modes import PrecisionMode, get_mode
 
@@ -49,16 +50,27 @@ class QuantLinear(nn.Module):
         m = get_mode(mode) if isinstance(mode, str) else mode
         return m.weight_bits in (0, self.store.weight_bits)
 
-    def forward(self, x: torch.Tensor, mode: str | PrecisionMode = "w4a16") -> torch.Tensor:
+    def _act(self, mode: str | PrecisionMode):
         wanted = self.pinned_mode or mode
         m = get_mode(wanted) if isinstance(wanted, str) else wanted
         if m.weight_bits not in (0, self.store.weight_bits):
             raise GearshiftError(
                 f"mode {m.name} needs {m.weight_bits}-bit weights but this layer holds "
                 f"{self.store.format_name} ({self.store.weight_bits}-bit); load or quantize the model for it")
-        act = self.act_overrides.get(m.name, m.act)
+        return self.act_overrides.get(m.name, m.act)
+
+    def forward(self, x: torch.Tensor, mode: str | PrecisionMode = "w4a16",
+                codes: ActCodes | None = None) -> torch.Tensor:
+        """codes: x already quantized per token (from the RMSNorm before this layer, in the range
+        `codes_qmax` asked for); the kernel then skips its own quantizer. Same result either way."""
+        act = self._act(mode)
         bias = None if self.bias is None else self.bias.to(x.dtype)
-        return run_linear(x, self.store, act, bias)
+        return run_linear(x, self.store, act, bias, codes)
+
+    def codes_qmax(self, mode: str | PrecisionMode, tokens: int) -> float | None:
+        """Whether the kernel for `tokens` rows in this mode would take its activations already
+        quantized (their integer range), so the producer of x can emit them in the same pass."""
+        return get_dispatcher().codes_qmax(self.store, self._act(mode), tokens)
 
     def set_act_quantizer(self, mode: str, quantizer) -> None:
         """Replace a mode's activation quantizer (an ActQuantSpec or a calibrated nn.Module)."""

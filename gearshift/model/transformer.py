@@ -13,8 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from gearshift.kernels.rmsnorm import (add_rms_norm_reference, add_rms_norm_triton, rms_norm_reference,
-                                       rms_norm_triton)
+from gearshift.kernels.rmsnorm import (add_rms_norm_codes_triton, add_rms_norm_reference, add_rms_norm_triton,
+                                       rms_norm_codes_triton, rms_norm_reference, rms_norm_triton)
 from gearshift.kernels.rope import rope_triton
 from gearshift.kernels.rope_kv_write import split_qkv
 from gearshift.kernels.silu_mul import silu_mul_reference, silu_mul_triton
@@ -42,6 +42,13 @@ class RMSNorm(nn.Module):
             return add_rms_norm_triton(x, delta, self.weight, self.eps)
         return add_rms_norm_reference(x, delta, self.weight, self.eps)
 
+    def with_codes(self, x: torch.Tensor, delta: torch.Tensor | None, qmax: float):
+        """(residual, normed, ActCodes): the norm (after the residual add, if delta) also emits the
+        per-token integer codes the next linear's kernel takes (fused kernels on CUDA only)."""
+        if delta is None:
+            return (x, *rms_norm_codes_triton(x, self.weight, self.eps, qmax))
+        return add_rms_norm_codes_triton(x, delta, self.weight, self.eps, qmax)
+
 
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig, qkv_proj: QuantLinear, o_proj: QuantLinear,
@@ -51,9 +58,9 @@ class Attention(nn.Module):
         self.qkv_proj, self.o_proj = qkv_proj, o_proj
         self.q_norm, self.k_norm = q_norm, k_norm
 
-    def forward(self, x, cos, sin, cache: KVCache, layer: int, targets, mask, upto, mode):
+    def forward(self, x, cos, sin, cache: KVCache, layer: int, targets, mask, upto, mode, codes=None):
         b, t, _ = x.shape
-        qkv = self.qkv_proj(x, mode)
+        qkv = self.qkv_proj(x, mode, codes)
         fused = x.is_cuda and fused_kernels_enabled()
         if fused and self.q_norm is None:  # RoPE of q and k and the cache write in one launch
             q = cache.write_rotated(layer, qkv, self.n_heads, cos, sin, targets)
@@ -79,8 +86,8 @@ class MLP(nn.Module):
         super().__init__()
         self.gate_up_proj, self.down_proj = gate_up_proj, down_proj
 
-    def forward(self, x, mode):
-        gate_up = self.gate_up_proj(x, mode)
+    def forward(self, x, mode, codes=None):
+        gate_up = self.gate_up_proj(x, mode, codes)
         if gate_up.is_cuda and fused_kernels_enabled():  # one pass instead of two kernels and a temporary
             return self.down_proj(silu_mul_triton(gate_up), mode)
         return self.down_proj(silu_mul_reference(gate_up), mode)
@@ -96,10 +103,23 @@ class DecoderLayer(nn.Module):
         """x: the residual stream; delta: the previous layer's MLP output, not yet added (None for
         the first layer), so that each residual add runs inside the norm after it. Returns the
         residual stream and this layer's MLP output."""
-        x, h = (x, self.input_layernorm(x)) if delta is None else self.input_layernorm.add(x, delta)
-        x, h = self.post_attention_layernorm.add(x, self.self_attn(h, cos, sin, cache, layer, targets, mask, upto,
-                                                                   mode))
-        return x, self.mlp(h, mode)
+        x, h, codes = self._norm(self.input_layernorm, x, delta, self.self_attn.qkv_proj, mode)
+        a = self.self_attn(h, cos, sin, cache, layer, targets, mask, upto, mode, codes)
+        x, h, codes = self._norm(self.post_attention_layernorm, x, a, self.mlp.gate_up_proj, mode)
+        return x, self.mlp(h, mode, codes)
+
+    @staticmethod
+    def _norm(norm: RMSNorm, x, delta, linear: QuantLinear, mode):
+        """(residual, normed, codes or None): where the next linear's kernel takes quantized
+        activations (W4A8 / W4A4 on the int8 tensor cores), the norm emits them: one launch and one
+        read of the normed rows fewer than a separate quantizer."""
+        qmax = None
+        if x.is_cuda and fused_kernels_enabled():
+            qmax = linear.codes_qmax(mode, x.shape[0] * x.shape[1])
+        if qmax is not None:
+            return norm.with_codes(x, delta, qmax)
+        x, h = (x, norm(x)) if delta is None else norm.add(x, delta)
+        return x, h, None
 
 
 class Decoder(nn.Module):
