@@ -32,7 +32,7 @@ def main() -> None:
     ap.add_argument("--int4-prog", action="store_true",
                     help="int4 weights whose groups are int8 multiples of a row unit (--quantize int4-prog): "
                          "W4A8 / W4A4 can then run the int8 tensor-core kernel w4a8_progressive")
-    ap.add_argument("--tag", default="", help="suffix of the result file name")
+    ap.add_argument("--tag", default="", help="suffix of the result file name (e2e_<device>_<tag>.json)")
     ap.add_argument("--int4-layout", default="auto", choices=("auto", "rows", "blocks16"),
                     help="int4 byte order (auto: blocks16 on GPU, as the engine loads it)")
     args = ap.parse_args()
@@ -102,7 +102,8 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     name = doc["device"].replace(" ", "_")
-    (out / f"e2e_{name}{args.tag}.json").write_text(json.dumps(doc, indent=1))
+    tag = args.tag if not args.tag or args.tag.startswith("_") else "_" + args.tag
+    (out / f"e2e_{name}{tag}.json").write_text(json.dumps(doc, indent=1))
     print(f"\n{'mode':8} {'batch':>5} {'graphs':>6} {'ms/step':>8} {'tok/s':>9} {'x floor':>8} same")
     for r in rows:
         print(f"{r['mode']:8} {r['batch']:5d} {str(r['cuda_graphs']):>6} {r['ms_per_step']:8.2f} "
