@@ -30,9 +30,11 @@ _COMPILE = r"""
 from gearshift.kernels import int4_mma_gemv as mg
 from gearshift.kernels.rmsnorm import _rms_norm_kernel
 
-sig = dict(x_ptr="*bf16", w_ptr="*bf16", y_ptr="*bf16", D="i32", stride_x="i32", stride_y="i32", eps="fp32")
+sig = dict(x_ptr="*bf16", w_ptr="*bf16", y_ptr="*bf16", q_ptr="*i8", qs_ptr="*fp32", D="i32", stride_x="i32",
+           stride_y="i32", stride_q="i32", eps="fp32")
 for on in (True, False):
-    out[f"rms{int(on)}"] = ptx(_rms_norm_kernel, sig, dict(BD=1024, PDL=on))
+    out[f"rms{int(on)}"] = ptx(_rms_norm_kernel, sig, dict(BD=1024, PDL=on, QMAX=0.0))
+out["rms_codes"] = ptx(_rms_norm_kernel, sig, dict(BD=1024, PDL=True, QMAX=127.0))
 sig = dict(x_ptr="*bf16", qw_ptr="*u8", s_ptr="*bf16", mn_ptr="*bf16", y_ptr="*bf16", ws_ptr="*fp32",
            cnt_ptr="*i32", xs_ptr="*fp32", M="i32", N="i32", K="i32", stride_xm="i32", stride_ym="i32")
 for trig in (0, 1, 2):
@@ -59,6 +61,10 @@ def test_rmsnorm_waits_before_loading(ptx):
                                                          r"griddepcontrol\.launch_dependents", r"ld\.global"))
     assert 0 <= dep < wait < load
     assert "griddepcontrol" not in ptx["rms0"]
+    # emitting the next linear's codes adds their stores (int8 codes, one fp32 scale), after the wait
+    codes = ptx["rms_codes"]
+    assert _first(codes, r"griddepcontrol\.wait") < _first(codes, r"st\.global\.b8|st\.global\.v\d\.b8|st\.global\.b32")
+    assert "st.global" in codes and len(re.findall(r"st\.global", codes)) > len(re.findall(r"st\.global", ptx["rms1"]))
 
 
 @pytest.mark.parametrize("trigger", [0, 1, 2])

@@ -271,10 +271,10 @@ class RecordingDispatcher:
     def __init__(self, inner):
         self.inner, self.calls = inner, []
 
-    def linear(self, x, store, act, bias=None):
+    def linear(self, x, store, act, bias=None, codes=None):
         self.calls.append((None if act is None else getattr(act, "dtype", getattr(act, "kind", "?")),
                            id(store), tuple(b.data_ptr() for b in store.buffers())))
-        return self.inner.linear(x, store, act, bias)
+        return self.inner.linear(x, store, act, bias, codes)
 
 
 def model_storages(model):

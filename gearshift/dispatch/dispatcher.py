@@ -238,4 +238,6 @@ def install_policy(model_dir=None, device: str | None = None) -> AdaptiveDispatc
 
 def run_linear(x: torch.Tensor, store: WeightFormat, act: ActQuantSpec | None,
                bias: torch.Tensor | None = None, codes: ActCodes | None = None) -> torch.Tensor:
+    if codes is None:  # a dispatcher installed with set_dispatcher may predate the codes argument
+        return _active.linear(x, store, act, bias)
     return _active.linear(x, store, act, bias, codes)

@@ -70,7 +70,8 @@ class QuantLinear(nn.Module):
     def codes_qmax(self, mode: str | PrecisionMode, tokens: int) -> float | None:
         """Whether the kernel for `tokens` rows in this mode would take its activations already
         quantized (their integer range), so the producer of x can emit them in the same pass."""
-        return get_dispatcher().codes_qmax(self.store, self._act(mode), tokens)
+        ask = getattr(get_dispatcher(), "codes_qmax", None)  # absent on a dispatcher that takes no codes
+        return None if ask is None else ask(self.store, self._act(mode), tokens)
 
     def set_act_quantizer(self, mode: str, quantizer) -> None:
         """Replace a mode's activation quantizer (an ActQuantSpec or a calibrated nn.Module)."""
