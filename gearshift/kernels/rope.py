@@ -26,24 +26,32 @@ if HAS_TRITON:
     from gearshift.kernels.pdl import grid_wait, launch_dependents
 
     @triton.jit
+    def rotate_row(xb, cos_row, sin_row, HALF: tl.constexpr, out_dtype: tl.constexpr):
+        """The two rotated halves of one head row at xb, in fp32 and rounded once to out_dtype
+        (shared with the kernel that also writes the KV cache)."""
+        offs = tl.arange(0, HALF)
+        x1 = tl.load(xb + offs).to(tl.float32)
+        x2 = tl.load(xb + HALF + offs).to(tl.float32)
+        c1 = tl.load(cos_row + offs).to(tl.float32)
+        c2 = tl.load(cos_row + HALF + offs).to(tl.float32)
+        s1 = tl.load(sin_row + offs).to(tl.float32)
+        s2 = tl.load(sin_row + HALF + offs).to(tl.float32)
+        return (x1 * c1 - x2 * s1).to(out_dtype), (x2 * c2 + x1 * s2).to(out_dtype)
+
+    @triton.jit
     def _rope_kernel(x_ptr, cos_ptr, sin_ptr, y_ptr, T, H, sxb, sxt, sxh, scb, sct, HALF: tl.constexpr,
                      PDL: tl.constexpr):
         launch_dependents(PDL)
         grid_wait(PDL)
         pid = tl.program_id(0)  # one (b, t, h) row of D values
         b, t, h, _ = split_bth(pid, T, H)
-        offs = tl.arange(0, HALF)
-        xb = x_ptr + b * sxb + t * sxt + h * sxh
-        x1 = tl.load(xb + offs).to(tl.float32)
-        x2 = tl.load(xb + HALF + offs).to(tl.float32)
         cb = b * scb + t * sct
-        c1 = tl.load(cos_ptr + cb + offs).to(tl.float32)
-        c2 = tl.load(cos_ptr + cb + HALF + offs).to(tl.float32)
-        s1 = tl.load(sin_ptr + cb + offs).to(tl.float32)
-        s2 = tl.load(sin_ptr + cb + HALF + offs).to(tl.float32)
+        y1, y2 = rotate_row(x_ptr + b * sxb + t * sxt + h * sxh, cos_ptr + cb, sin_ptr + cb, HALF,
+                            y_ptr.dtype.element_ty)
+        offs = tl.arange(0, HALF)
         yb = y_ptr + pid * (2 * HALF)
-        tl.store(yb + offs, (x1 * c1 - x2 * s1).to(y_ptr.dtype.element_ty))
-        tl.store(yb + HALF + offs, (x2 * c2 + x1 * s2).to(y_ptr.dtype.element_ty))
+        tl.store(yb + offs, y1)
+        tl.store(yb + HALF + offs, y2)
 
 
 def rope_triton(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

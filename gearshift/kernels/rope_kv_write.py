@@ -40,6 +40,7 @@ def rope_kv_write_reference(qkv: torch.Tensor, n_q: int, n_kv: int, cos: torch.T
 if HAS_TRITON:
     from gearshift.kernels.indexing import split_bth
     from gearshift.kernels.pdl import grid_wait, launch_dependents
+    from gearshift.kernels.rope import rotate_row
 
     @triton.jit
     def _rope_kv_write_kernel(x_ptr, cos_ptr, sin_ptr, q_ptr, kc_ptr, vc_ptr, tgt_ptr, T, HQ, HKV, sxb, sxt,
@@ -50,15 +51,8 @@ if HAS_TRITON:
         b, t, h, bt = split_bth(tl.program_id(0), T, HQ + HKV)
         offs = tl.arange(0, HALF)
         xb = x_ptr + b * sxb + t * sxt + h * (2 * HALF)
-        x1 = tl.load(xb + offs).to(tl.float32)
-        x2 = tl.load(xb + HALF + offs).to(tl.float32)
         cb = b * scb + t * sct
-        c1 = tl.load(cos_ptr + cb + offs).to(tl.float32)
-        c2 = tl.load(cos_ptr + cb + HALF + offs).to(tl.float32)
-        s1 = tl.load(sin_ptr + cb + offs).to(tl.float32)
-        s2 = tl.load(sin_ptr + cb + HALF + offs).to(tl.float32)
-        y1 = (x1 * c1 - x2 * s1).to(x_ptr.dtype.element_ty)
-        y2 = (x2 * c2 + x1 * s2).to(x_ptr.dtype.element_ty)
+        y1, y2 = rotate_row(xb, cos_ptr + cb, sin_ptr + cb, HALF, x_ptr.dtype.element_ty)
         if h < HQ:
             qb = q_ptr + (bt * HQ + h) * (2 * HALF)
             tl.store(qb + offs, y1)
