@@ -4,7 +4,7 @@ Why: at decode batch sizes each launch costs a few microseconds whatever it does
 kernels (RoPE of q, RoPE of k, then the cache write) were three launches per layer, and rotated k
 went to memory once only to be copied into the cache. Here each program reads one head row of the
 fused qkv projection output: a q head is rotated into a contiguous q; a k head is rotated and
-stored, with its v row, straight at its cache position. The rounding is that of the two-kernel
+stored, with its v row, straight at its cache position. The rounding is that of the three-kernel
 path: rotated values are rounded to the activation dtype, then converted to the cache dtype.
 """
 
