@@ -13,7 +13,7 @@ import torch
 from gearshift.errors import GearshiftError
 from gearshift.kernels.kv_write import kv_write_reference, kv_write_triton
 from gearshift.kernels.rope_kv_write import rope_kv_write_triton
-from gearshift.kernels.switches import fused_kernels_enabled
+from gearshift.kernels.switches import fused_for
 
 
 class KVCache:
@@ -51,7 +51,7 @@ class KVCache:
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, targets: torch.Tensor) -> None:
         """Store k, v [B, T, H, D] at `targets` [B, T] (from `targets()`, computed once per forward)."""
-        if k.is_cuda and fused_kernels_enabled():  # one launch for k and v instead of two index_put_
+        if fused_for(k):  # one launch for k and v instead of two index_put_
             kv_write_triton(self.k[layer], self.v[layer], k, v, targets)
         else:
             kv_write_reference(self.k[layer], self.v[layer], k, v, targets)

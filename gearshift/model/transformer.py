@@ -18,7 +18,7 @@ from gearshift.kernels.rmsnorm import (add_rms_norm_codes_triton, add_rms_norm_r
 from gearshift.kernels.rope import rope_triton
 from gearshift.kernels.rope_kv_write import split_qkv
 from gearshift.kernels.silu_mul import silu_mul_reference, silu_mul_triton
-from gearshift.kernels.switches import fused_kernels_enabled, set_fused_kernels  # noqa: F401 (re-exported)
+from gearshift.kernels.switches import fused_for, set_fused_kernels  # noqa: F401 (re-exported)
 from gearshift.model.config import ModelConfig
 from gearshift.model.kv_cache import KVCache
 from gearshift.model.quant_linear import QuantLinear
@@ -32,13 +32,13 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.is_cuda and fused_kernels_enabled():
+        if fused_for(x):
             return rms_norm_triton(x, self.weight, self.eps)
         return rms_norm_reference(x, self.weight, self.eps)
 
     def add(self, x: torch.Tensor, delta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(x + delta, norm(x + delta)): a residual update and the norm after it, one pass on GPU."""
-        if x.is_cuda and fused_kernels_enabled():
+        if fused_for(x):
             return add_rms_norm_triton(x, delta, self.weight, self.eps)
         return add_rms_norm_reference(x, delta, self.weight, self.eps)
 
@@ -61,7 +61,7 @@ class Attention(nn.Module):
     def forward(self, x, cos, sin, cache: KVCache, layer: int, targets, mask, upto, mode, codes=None):
         b, t, _ = x.shape
         qkv = self.qkv_proj(x, mode, codes)
-        fused = x.is_cuda and fused_kernels_enabled()
+        fused = fused_for(x)
         if fused and self.q_norm is None:  # RoPE of q and k and the cache write in one launch
             q = cache.write_rotated(layer, qkv, self.n_heads, cos, sin, targets)
         else:
@@ -88,7 +88,7 @@ class MLP(nn.Module):
 
     def forward(self, x, mode, codes=None):
         gate_up = self.gate_up_proj(x, mode, codes)
-        if gate_up.is_cuda and fused_kernels_enabled():  # one pass instead of two kernels and a temporary
+        if fused_for(gate_up):  # one pass instead of two kernels and a temporary
             return self.down_proj(silu_mul_triton(gate_up), mode)
         return self.down_proj(silu_mul_reference(gate_up), mode)
 
@@ -114,7 +114,7 @@ class DecoderLayer(nn.Module):
         activations (W4A8 / W4A4 on the int8 tensor cores), the norm emits them: one launch and one
         read of the normed rows fewer than a separate quantizer."""
         qmax = None
-        if x.is_cuda and fused_kernels_enabled():
+        if fused_for(x):
             qmax = linear.codes_qmax(mode, x.shape[0] * x.shape[1])
         if qmax is not None:
             return norm.with_codes(x, delta, qmax)

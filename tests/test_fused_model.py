@@ -1,0 +1,81 @@
+"""The model's fused-kernel path on CPU under the Triton interpreter: the residual adds inside the
+RMSNorms, RoPE with the KV write, SwiGLU, and the norm's activation codes for the linears whose
+kernel takes them. On a GPU the same path runs on CUDA tensors (benchmarks/fused_check.py)."""
+
+import os
+
+import pytest
+import torch
+
+from gearshift.kernels._triton import HAS_TRITON
+
+if not HAS_TRITON or os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
+    pytest.skip("needs the Triton interpreter (TRITON_INTERPRET=1, the CPU default in conftest)",
+                allow_module_level=True)
+
+from gearshift.dispatch import Dispatcher, get_dispatcher, set_dispatcher  # noqa: E402
+from gearshift.kernels.act_quant import codes_qmax, quantize_act_triton  # noqa: E402
+from gearshift.kernels.reference import linear_reference  # noqa: E402
+from gearshift.kernels.switches import fused_on_cpu  # noqa: E402
+from gearshift.model.tiny import build_random_model  # noqa: E402
+
+
+class CodesDispatcher(Dispatcher):
+    """Takes codes wherever the activations are integers per token (as `w4a8_progressive` does)
+    and checks each set against the quantizer; records which linears got them."""
+
+    def __init__(self):
+        self.seen = []
+
+    def codes_qmax(self, store, act, m):
+        return codes_qmax(act)
+
+    def linear(self, x, store, act, bias=None, codes=None):
+        self.seen.append((store.out_features, store.in_features, codes is not None))
+        if codes is not None:
+            q, s = quantize_act_triton(x.reshape(-1, x.shape[-1]), act)
+            assert torch.equal(codes.codes, q) and torch.equal(codes.scales, s)
+        return linear_reference(x, store, act, bias)
+
+
+@pytest.fixture
+def codes_dispatcher():
+    old, d = get_dispatcher(), CodesDispatcher()
+    set_dispatcher(d)
+    yield d
+    set_dispatcher(old)
+    fused_on_cpu(False)
+
+
+def _prefill_and_step(model, ids, mode):
+    cache = model.new_cache(ids.shape[0], 32)
+    b, t = ids.shape
+    first = model(ids, cache, [0] * b, [t] * b, mode=mode)
+    step = model(ids[:, -1:], cache, [t] * b, [1] * b, mode=mode)  # a decode step at an offset
+    return first, step, cache
+
+
+@pytest.mark.parametrize("mode", ["w4a16", "w4a8", "w4a4"])
+def test_fused_path_matches_the_torch_ops(codes_dispatcher, mode):
+    torch.manual_seed(0)
+    model = build_random_model("tiny", weights="int4", device="cpu", dtype=torch.float32)
+    ids = torch.randint(0, 512, (2, 7))
+    ref_first, ref_step, ref_cache = _prefill_and_step(model, ids, mode)
+    assert not any(c for *_, c in codes_dispatcher.seen)  # the torch path hands out no codes
+    codes_dispatcher.seen.clear()
+    fused_on_cpu(True)
+    first, step, cache = _prefill_and_step(model, ids, mode)
+    for a, b in ((first, ref_first), (step, ref_step), (cache.k, ref_cache.k), (cache.v, ref_cache.v)):
+        torch.testing.assert_close(a, b, atol=2e-4, rtol=2e-4)
+    assert torch.equal(first.argmax(-1), ref_first.argmax(-1))
+    cfg = model.config
+    hd = cfg.hidden_size // cfg.num_attention_heads
+    qkv = ((cfg.num_attention_heads + 2 * cfg.num_key_value_heads) * hd, cfg.hidden_size)
+    gate_up = (2 * cfg.intermediate_size, cfg.hidden_size)
+    got = {(n, k) for n, k, c in codes_dispatcher.seen if c}
+    if mode == "w4a16":
+        assert got == set()
+    else:  # the RMSNorms feed qkv and gate_up; o and down quantize their own inputs
+        assert got == {qkv, gate_up}
+        per_forward = 2 * cfg.num_hidden_layers
+        assert sum(c for *_, c in codes_dispatcher.seen) == 2 * per_forward
