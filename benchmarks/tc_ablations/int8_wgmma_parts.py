@@ -7,10 +7,10 @@ Usage on the GPU: PYTHONPATH=. python benchmarks/tc_ablations/int8_wgmma_parts.p
 """
 import torch
 
-from gearshift.dispatch.profiler import n_copies, random_store, time_us
+from gearshift.dispatch.profiler import n_copies, random_store
 from gearshift.kernels.act_quant import quantize_act_triton
 from gearshift.kernels.w4a8_wgmma import int8_wgmma_codes
-from parts_common import parse_parts, parts_parser, save_and_print
+from parts_common import ablation_row, parse_parts, parts_parser, save_and_print
 
 ap = parts_parser(__doc__, "1024,4096", "128,128,8,3,0,1;128,64,4,4,168,1", "int8_wgmma_parts")
 args, cfgs, shapes, act = parse_parts(ap)
@@ -33,14 +33,8 @@ for m in [int(v) for v in args.ms.split(",")]:
         x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
         codes, scales, sums = quantize_act_triton(x, act, group_sums=128, sums_by_group=True)
         for c in cfgs:
-            row = {"m": m, "shape": name, "cfg": c.key()}
-            for ab in (int(v) for v in args.ablate.split(",")):
-                t = time_us([lambda s=s, ab=ab: int8_wgmma_codes(codes, scales, sums, s, c, x.dtype, ablate=ab)
-                             for s in copies])
-                row[str(ab)] = t
-            row["tops"] = 2 * m * n * k / row["0"] / 1e6
-            res.append(row)
-            print(row, flush=True)
+            res.append(ablation_row(m, name, n, k, c, args.ablate, copies,
+                                    lambda s, ab, c=c: int8_wgmma_codes(codes, scales, sums, s, c, x.dtype, ablate=ab)))
         del copies, st0
         torch.cuda.empty_cache()
 save_and_print(res, args.ablate, args.tag)

@@ -6,7 +6,7 @@ import os
 
 import torch
 
-from gearshift.dispatch.profiler import PRESETS
+from gearshift.dispatch.profiler import PRESETS, time_us
 from gearshift.kernels.config import TileConfig
 from gearshift.quant.activations import ActQuantSpec
 
@@ -33,6 +33,17 @@ def tile_configs(spec: str, bk: int = 128) -> list[TileConfig]:
     """"BM,BN,warps,stages,maxnreg,split_k;..." -> tiles."""
     return [TileConfig(bm, bn, bk, sk, w, st, maxnreg=r) for bm, bn, w, st, r, sk in
             (tuple(int(v) for v in c.split(",")) for c in spec.split(";"))]
+
+
+def ablation_row(m: int, name: str, n: int, k: int, cfg: TileConfig, ablate: str, copies: list, run) -> dict:
+    """One (M, shape, tile) row: us for each ablate value (`run(store, ablate)` over the weight
+    copies in turn, so the weights come from DRAM) and the full tile's TOPS; printed as it goes."""
+    row = {"m": m, "shape": name, "cfg": cfg.key()}
+    for ab in (int(v) for v in ablate.split(",")):
+        row[str(ab)] = time_us([lambda s=s, ab=ab: run(s, ab) for s in copies])
+    row["tops"] = 2 * m * n * k / row["0"] / 1e6
+    print(row, flush=True)
+    return row
 
 
 def save_and_print(rows: list[dict], ablate: str, tag: str) -> None:

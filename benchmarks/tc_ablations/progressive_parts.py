@@ -10,10 +10,10 @@ Writes $OUT/<tag>.json and prints a table last.
 """
 import torch
 
-from gearshift.dispatch.profiler import n_copies, random_store, time_us
+from gearshift.dispatch.profiler import n_copies, random_store
 from gearshift.kernels.act_quant import quantize_act_triton
 from gearshift.kernels.w4a8_progressive import progressive_codes
-from parts_common import parse_parts, parts_parser, save_and_print
+from parts_common import ablation_row, parse_parts, parts_parser, save_and_print
 
 ap = parts_parser(__doc__, "256,4096", "256,128,8,3,0,1;128,128,8,4,0,1;128,64,4,4,0,1", "progressive_parts")
 ap.add_argument("--shapes", default="qkv,gate_up")
@@ -37,13 +37,8 @@ for m in [int(v) for v in args.ms.split(",")]:
         for c in cfgs:
             if c.bm > max(64, m):
                 continue
-            row = {"m": m, "shape": name, "cfg": c.key()}
-            for ab in (int(v) for v in args.ablate.split(",")):
-                row[str(ab)] = time_us([lambda s=s, ab=ab: progressive_codes(codes, scales, s, c, torch.bfloat16, ab)
-                                        for s in copies])
-            row["tops"] = 2 * m * n * k / row["0"] / 1e6
-            res.append(row)
-            print(row, flush=True)
+            res.append(ablation_row(m, name, n, k, c, args.ablate, copies,
+                                    lambda s, ab, c=c: progressive_codes(codes, scales, s, c, torch.bfloat16, ab)))
         del copies, st0
         torch.cuda.empty_cache()
 save_and_print(res, args.ablate, args.tag)
