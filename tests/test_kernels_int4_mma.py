@@ -106,6 +106,42 @@ def test_gpu_kernel_matches_reference(rows, split, prefetch):
         assert codes.abs().max() <= 127 and scales.shape[0] == m
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the PTX needs a CUDA GPU")
+@pytest.mark.parametrize("rows,split,warps,kwarps,prefetch,layout", [
+    (16, 1, 2, 2, False, "rows"), (16, 2, 4, 2, False, "rows"), (8, 1, 4, 4, True, "rows"),
+    (16, 1, 8, 8, False, "blocks16"), (16, 2, 8, 4, True, "blocks16")])
+def test_gpu_k_warps_match_reference(rows, split, warps, kwarps, prefetch, layout):
+    """The K split inside the CTA (kwarps): every row group's warps summed in shared memory."""
+    from gearshift.kernels.int4_mma_gemv import mma_gemv
+
+    torch.manual_seed(warps + kwarps)
+    store = quantize_int4(torch.randn(192, 2048), 128).cuda().to_layout(layout)
+    cfg = TileConfig(rows, 0, 128, split, warps, 1, prefetch=prefetch, kwarps=kwarps)
+    assert mma_gemv_supports(store, cfg, 16)
+    for m in (1, 3, 8, 9, 16):
+        x = torch.randn(m, 2048, device="cuda", dtype=torch.bfloat16)
+        y = mma_gemv(x, store, cfg)
+        ref = linear_reference(x.float(), store, None)
+        assert ((y.float() - ref).norm() / ref.norm()).item() < 3e-3, m
+        assert torch.equal(mma_gemv(x, store, cfg), y)
+
+
+def test_k_warps_compile_for_sm90(compile_sm90):
+    """The in-CTA K split compiles for sm_90 (one reduction per token tile, no split-K atomics)."""
+    out = compile_sm90(r"""
+from gearshift.kernels import int4_mma_gemv as mg
+sig = {"x_ptr": "*bf16", "qw_ptr": "*u8", "s_ptr": "*fp16", "mn_ptr": "*fp16", "y_ptr": "*bf16", "ws_ptr": "*fp32",
+       "cnt_ptr": "*i32", "xs_ptr": "*bf16", "M": "i32", "N": "i32", "K": "i32", "stride_xm": "i32", "stride_ym": "i32"}
+for tiles in (1, 2):
+    ce = dict(G=128, WARPS=8, SPLIT_K=1, ASM=mg.MMA_ASM[("bf16", True, tiles)], CONSTRAINTS=mg.CONSTRAINTS[(True, tiles)],
+              TWO_ROWS=True, TILES=tiles, OFFSET=128.0, U=1, HAS_XS=False, PDL=False, L2_PREFETCH=False,
+              LOAD=mg.WEIGHT_LOADS["plain"], SHINT=0, TILED=True, TRIGGER=1, TAIL=0, KWARPS=4)
+    out[str(tiles)] = ptx(mg._mma_gemv_kernel, sig, ce, num_warps=8, ints16=("K",))
+""")
+    for tiles, p in out.items():
+        assert p.count("mma.sync") == 16 * int(tiles) and "atom" not in p
+
+
 def test_chained_accumulators_ptx():
     """The chains ablation keeps every MMA and folds the extra accumulator sets into the outputs."""
     from gearshift.kernels.int4_mma_gemv import _mma_asm

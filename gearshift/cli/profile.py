@@ -27,6 +27,9 @@ def register(subparsers) -> argparse.ArgumentParser:
                         "with --quantize int4-prog): adds the int8 tensor-core W4A8/W4A4 kernel "
                         "w4a8_progressive; plain int4 models then run the fastest other kernel the map timed")
     p.add_argument("--shapes", default=None, help="explicit NxK list, e.g. 6144x4096,4096x4096 (overrides --model)")
+    p.add_argument("--strategies", default=None,
+                   help="time only these strategies (comma-separated names, e.g. w4a16_mma,w4a8_mma), e.g. to "
+                        "re-profile one kernel family for benchmarks/policy_merge.py; default: all")
     p.set_defaults(handler=run)
     return p
 
@@ -51,10 +54,18 @@ def run(args) -> int:
             raise GearshiftError(f"cannot read model shapes from {args.model!r}: {e}") from None
     m_list = [int(v) for v in args.m.split(",")] if args.m else list(M_BUCKETS)
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    strategies = None
+    if args.strategies:
+        from gearshift.dispatch.strategies import STRATEGIES
+
+        strategies = [n.strip() for n in args.strategies.split(",") if n.strip()]
+        unknown = sorted(set(strategies) - set(STRATEGIES))
+        if unknown:
+            raise GearshiftError(f"unknown strategies {unknown}; known: {', '.join(sorted(STRATEGIES))}")
     device = torch.cuda.get_device_name()
     with tqdm(total=len(shapes) * len(modes) * len(m_list), desc=f"profile {device}", unit="point") as bar:
         pm = profile(shapes, modes, m_list, group=args.group_size, device_name=device, progress=bar,
-                     int4_layout=args.int4_layout, int4_progressive=args.int4_prog)
+                     int4_layout=args.int4_layout, int4_progressive=args.int4_prog, strategies=strategies)
     pm.meta.update({"model": str(args.model), "layers": layers, "shapes": shapes})
     out = args.out or (cache_dir() / f"{device_slug(device)}.json")
     path = pm.save(out)

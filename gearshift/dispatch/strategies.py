@@ -160,13 +160,22 @@ def mma_configs(m: int) -> list[TileConfig]:
     """Register-fragment tensor-core tiles for 1..16 tokens: rows per warp (bm 8/16), K split, warps."""
     if m > 16:
         return []
-    return [TileConfig(rows, 0, 128, sk, w, 1, prefetch=pf) for rows, sk, w, pf in
-            ((16, 1, 4, False), (16, 2, 4, False), (16, 4, 4, False), (16, 8, 4, False), (16, 16, 4, False),
-             (16, 2, 2, False), (16, 8, 2, False), (8, 4, 4, False), (8, 8, 4, False), (8, 8, 1, False),
-             (16, 2, 4, True), (16, 4, 4, True),
+    return [TileConfig(rows, 0, 128, sk, w, 1, prefetch=pf, kwarps=kw) for rows, sk, w, pf, kw in
+            ((16, 1, 4, False, 1), (16, 2, 4, False, 1), (16, 4, 4, False, 1), (16, 8, 4, False, 1),
+             (16, 16, 4, False, 1), (16, 2, 2, False, 1), (16, 8, 2, False, 1), (8, 4, 4, False, 1),
+             (8, 8, 4, False, 1), (8, 8, 1, False, 1), (16, 2, 4, True, 1), (16, 4, 4, True, 1),
              # stop 13 sweep (int4_gemv_*_bulk.json): 14 slices for K = 14336, 2-block steps at split 8
-             (16, 14, 4, False), (16, 14, 2, False), (16, 7, 2, True), (16, 8, 4, True), (16, 8, 2, True),
-             (16, 4, 2, True), (16, 1, 2, True))]
+             (16, 14, 4, False, 1), (16, 14, 2, False, 1), (16, 7, 2, True, 1), (16, 8, 4, True, 1),
+             (16, 8, 2, True, 1), (16, 4, 2, True, 1), (16, 1, 2, True, 1),
+             # stop 22: the K split inside the CTA (no global split-K tail)
+             *K_WARP_TILES)]
+
+
+#: (rows per warp, split, warps, 2-block steps, warps per row group) of the in-CTA K split
+K_WARP_TILES = ((16, 1, 2, False, 2), (16, 1, 4, False, 4), (16, 1, 8, False, 8), (16, 1, 8, False, 4),
+                (16, 1, 16, False, 16), (16, 1, 16, False, 8), (16, 1, 4, True, 4), (16, 1, 8, True, 8),
+                (16, 1, 8, True, 4), (16, 2, 8, False, 8), (16, 2, 4, False, 4), (16, 2, 8, True, 4),
+                (8, 1, 8, False, 8), (8, 1, 4, False, 4), (16, 1, 16, True, 8), (16, 1, 16, True, 16))
 
 
 def _run_w4a16_mma(x2, store, act, cfg):

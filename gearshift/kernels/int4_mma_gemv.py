@@ -215,11 +215,15 @@ if HAS_TRITON:
                          CONSTRAINTS: tl.constexpr, TWO_ROWS: tl.constexpr, TILES: tl.constexpr,
                          OFFSET: tl.constexpr, U: tl.constexpr, HAS_XS: tl.constexpr, PDL: tl.constexpr,
                          L2_PREFETCH: tl.constexpr, LOAD: tl.constexpr, SHINT: tl.constexpr, TILED: tl.constexpr,
-                         TRIGGER: tl.constexpr = 1):
+                         TRIGGER: tl.constexpr = 1, TAIL: tl.constexpr = 0, KWARPS: tl.constexpr = 1):
         # Every per-lane quantity comes from the lane's own %tid.x, so the fragment plan holds
         # whatever layout Triton picks for these [32 * WARPS] tensors (one element per thread).
+        # KWARPS > 1: each group of KWARPS consecutive warps shares one set of rows, warp w of the
+        # group runs the w-th K slice of the program's, and the group's partials are summed in the
+        # CTA (shared memory) before the store: a K split without the global split-K tail.
         RPW: tl.constexpr = 16 if TWO_ROWS else 8
-        BN: tl.constexpr = RPW * WARPS
+        RG: tl.constexpr = WARPS // KWARPS
+        BN: tl.constexpr = RPW * RG
         pid_n = tl.program_id(0)
         pid_k = tl.program_id(1)
         m0_tok = tl.program_id(2) * 8 * TILES  # B columns: tokens m0_tok + g (and m0_tok + 8 + g)
@@ -227,10 +231,11 @@ if HAS_TRITON:
         lane = tid % 32
         g = lane // 4
         t = lane % 4
-        row_a = pid_n * BN + (tid // 32) * RPW + g
+        warp = tid // 32
+        row_a = pid_n * BN + (warp // KWARPS) * RPW + g
         row_b = row_a + 8
-        KW = tl.multiple_of(K // 8, 16 * SPLIT_K * U)
-        kws = KW // SPLIT_K
+        KW = tl.multiple_of(K // 8, 16 * SPLIT_K * KWARPS * U)
+        kws = KW // (SPLIT_K * KWARPS)
         n_groups = K // G
         tok0 = tl.minimum(m0_tok + g, M - 1)  # absent tokens repeat the last one (never stored)
         tok1 = tl.minimum(m0_tok + 8 + g, M - 1)
@@ -248,7 +253,7 @@ if HAS_TRITON:
         sb_ptr = tl.minimum(row_b, N - 1) * n_groups
         zero = tl.zeros([32 * WARPS], dtype=tl.float32)
         acc = (zero, zero, zero, zero, zero, zero, zero, zero)
-        k_lo = pid_k * kws
+        k_lo = (pid_k * KWARPS + warp % KWARPS) * kws
         k_last = k_lo + kws - 16 * U
         if TRIGGER == 1:
             launch_dependents(PDL)
@@ -267,7 +272,8 @@ if HAS_TRITON:
             c0, c1, c2, c3, f0, f1, f2, f3 = _load_rows(wa_ptr, wb_ptr, k_lo + 16, TWO_ROWS, LOAD, TILED)
             sc2 = _load_scales(s_ptr, mn_ptr, sa_ptr, sb_ptr, ((k_lo + 16) * 8) // G, TWO_ROWS, SHINT)
         grid_wait(PDL)  # weights only above this line: x, y and the split-K buffers below
-        for kw0 in range(k_lo, k_lo + kws, 16 * U):
+        for it in range(0, kws, 16 * U):
+            kw0 = k_lo + it
             nxt = tl.minimum(kw0 + 16 * U, k_last)
             n0, n1, n2, n3, m0, m1, m2, m3 = _load_rows(wa_ptr, wb_ptr, nxt, TWO_ROWS, LOAD, TILED)
             sn = _load_scales(s_ptr, mn_ptr, sa_ptr, sb_ptr, (nxt * 8) // G, TWO_ROWS, SHINT)
@@ -285,6 +291,16 @@ if HAS_TRITON:
                 sc2 = sn2
         if TRIGGER == 2:
             launch_dependents(PDL)
+        if KWARPS > 1:  # sum each row group's K slices in the CTA; the epilogue runs on [RG * 32]
+            p0, p1, p2, p3 = _ksum4(acc[0], acc[1], acc[2], acc[3], RG, KWARPS)
+            q0, q1, q2, q3 = p0, p1, p2, p3  # the second token tile's, if any
+            if TILES == 2:
+                q0, q1, q2, q3 = _ksum4(acc[4], acc[5], acc[6], acc[7], RG, KWARPS)
+            acc = (p0, p1, p2, p3, q0, q1, q2, q3)
+            r = tl.arange(0, RG * 32)  # element i of the [32 * WARPS] tensors is thread i's
+            row_a = pid_n * BN + (r // 32) * RPW + (r % 32) // 4
+            row_b = row_a + 8
+            t = r % 4
         # element (lane, i): accumulator i -> (token tile, row a/b, token 2t + e)
         e2 = tl.arange(0, 2)[None, :]
         col0 = m0_tok + 2 * t[:, None] + e2
@@ -317,7 +333,22 @@ if HAS_TRITON:
             out = out * tl.load(xs_ptr + col, mask=col < M, other=0.0)
         tile = tl.program_id(2) * tl.num_programs(0) + pid_n  # one arrival counter per (token, row) tile
         splitk_finish(out, y_ptr + col * stride_ym + row, ws_ptr, cnt_ptr, col * N + row, mask, tile, pid_k,
-                      M * N, SPLIT_K)
+                      M * N, SPLIT_K, TAIL)
+
+
+    @triton.jit
+    def _add4(a0, a1, a2, a3, b0, b1, b2, b3):
+        return a0 + b0, a1 + b1, a2 + b2, a3 + b3
+
+
+    @triton.jit
+    def _ksum4(v0, v1, v2, v3, RG: tl.constexpr, KWARPS: tl.constexpr):
+        """[RG * KWARPS * 32] fp32 each (element i on thread i) -> [RG * 32]: the KWARPS warps of
+        each row group summed lane by lane (one reduction, a fixed order: reproducible)."""
+        s0, s1, s2, s3 = tl.reduce((tl.reshape(v0, (RG, KWARPS, 32)), tl.reshape(v1, (RG, KWARPS, 32)),
+                                    tl.reshape(v2, (RG, KWARPS, 32)), tl.reshape(v3, (RG, KWARPS, 32))), 1, _add4)
+        return (tl.reshape(s0, (RG * 32,)), tl.reshape(s1, (RG * 32,)), tl.reshape(s2, (RG * 32,)),
+                tl.reshape(s3, (RG * 32,)))
 
 
     @triton.jit
@@ -335,19 +366,21 @@ def mma_gemv_supports(store: Int4Weight, cfg: TileConfig, m: int = 1, dtype=torc
     """Groups a multiple of 128 (a block never straddles one), K tiled by the split (and 2-block
     steps), bf16/fp16 activations, and a contiguous 16-byte aligned qweight (the PTX loads 16 B)."""
     k, g = store.in_features, store.group_size
-    step = BLOCK_COLS * cfg.split_k * (2 if cfg.prefetch else 1)
+    step = BLOCK_COLS * cfg.split_k * cfg.kwarps * (2 if cfg.prefetch else 1)
     q = store.qweight
-    return (1 <= m <= MAX_TOKENS and g % BLOCK_COLS == 0 and k % step == 0 and dtype in (torch.bfloat16, torch.float16)
+    return (1 <= m <= MAX_TOKENS and g % BLOCK_COLS == 0 and k % step == 0 and cfg.warps % cfg.kwarps == 0
+            and dtype in (torch.bfloat16, torch.float16)
             and q.is_contiguous() and q.data_ptr() % 16 == 0)
 
 
 def mma_gemv(x: torch.Tensor, store: Int4Weight, cfg: TileConfig, token_scales: torch.Tensor | None = None,
              out_dtype: torch.dtype | None = None, pdl: bool | None = None,
-             l2_prefetch: bool | None = None, trigger: int | None = None) -> torch.Tensor:
+             l2_prefetch: bool | None = None, trigger: int | None = None, tail: int = 0) -> torch.Tensor:
     """y [M, N] = x [M, K] @ dequant(W).T for 1 <= M <= 16 (cfg: bm = 8 or 16 weight rows per warp,
     warps, split_k, prefetch = 2 blocks per step). With token_scales [M] (fp32), x holds activation
     codes and y = token_scales[:, None] * (x @ dequant(W).T). pdl / l2_prefetch / trigger (defaults:
-    `pdl.py`'s switches and `pdl_trigger`) change timing only, never the result."""
+    `pdl.py`'s switches and `pdl_trigger`) change timing only, never the result; tail != 0 is a
+    timing experiment with wrong results (`splitk_finish`)."""
     x2 = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])  # (host time: eager decode pays every line)
     m = x2.shape[0]
     if not mma_gemv_supports(store, cfg, m, x2.dtype):
@@ -360,7 +393,7 @@ def mma_gemv(x: torch.Tensor, store: Int4Weight, cfg: TileConfig, token_scales: 
     y = torch.empty((m, n), device=x2.device, dtype=out_dtype or x2.dtype)
     two = cfg.bm == 16  # TileConfig.bm: weight rows per warp (8: A rows 8..15 give sum(x); 16: an extra MMA does)
     tiles = 2 if m > 8 else 1  # 9..16 tokens: both token tiles share each A fragment (weights read once)
-    bn = (16 if two else 8) * cfg.warps
+    bn = (16 if two else 8) * (cfg.warps // cfg.kwarps)
     grid = (cdiv(n, bn), cfg.split_k, cdiv(m, 8 * tiles))
     ws, cnt = splitk_buffers(y, cfg.split_k, m * n, grid[0] * grid[2])
     xs = token_scales if token_scales is not None else y
@@ -374,7 +407,7 @@ def mma_gemv(x: torch.Tensor, store: Int4Weight, cfg: TileConfig, token_scales: 
                            U=2 if cfg.prefetch else 1, HAS_XS=token_scales is not None, PDL=pdl,
                            L2_PREFETCH=l2_prefetch, TRIGGER=pdl_trigger(m) if trigger is None else trigger,
                            LOAD=WEIGHT_LOADS[WEIGHT_LOAD["name"]], SHINT=WEIGHT_LOAD["scales"], TILED=store.layout == BLOCKS16,
-                           num_warps=cfg.warps, num_stages=1,
+                           num_warps=cfg.warps, num_stages=1, TAIL=tail, KWARPS=cfg.kwarps,
                            **launch_kwargs(pdl))
     return y if x.dim() == 2 else y.reshape(*x.shape[:-1], n)
 

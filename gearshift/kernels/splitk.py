@@ -41,11 +41,22 @@ def splitk_buffers(y: torch.Tensor, split_k: int, n_out: int, n_tiles: int) -> t
 if HAS_TRITON:
 
     @triton.jit
-    def splitk_finish(acc, y_ptrs, ws_ptr, cnt_ptr, offs, mask, pid_t, pid_k, n_out, SPLIT_K: tl.constexpr):
+    def splitk_finish(acc, y_ptrs, ws_ptr, cnt_ptr, offs, mask, pid_t, pid_k, n_out, SPLIT_K: tl.constexpr,
+                      TAIL: tl.constexpr = 0):
         """acc: this program's fp32 partial for output elements `offs` (flat index into one [M*N]
-        slice of ws); y_ptrs/mask address the same elements of the output."""
+        slice of ws); y_ptrs/mask address the same elements of the output. TAIL (timing
+        experiments only, wrong results; benchmarks/mma_ablations/splitk_tail.py): 1 stores the
+        partial and stops, 2 also takes the arrival ticket but never sums."""
         if SPLIT_K == 1:
             tl.store(y_ptrs, acc.to(y_ptrs.dtype.element_ty), mask=mask)
+        elif TAIL == 1:
+            tl.store(ws_ptr + pid_k * n_out + offs, acc, mask=mask)
+        elif TAIL == 2:
+            tl.store(ws_ptr + pid_k * n_out + offs, acc, mask=mask)
+            tl.debug_barrier()
+            arrived = tl.atomic_add(cnt_ptr + pid_t, 1, sem="acq_rel", scope="gpu")
+            if arrived == SPLIT_K - 1:
+                tl.atomic_xchg(cnt_ptr + pid_t, 0, sem="relaxed", scope="gpu")
         else:
             tl.store(ws_ptr + pid_k * n_out + offs, acc, mask=mask)
             tl.debug_barrier()  # every thread's partial is written before the counter moves
