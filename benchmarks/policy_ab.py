@@ -39,7 +39,7 @@ def main() -> None:
     ap.add_argument("--m", default="1,2,4,8,16")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--out", default="benchmarks/results")
-    ap.add_argument("--tag", default="")
+    ap.add_argument("--tag", default="", help="suffix of the result file name (policy_ab_<device>_<tag>_<mode>.json)")
     ap.add_argument("--cublas", action="store_true", help="also time cuBLAS bf16 on dense weights (same run)")
     ap.add_argument("--tinygemm", action="store_true", help="also time torch's int4 kernel on converted copies")
     ap.add_argument("--layout-a", default="blocks16", choices=("rows", "blocks16"), help="int4 layout of side A")
@@ -89,7 +89,8 @@ def main() -> None:
     dev = torch.cuda.get_device_name()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"policy_ab_{device_slug(dev)}{a.tag}.json").write_text(json.dumps(
+    tag = a.tag if not a.tag or a.tag.startswith("_") else "_" + a.tag
+    (out / f"policy_ab_{device_slug(dev)}{tag}_{a.mode}.json").write_text(json.dumps(
         {"device": dev, "a": a.a, "b": a.b, "layout_a": a.layout_a, "layout_b": a.layout_b, "mode": a.mode,
          "ms": res}, indent=1))
 
