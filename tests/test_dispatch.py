@@ -287,12 +287,13 @@ def test_map_pick_a_store_cannot_run_falls_to_its_best_timed_alternative():
 def test_codes_are_asked_for_only_where_a_kernel_takes_them():
     """On CPU (the torch reference) nothing asks a norm for quantized activations, and codes handed
     in anyway do not change the result; only w4a8_progressive takes them, for integer per-token
-    activations."""
+    activations (as int8), and w4a8_mma (as exact integers in the activations' dtype)."""
     from gearshift.kernels.act_quant import ActCodes, codes_qmax, quantize_act_reference
     from gearshift.model.quant_linear import QuantLinear
     from gearshift.quant.int4 import quantize_int4_progressive
 
-    assert [s.name for s in STRATEGIES.values() if s.run_codes is not None] == ["w4a8_progressive"]
+    takes = {s.name: s.codes_float for s in STRATEGIES.values() if s.run_codes is not None}
+    assert takes == {"w4a8_progressive": False, "w4a8_mma": True}
     assert codes_qmax(ActQuantSpec("int8")) == 127.0 and codes_qmax(ActQuantSpec("int4")) == 7.0
     assert codes_qmax(ActQuantSpec("fp8")) is None and codes_qmax(ActQuantSpec("int8", 128)) is None
     assert codes_qmax(None) is None
@@ -300,8 +301,9 @@ def test_codes_are_asked_for_only_where_a_kernel_takes_them():
     lin = QuantLinear(quantize_int4_progressive(torch.randn(64, 256), 128))
     x = torch.randn(3, 256)
     for mode in ("w4a16", "w4a8", "w4a4"):
-        assert lin.codes_qmax(mode, 3) is None
+        assert lin.codes_qmax(mode, 3) is None and lin.codes_for(mode, 3, torch.float32) is None
     q, s = quantize_act_reference(x, ActQuantSpec("int8"))
     junk = ActCodes(torch.zeros_like(q), torch.ones_like(s), 127.0)  # would give zeros if it were used
     assert torch.equal(lin(x, "w4a8", junk), lin(x, "w4a8"))
     assert Dispatcher().codes_qmax(lin.store, ActQuantSpec("int8"), 128) is None
+    assert Dispatcher().codes_for(lin.store, ActQuantSpec("int8"), 128, torch.bfloat16) is None

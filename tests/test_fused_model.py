@@ -14,33 +14,40 @@ if not HAS_TRITON or os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
                 allow_module_level=True)
 
 from gearshift.dispatch import Dispatcher, get_dispatcher, set_dispatcher  # noqa: E402
-from gearshift.kernels.act_quant import codes_qmax, quantize_act_triton  # noqa: E402
+from gearshift.kernels.act_quant import CodesSpec, codes_qmax, quantize_act_triton  # noqa: E402
 from gearshift.kernels.reference import linear_reference  # noqa: E402
 from gearshift.kernels.switches import fused_on_cpu  # noqa: E402
 from gearshift.model.tiny import build_random_model  # noqa: E402
 
 
 class CodesDispatcher(Dispatcher):
-    """Takes codes wherever the activations are integers per token (as `w4a8_progressive` does)
-    and checks each set against the quantizer; records which linears got them."""
+    """Takes codes wherever the activations are integers per token, as int8 (`w4a8_progressive`)
+    or as exact integers in the activations' dtype (`w4a8_mma`, float=True), and checks each set
+    against the quantizer; records which linears got them."""
 
-    def __init__(self):
+    def __init__(self, float_codes=False):
         self.seen = []
+        self.float_codes = float_codes
 
     def codes_qmax(self, store, act, m):
         return codes_qmax(act)
 
+    def codes_for(self, store, act, m, dtype):
+        qmax = codes_qmax(act)
+        return None if qmax is None else CodesSpec(qmax, dtype if self.float_codes else torch.int8)
+
     def linear(self, x, store, act, bias=None, codes=None):
         self.seen.append((store.out_features, store.in_features, codes is not None))
         if codes is not None:
-            q, s = quantize_act_triton(x.reshape(-1, x.shape[-1]), act)
-            assert torch.equal(codes.codes, q) and torch.equal(codes.scales, s)
+            x2 = x.reshape(-1, x.shape[-1])
+            q, s = quantize_act_triton(x2, act, codes_dtype=x2.dtype if self.float_codes else torch.int8)
+            assert codes.codes.dtype == q.dtype and torch.equal(codes.codes, q) and torch.equal(codes.scales, s)
         return linear_reference(x, store, act, bias)
 
 
-@pytest.fixture
-def codes_dispatcher():
-    old, d = get_dispatcher(), CodesDispatcher()
+@pytest.fixture(params=[False, True], ids=["int8-codes", "float-codes"])
+def codes_dispatcher(request):
+    old, d = get_dispatcher(), CodesDispatcher(request.param)
     set_dispatcher(d)
     yield d
     set_dispatcher(old)

@@ -149,3 +149,34 @@ def test_chained_accumulators_ptx():
     one, two = _mma_asm("bf16", 0x4300, True, 1), _mma_asm("bf16", 0x4300, True, 1, chains=2)
     assert one.count("mma.sync") == two.count("mma.sync") == 16
     assert two.count("add.f32") == 8 and "add.f32 d0, d0, d4;" in two and "{d4, d5, d6, d7}" in two
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the PTX needs a CUDA GPU")
+@pytest.mark.parametrize("act_dtype", ["int8", "int4"])
+def test_dispatcher_takes_float_codes_from_the_norm(act_dtype):
+    """Where the map picks w4a8_mma (1..8 tokens), the dispatcher asks the norm for its codes as
+    exact integers in bf16, uses them (zeros give zeros) and, given the real ones, returns the bits
+    of quantizing itself; int8 codes (the int8 kernel's form) are ignored."""
+    from gearshift.dispatch.dispatcher import AdaptiveDispatcher
+    from gearshift.dispatch.policy import Choice, PolicyMap, type_key
+    from gearshift.kernels.act_quant import ActCodes
+    from gearshift.kernels.rmsnorm import rms_norm_codes_triton
+
+    torch.manual_seed(2)
+    act = ActQuantSpec(act_dtype)
+    st = quantize_int4(torch.randn(256, 1024), 128).cuda().to_layout("blocks16")
+    cfg = TileConfig(16, 0, 128, 1, 4, 1, kwarps=4)
+    pm = PolicyMap("test", [4], {type_key(f"w4a{act.bits}", 128, 256, 1024): [Choice("w4a8_mma", cfg)]})
+    disp = AdaptiveDispatcher(pm)
+    qmax = 127.0 if act_dtype == "int8" else 7.0
+    spec = disp.codes_for(st, act, 4, torch.bfloat16)
+    assert spec is not None and spec.qmax == qmax and spec.dtype == torch.bfloat16
+    x = torch.randn(4, 1024, device="cuda", dtype=torch.bfloat16)
+    w = torch.ones(1024, device="cuda", dtype=torch.bfloat16)
+    h, codes = rms_norm_codes_triton(x, w, 1e-5, qmax, torch.bfloat16)
+    plain = disp.linear(h, st, act)
+    assert torch.equal(disp.linear(h, st, act, codes=codes), plain)
+    zeros = ActCodes(torch.zeros_like(codes.codes), codes.scales, qmax)
+    assert not disp.linear(h, st, act, codes=zeros).any()
+    as_int8 = rms_norm_codes_triton(x, w, 1e-5, qmax)[1]
+    assert torch.equal(disp.linear(h, st, act, codes=as_int8), plain)

@@ -16,7 +16,7 @@ import torch
 from gearshift.dispatch.policy import Choice, PolicyMap, load_policy_for_device, type_key
 from gearshift.dispatch.strategies import MAX_TOKENS, STRATEGIES, group_of, mode_key
 from gearshift.kernels._triton import HAS_TRITON
-from gearshift.kernels.act_quant import ActCodes, codes_qmax
+from gearshift.kernels.act_quant import ActCodes, CodesSpec, codes_qmax
 from gearshift.kernels.config import TileConfig, block_m_for
 from gearshift.kernels.reference import linear_reference
 from gearshift.quant.activations import ActQuantSpec
@@ -38,6 +38,12 @@ class Dispatcher:
         """The code range the kernel chosen for m tokens would take already quantized activations
         in, or None where it quantizes them itself."""
         return None
+
+    def codes_for(self, store: WeightFormat, act: ActQuantSpec | None, m: int,
+                  dtype: torch.dtype) -> CodesSpec | None:
+        """`codes_qmax` and the dtype the kernel takes the codes in, for activations of `dtype`."""
+        qmax = self.codes_qmax(store, act, m)
+        return None if qmax is None else CodesSpec(qmax, torch.int8)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -181,12 +187,19 @@ class AdaptiveDispatcher(Dispatcher):
         return not self._knows_mma
 
     def codes_qmax(self, store: WeightFormat, act: ActQuantSpec | None, m: int) -> float | None:
+        spec = self.codes_for(store, act, m, torch.bfloat16)
+        return None if spec is None else spec.qmax
+
+    def codes_for(self, store: WeightFormat, act: ActQuantSpec | None, m: int,
+                  dtype: torch.dtype) -> CodesSpec | None:
         qmax = codes_qmax(act)
-        if qmax is None or not HAS_TRITON:
+        if qmax is None or not HAS_TRITON or store.device.type != "cuda":  # the reference takes no codes
             return None
         c = self.choose(store, act, m)
         s = None if c is None else STRATEGIES.get(c.strategy)
-        return qmax if s is not None and s.run_codes is not None and s.supports(store, act, c.config) else None
+        if s is None or s.run_codes is None or not s.supports(store, act, c.config):
+            return None
+        return CodesSpec(qmax, dtype if s.codes_float else torch.int8)
 
     def linear(self, x: torch.Tensor, store: WeightFormat, act: ActQuantSpec | None,
                bias: torch.Tensor | None = None, codes: ActCodes | None = None) -> torch.Tensor:
@@ -205,7 +218,8 @@ class AdaptiveDispatcher(Dispatcher):
         if strat is None or not strat.supports(store, act, c.config):
             return linear_reference(x, store, act, bias)
         if (codes is not None and strat.run_codes is not None and codes.qmax == codes_qmax(act)
-                and codes.codes.shape == x2.shape):
+                and codes.codes.shape == x2.shape
+                and codes.codes.dtype == (x2.dtype if strat.codes_float else torch.int8)):
             y = strat.run_codes(codes, store, c.config, x2.dtype)
         else:
             y = strat.run(x2, store, act, c.config)

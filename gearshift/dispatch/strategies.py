@@ -48,6 +48,8 @@ class Strategy:
     gpu_only: bool = True
     #: the kernel on activations already quantized per token (`ActCodes` from an RMSNorm), or None
     run_codes: Callable[[object, WeightFormat, TileConfig | None, torch.dtype], torch.Tensor] | None = None
+    #: run_codes takes the codes as exact integers in the activations' bf16 / fp16 (else int8)
+    codes_float: bool = False
 
 
 STRATEGIES: dict[str, Strategy] = {}
@@ -188,6 +190,12 @@ def _run_w4a8_mma(x2, store, act, cfg):
     from gearshift.kernels.int4_mma_gemv import mma_gemv_quantized
 
     return mma_gemv_quantized(x2, store, act, cfg)
+
+
+def _run_w4a8_mma_codes(codes, store, cfg, out_dtype):
+    from gearshift.kernels.int4_mma_gemv import mma_gemv
+
+    return mma_gemv(codes.codes, store, cfg, token_scales=codes.scales, out_dtype=out_dtype)
 
 
 def _sup_mma(quantized: bool):
@@ -427,7 +435,7 @@ register(Strategy("w4a16_mma", DPRPartition((4,), (16,), "bf16-mma.sync", "paddi
 register(Strategy("w4a16_fma", DPRPartition((4,), (16,), "fp32-fma", "padding"), ("w4a16",), _run_w4a16_fma,
                   fma_gemv_configs, _sup_fma))
 register(Strategy("w4a8_mma", DPRPartition((4,), (8,), "bf16-mma.sync", "padding"), ("w4a8", "w4a4", "w4a8fp8"),
-                  _run_w4a8_mma, mma_configs, _sup_mma(True)))
+                  _run_w4a8_mma, mma_configs, _sup_mma(True), run_codes=_run_w4a8_mma_codes, codes_float=True))
 register(Strategy("w4a8_pad", DPRPartition((4,), (8,), "int8", "padding"), ("w4a8", "w4a4"),
                   _w4a8_runner(1, 1), a8_configs, _sup_w4a8(False)))
 register(Strategy("w4a8_split", DPRPartition((4,), (4, 4), "int8", "split"), ("w4a8",),

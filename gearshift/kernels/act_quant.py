@@ -27,6 +27,15 @@ class ActCodes(NamedTuple):
     qmax: float
 
 
+class CodesSpec(NamedTuple):
+    """What a linear's kernel takes already quantized: the integer range and the dtype holding the
+    codes (int8 for the int8 tensor cores; the activations' bf16 / fp16 for the bf16 fragment MMA,
+    which runs integer codes as exact 16-bit floats)."""
+
+    qmax: float
+    dtype: torch.dtype
+
+
 def codes_qmax(spec) -> float | None:
     """The integer code range a per-token activation spec quantizes to, or None where a producer
     cannot emit its codes (fp8, per-group scales, calibrated quantizer modules)."""

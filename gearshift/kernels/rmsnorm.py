@@ -66,7 +66,8 @@ if HAS_TRITON:
         the stored row (the same helpers; lanes past D hold 0 and do not move the max)."""
         yf = y.to(tl.float32)
         scale = token_scale(tl.max(tl.abs(yf), 0), QMAX)
-        tl.store(q_row_ptr + offs, token_codes(yf, scale, QMAX, False), mask=mask)
+        q = token_codes(yf, scale, QMAX, False)  # int8; exact in bf16 / fp16 too
+        tl.store(q_row_ptr + offs, q.to(q_row_ptr.dtype.element_ty), mask=mask)
         tl.store(scale_ptr, scale)
 
     @triton.jit
@@ -92,22 +93,25 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
     return x2 if x2.stride(-1) == 1 else x2.contiguous()
 
 
-def _codes_buffers(rows: int, d: int, qmax: float | None, like: torch.Tensor):
-    """Codes [rows, D] int8 and scales [rows] fp32 when the kernel emits them, else stand-ins
-    (the kernel never touches them then)."""
+def _codes_buffers(rows: int, d: int, qmax: float | None, like: torch.Tensor, dtype: torch.dtype):
+    """Codes [rows, D] (int8, or exact integers in a float dtype) and scales [rows] fp32 when
+    the kernel emits them, else stand-ins (the kernel never touches them then)."""
     if qmax is None:
         return like, like, 0
     if not 0 < qmax <= 127:
         raise ValueError(f"integer codes need 0 < qmax <= 127, got {qmax}")
-    q = torch.empty((rows, d), device=like.device, dtype=torch.int8)
+    if dtype not in (torch.int8, torch.bfloat16, torch.float16, torch.float32):
+        raise ValueError(f"codes are int8 or exact integers in a float dtype, got {dtype}")
+    q = torch.empty((rows, d), device=like.device, dtype=dtype)
     return q, torch.empty((rows,), device=like.device, dtype=torch.float32), q.stride(0)
 
 
-def _launch_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, qmax: float | None):
+def _launch_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, qmax: float | None,
+                 codes_dtype: torch.dtype = torch.int8):
     d = x.shape[-1]
     x2 = _rows(x)
     y = torch.empty((x2.shape[0], d), device=x.device, dtype=torch.promote_types(weight.dtype, x.dtype))
-    q, qs, sq = _codes_buffers(x2.shape[0], d, qmax, y)
+    q, qs, sq = _codes_buffers(x2.shape[0], d, qmax, y, codes_dtype)
     bd = next_pow2(d)
     pdl = pdl_enabled(y)
     _rms_norm_kernel[(x2.shape[0],)](x2, weight, y, q, qs, d, x2.stride(0), y.stride(0), sq, eps, BD=bd, PDL=pdl,
@@ -119,21 +123,23 @@ def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.
     return _launch_norm(x, weight, eps, None)[0]
 
 
-def rms_norm_codes_triton(x: torch.Tensor, weight: torch.Tensor, eps: float,
-                          qmax: float) -> tuple[torch.Tensor, ActCodes]:
+def rms_norm_codes_triton(x: torch.Tensor, weight: torch.Tensor, eps: float, qmax: float,
+                          codes_dtype: torch.dtype = torch.int8) -> tuple[torch.Tensor, ActCodes]:
     """The norm and, from the same pass, its per-token integer codes for the next linear (W4A8 /
-    W4A4): what `quantize_act_triton` would make of the result, without its launch and re-read."""
-    return _launch_norm(x, weight, eps, qmax)
+    W4A4): what `quantize_act_triton` would make of the result, without its launch and re-read.
+    codes_dtype: int8, or the 16-bit float the next kernel multiplies in (exact integers)."""
+    return _launch_norm(x, weight, eps, qmax, codes_dtype)
 
 
-def _launch_add_norm(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float, qmax: float | None):
+def _launch_add_norm(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float, qmax: float | None,
+                     codes_dtype: torch.dtype = torch.int8):
     if x.shape != delta.shape or x.dtype != delta.dtype:
         raise ValueError(f"residual {tuple(x.shape)} {x.dtype} and update {tuple(delta.shape)} {delta.dtype} differ")
     d = x.shape[-1]
     x2, d2 = _rows(x), _rows(delta)
     s = torch.empty((x2.shape[0], d), device=x.device, dtype=x.dtype)
     y = torch.empty((x2.shape[0], d), device=x.device, dtype=torch.promote_types(weight.dtype, x.dtype))
-    q, qs, sq = _codes_buffers(x2.shape[0], d, qmax, y)
+    q, qs, sq = _codes_buffers(x2.shape[0], d, qmax, y, codes_dtype)
     bd = next_pow2(d)
     pdl = pdl_enabled(y)
     _add_rms_norm_kernel[(x2.shape[0],)](x2, d2, weight, s, y, q, qs, d, x2.stride(0), d2.stride(0), s.stride(0),
@@ -149,7 +155,7 @@ def add_rms_norm_triton(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tens
     return _launch_add_norm(x, delta, weight, eps, None)[:2]
 
 
-def add_rms_norm_codes_triton(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float,
-                              qmax: float) -> tuple[torch.Tensor, torch.Tensor, ActCodes]:
+def add_rms_norm_codes_triton(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float, qmax: float,
+                              codes_dtype: torch.dtype = torch.int8) -> tuple[torch.Tensor, torch.Tensor, ActCodes]:
     """`add_rms_norm_triton` plus the normed rows' integer codes (see `rms_norm_codes_triton`)."""
-    return _launch_add_norm(x, delta, weight, eps, qmax)
+    return _launch_add_norm(x, delta, weight, eps, qmax, codes_dtype)

@@ -12,7 +12,7 @@ from torch import nn
 
 from gearshift.dispatch import get_dispatcher, run_linear
 from gearshift.errors import GearshiftError
-from gearshift.kernels.act_quant import ActCodes
+from gearshift.kernels.act_quant import ActCodes, CodesSpec
 from gearshift.quant.base import WeightFormat
 from gearshift.quant.modes import PrecisionMode, get_mode
 
@@ -72,6 +72,14 @@ class QuantLinear(nn.Module):
         quantized (their integer range), so the producer of x can emit them in the same pass."""
         ask = getattr(get_dispatcher(), "codes_qmax", None)  # absent on a dispatcher that takes no codes
         return None if ask is None else ask(self.store, self._act(mode), tokens)
+
+    def codes_for(self, mode: str | PrecisionMode, tokens: int, dtype: torch.dtype) -> CodesSpec | None:
+        """`codes_qmax` and the dtype (int8, or `dtype` itself) the kernel takes the codes in."""
+        ask = getattr(get_dispatcher(), "codes_for", None)
+        if ask is not None:
+            return ask(self.store, self._act(mode), tokens, dtype)
+        qmax = self.codes_qmax(mode, tokens)  # a dispatcher from before codes_for: int8 codes
+        return None if qmax is None else CodesSpec(qmax, torch.int8)
 
     def set_act_quantizer(self, mode: str, quantizer) -> None:
         """Replace a mode's activation quantizer (an ActQuantSpec or a calibrated nn.Module)."""

@@ -42,12 +42,13 @@ class RMSNorm(nn.Module):
             return add_rms_norm_triton(x, delta, self.weight, self.eps)
         return add_rms_norm_reference(x, delta, self.weight, self.eps)
 
-    def with_codes(self, x: torch.Tensor, delta: torch.Tensor | None, qmax: float):
+    def with_codes(self, x: torch.Tensor, delta: torch.Tensor | None, qmax: float,
+                   codes_dtype: torch.dtype = torch.int8):
         """(residual, normed, ActCodes): the norm (after the residual add, if delta) also emits the
-        per-token integer codes the next linear's kernel takes (fused kernels on CUDA only)."""
+        per-token integer codes the next linear's kernel takes, in its dtype (fused kernels)."""
         if delta is None:
-            return (x, *rms_norm_codes_triton(x, self.weight, self.eps, qmax))
-        return add_rms_norm_codes_triton(x, delta, self.weight, self.eps, qmax)
+            return (x, *rms_norm_codes_triton(x, self.weight, self.eps, qmax, codes_dtype))
+        return add_rms_norm_codes_triton(x, delta, self.weight, self.eps, qmax, codes_dtype)
 
 
 class Attention(nn.Module):
@@ -111,13 +112,14 @@ class DecoderLayer(nn.Module):
     @staticmethod
     def _norm(norm: RMSNorm, x, delta, linear: QuantLinear, mode):
         """(residual, normed, codes or None): where the next linear's kernel takes quantized
-        activations (W4A8 / W4A4 on the int8 tensor cores), the norm emits them: one launch and one
-        read of the normed rows fewer than a separate quantizer."""
-        qmax = None
+        activations (W4A8 / W4A4: the int8 tensor cores at M >= 64, the bf16 fragment MMA at 1..8
+        tokens), the norm emits them: one launch and one read of the normed rows fewer than a
+        separate quantizer."""
+        spec = None
         if fused_for(x):
-            qmax = linear.codes_qmax(mode, x.shape[0] * x.shape[1])
-        if qmax is not None:
-            return norm.with_codes(x, delta, qmax)
+            spec = linear.codes_for(mode, x.shape[0] * x.shape[1], x.dtype)
+        if spec is not None:
+            return norm.with_codes(x, delta, spec.qmax, spec.dtype)
         x, h = (x, norm(x)) if delta is None else norm.add(x, delta)
         return x, h, None
 
