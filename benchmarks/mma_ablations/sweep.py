@@ -2,6 +2,7 @@
 variant, every tile config is checked against the torch reference and timed over enough weight
 copies to exceed L2; writes all timings to JSON and prints the per-shape bests with their
 32-layer step sums (GPU)."""
+import argparse
 import json
 from pathlib import Path
 from typing import Callable
@@ -41,18 +42,50 @@ def sweep(variants: dict[str, Callable[[], dict | None]], restore: Callable[[], 
                     assert rel < 3e-3, (shape, m, label, cfg.key(), rel)
                     us = time_us([lambda s=s: mg.mma_gemv(x, s, cfg) for s in stores])
                     rows.append(dict(shape=shape, m=m, variant=label, config=cfg.to_dict(), us=us, rel_err=rel))
-                    if (shape, m, label) not in best or us < best[(shape, m, label)][0]:
-                        best[(shape, m, label)] = (us, cfg.key())
+                    keep_best(best, (shape, m, label), us, cfg)
                 restore()
         del plain, copies, stores
         torch.cuda.empty_cache()
+    report(out, name, rows, best, ms, list(variants))
+
+
+def ms_arg(doc: str, default: str) -> list[int]:
+    """Parses a script's --ms and --out: (token counts, output folder)."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--ms", default=default, help="token counts (1..16)")
+    ap.add_argument("--out", default="benchmarks/results", help="folder for the JSON")
+    args = ap.parse_args()
+    return [int(v) for v in args.ms.split(",")], args.out
+
+
+def shape_cases(ms: list[int], layout: str = "blocks16"):
+    """(shape, m, x, stores, ref) for every Llama-3-8B shape and token count: `stores` are enough
+    random int4 copies (in `layout`) to exceed L2, ref the torch reference of x on the first."""
+    for shape, n, k in SHAPES:
+        stores = [random_store("int4", n, k, 128, "cuda", layout=layout)]
+        stores += [random_store("int4", n, k, 128, "cuda", layout=layout) for _ in range(n_copies(stores[0]) - 1)]
+        for m in ms:
+            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+            yield shape, m, x, stores, linear_reference(x.float(), stores[0], None)
+        del stores
+        torch.cuda.empty_cache()
+
+
+def keep_best(best: dict, key: tuple, us: float, cfg: TileConfig) -> None:
+    if key not in best or us < best[key][0]:
+        best[key] = (us, cfg.key())
+
+
+def report(out: str, name: str, rows: list[dict], best: dict, ms: list[int], labels: list) -> None:
+    """Writes {name}_{device}.json (all rows, the bests keyed shape:m:label) and prints, per M and
+    label, the per-shape best tiles and their 32-layer step sum."""
     dev = torch.cuda.get_device_name()
-    path = Path(out)
-    path.mkdir(parents=True, exist_ok=True)
-    (path / f"{name}_{dev.replace(' ', '_')}.json").write_text(json.dumps({"device": dev, "rows": rows}, indent=1))
-    print(f"{dev}: best us per shape (tile), 32-layer step sum in ms")
+    Path(out).mkdir(parents=True, exist_ok=True)
+    (Path(out) / f"{name}_{dev.replace(' ', '_')}.json").write_text(json.dumps(
+        {"device": dev, "rows": rows, "best": {":".join(map(str, k)): v for k, v in best.items()}}, indent=1))
+    print(f"{dev}: best us per shape (tile); 32-layer step sum, ms")
     for m in ms:
-        for label in variants:
+        for label in labels:
             tot = sum(best[(s, m, label)][0] for s, _, _ in SHAPES) * 32 / 1000
-            print(f"M={m:2} {label:>10}: " + "  ".join(f"{s} {best[(s, m, label)][0]:5.1f} {best[(s, m, label)][1]}"
-                                                     for s, _, _ in SHAPES) + f"  step {tot:.3f}")
+            print(f"M={m:2} {label!s:>11}: " + "  ".join(f"{s} {best[(s, m, label)][0]:5.1f} {best[(s, m, label)][1]}"
+                                                       for s, _, _ in SHAPES) + f"  step {tot:.3f}")
