@@ -79,7 +79,11 @@ def test_supports_and_config():
     assert not mma_gemv_supports(st, TileConfig(16, 0, 128, 8, 4, 1))  # 512 columns do not split 8 ways
     assert not mma_gemv_supports(st, TileConfig(16, 0, 128, 1, 4, 1), 17)
     assert not mma_gemv_supports(quantize_int4(torch.randn(64, 512), 64), TileConfig(16, 0, 128, 1, 4, 1))
-    assert mma_config(28672, 4096).split_k == 2 and mma_config(4096, 14336).split_k == 8
+    assert mma_config(28672, 4096, 16).split_k == 2 and mma_config(4096, 14336, 16).split_k == 8
+    one = (mma_config(4096, 4096), mma_config(28672, 4096), mma_config(896, 896), mma_config(64, 256))
+    assert [(c.split_k, c.warps, c.kwarps) for c in one] == [(1, 8, 8), (1, 8, 4), (1, 4, 1), (1, 4, 1)]
+    assert all(mma_gemv_supports(quantize_int4(torch.randn(64, 1024), 128), mma_config(64, 1024, m), m)
+               for m in (1, 8, 9, 16))
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the PTX needs a CUDA GPU")
@@ -109,7 +113,7 @@ def test_gpu_kernel_matches_reference(rows, split, prefetch):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the PTX needs a CUDA GPU")
 @pytest.mark.parametrize("rows,split,warps,kwarps,prefetch,layout", [
     (16, 1, 2, 2, False, "rows"), (16, 2, 4, 2, False, "rows"), (8, 1, 4, 4, True, "rows"),
-    (16, 1, 8, 8, False, "blocks16"), (16, 2, 8, 4, True, "blocks16")])
+    (16, 1, 8, 8, False, "blocks16"), (16, 1, 8, 4, False, "blocks16"), (16, 2, 8, 4, True, "blocks16")])
 def test_gpu_k_warps_match_reference(rows, split, warps, kwarps, prefetch, layout):
     """The K split inside the CTA (kwarps): every row group's warps summed in shared memory."""
     from gearshift.kernels.int4_mma_gemv import mma_gemv

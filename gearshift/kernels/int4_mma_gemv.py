@@ -377,7 +377,8 @@ def mma_gemv(x: torch.Tensor, store: Int4Weight, cfg: TileConfig, token_scales: 
              out_dtype: torch.dtype | None = None, pdl: bool | None = None,
              l2_prefetch: bool | None = None, trigger: int | None = None, tail: int = 0) -> torch.Tensor:
     """y [M, N] = x [M, K] @ dequant(W).T for 1 <= M <= 16 (cfg: bm = 8 or 16 weight rows per warp,
-    warps, split_k, prefetch = 2 blocks per step). With token_scales [M] (fp32), x holds activation
+    warps, split_k over programs, kwarps = warps sharing rows that split K inside the CTA,
+    prefetch = 2 blocks per step). With token_scales [M] (fp32), x holds activation
     codes and y = token_scales[:, None] * (x @ dequant(W).T). pdl / l2_prefetch / trigger (defaults:
     `pdl.py`'s switches and `pdl_trigger`) change timing only, never the result; tail != 0 is a
     timing experiment with wrong results (`splitk_finish`)."""
@@ -430,8 +431,15 @@ def mma_gemv_quantized(x2: torch.Tensor, store: Int4Weight, act, cfg: TileConfig
 
 
 def mma_config(n: int, k: int, m: int = 1) -> TileConfig:
-    """The tile family measured best on the H100 (benchmarks/results/int4_gemv_*.json): 16 rows per
-    warp, 4 warps, K split until there are ~600 programs (at most 8 slices, each >= 2 blocks)."""
+    """The un-profiled default tile. Up to 8 tokens: 8 warps splitting K inside the CTA, 8 ways for
+    N <= 8192 (one 16-row group per CTA) and 4 ways above (two groups), each warp >= 2 blocks: what
+    the H100 profile picked for the Llama-3-8B shapes (benchmarks/results/kwarps_*.json). Else
+    (9..16 tokens, or K that does not split so): 16 rows per warp, 4 warps, K split over programs
+    until there are ~600 of them (at most 8 slices, each >= 2 blocks)."""
+    if m <= 8:
+        for kw in ((8, 4, 2) if n <= 8192 else (4, 8, 2)):
+            if k % (BLOCK_COLS * kw) == 0 and k // (BLOCK_COLS * kw) >= 2:
+                return TileConfig(16, 0, BLOCK_COLS, 1, 8, 1, kwarps=kw)
     progs = max(1, -(-n // 64))
     split = 1
     while split < 8 and progs * split < 600 and k % (BLOCK_COLS * split * 2) == 0 and k // (split * 2) >= 256:
