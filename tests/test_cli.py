@@ -139,3 +139,11 @@ def test_int4_prog_hint_only_for_quantized_activations_on_hopper(monkeypatch):
     assert int4_prog_hint(["w4a16"], "cuda") is None
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: (8, 0))
     assert int4_prog_hint(["w4a8"], "cuda") is None
+
+
+def test_profile_unknown_strategy_is_one_line(capsys):
+    """Bad arguments fail before the GPU check, so they read the same on any machine."""
+    assert_one_line_error(*cli(capsys, "profile", "--model", "llama3-8b", "--strategies", "w4a16_mma,nope")[::2],
+                          "unknown strategies ['nope']")
+    assert_one_line_error(*cli(capsys, "profile", "--model", "llama3-8b", "--modes", "w4a16,w4a8", "--strategies",
+                               "w4a16_mma")[::2], "serves mode(s) ['w4a8']")

@@ -42,6 +42,18 @@ def run(args) -> int:
     from gearshift.dispatch.profiler import ablations, model_shapes, profile
     from gearshift.errors import GearshiftError
 
+    strategies = None
+    if args.strategies:
+        from gearshift.dispatch.strategies import STRATEGIES
+
+        strategies = [n.strip() for n in args.strategies.split(",") if n.strip()]
+        unknown = sorted(set(strategies) - set(STRATEGIES))
+        if unknown:
+            raise GearshiftError(f"unknown strategies {unknown}; known: {', '.join(sorted(STRATEGIES))}")
+        idle = [m for m in args.modes.split(",") if m.strip() and not any(m.strip() in STRATEGIES[n].modes
+                                                                          for n in strategies)]
+        if idle:
+            raise GearshiftError(f"no strategy in --strategies serves mode(s) {idle}; narrow --modes or add one")
     if not torch.cuda.is_available():
         raise GearshiftError("gearshift profile needs a CUDA GPU (the policy map is per device)")
     if args.shapes:
@@ -54,14 +66,6 @@ def run(args) -> int:
             raise GearshiftError(f"cannot read model shapes from {args.model!r}: {e}") from None
     m_list = [int(v) for v in args.m.split(",")] if args.m else list(M_BUCKETS)
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    strategies = None
-    if args.strategies:
-        from gearshift.dispatch.strategies import STRATEGIES
-
-        strategies = [n.strip() for n in args.strategies.split(",") if n.strip()]
-        unknown = sorted(set(strategies) - set(STRATEGIES))
-        if unknown:
-            raise GearshiftError(f"unknown strategies {unknown}; known: {', '.join(sorted(STRATEGIES))}")
     device = torch.cuda.get_device_name()
     with tqdm(total=len(shapes) * len(modes) * len(m_list), desc=f"profile {device}", unit="point") as bar:
         pm = profile(shapes, modes, m_list, group=args.group_size, device_name=device, progress=bar,
