@@ -307,3 +307,33 @@ def test_codes_are_asked_for_only_where_a_kernel_takes_them():
     assert torch.equal(lin(x, "w4a8", junk), lin(x, "w4a8"))
     assert Dispatcher().codes_qmax(lin.store, ActQuantSpec("int8"), 128) is None
     assert Dispatcher().codes_for(lin.store, ActQuantSpec("int8"), 128, torch.bfloat16) is None
+
+
+def test_profiler_never_times_a_wrong_kernel():
+    """The profiler compares every candidate with the torch reference before timing it: a kernel
+    that returns zeros or NaN is logged and left out of the map even if the timer calls it fastest."""
+    from gearshift.dispatch.profiler import profile
+    from gearshift.dispatch.strategies import DPRPartition, Strategy, register
+
+    fakes = {"test_right": lambda x, st, act, cfg: linear_reference(x.float(), st, act).to(x.dtype),
+             "test_zeros": lambda x, st, act, cfg: torch.zeros(x.shape[0], st.out_features, dtype=x.dtype),
+             "test_nan": lambda x, st, act, cfg: torch.full((x.shape[0], st.out_features), float("nan"))}
+    for name, run in fakes.items():
+        register(Strategy(name, DPRPartition((4,), (16,), "any", "library"), ("w4a16",), run, gpu_only=False))
+
+    def timer(calls):  # wrong kernels look 5x faster
+        y = calls[0]()
+        return 1.0 if not torch.isfinite(y).all() or not y.any() else 5.0
+
+    logged = []
+    try:
+        pm = profile([("s", 64, 256)], ["w4a16"], [1, 4], group=128, device_name="test", strategies=list(fakes),
+                     dtype=torch.float32, log=logged.append, int4_layout="rows", timer=timer, device="cpu")
+    finally:
+        for name in fakes:
+            STRATEGIES.pop(name)
+    key = type_key("w4a16", 128, 64, 256)
+    assert [pm.lookup(key, m).strategy for m in (1, 4)] == ["test_right", "test_right"]
+    times = pm.timings[key]["1"]
+    assert times["test_right"] == 5.0 and times["test_zeros"] is None and times["test_nan"] is None
+    assert sum("wrong result" in line for line in logged) == 4

@@ -8,6 +8,7 @@ strategy and tile config over the M buckets, and writes the map to
 from __future__ import annotations
 
 import argparse
+import sys
 
 
 def register(subparsers) -> argparse.ArgumentParser:
@@ -68,8 +69,16 @@ def run(args) -> int:
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     device = torch.cuda.get_device_name()
     with tqdm(total=len(shapes) * len(modes) * len(m_list), desc=f"profile {device}", unit="point") as bar:
+        skipped: list[str] = []
         pm = profile(shapes, modes, m_list, group=args.group_size, device_name=device, progress=bar,
-                     int4_layout=args.int4_layout, int4_progressive=args.int4_prog, strategies=strategies)
+                     int4_layout=args.int4_layout, int4_progressive=args.int4_prog, strategies=strategies,
+                     log=skipped.append)
+    if skipped:  # configs that did not compile / launch, or whose output missed the reference
+        print(f"{len(skipped)} candidate(s) left out of the map:", file=sys.stderr)
+        for line in skipped[:10]:
+            print(f"  {line}", file=sys.stderr)
+        if len(skipped) > 10:
+            print(f"  ... and {len(skipped) - 10} more", file=sys.stderr)
     pm.meta.update({"model": str(args.model), "layers": layers, "shapes": shapes})
     out = args.out or (cache_dir() / f"{device_slug(device)}.json")
     path = pm.save(out)

@@ -20,6 +20,7 @@ import torch
 
 from gearshift.dispatch.policy import M_BUCKETS, Choice, PolicyMap, candidate_name, parse_candidate, type_key
 from gearshift.dispatch.strategies import STRATEGIES, group_of, mode_key, rule_strategies, strategies_for
+from gearshift.kernels.reference import linear_reference
 from gearshift.quant.activations import ActQuantSpec
 from gearshift.quant.base import DenseWeight, WeightFormat
 from gearshift.quant.int4 import Int4Weight, blocks16_fits
@@ -179,15 +180,25 @@ MODE_FORMATS = {"w4a16": "int4", "w4a8": "int4", "w4a8fp8": "int4", "w4a4": "int
                 "w8a8": "int8", "w16a16": "dense"}
 
 
+#: largest relative error against `linear_reference` a candidate may show and still be timed (the
+#: kernels' measured worst: 3e-3, W4A4 3.6e-2 from the quantizer's rounding; docs/kernels.md)
+PROFILE_TOLERANCE = {"w4a4": 6e-2}
+DEFAULT_TOLERANCE = 1e-2
+
+
 def profile(shapes: Iterable[tuple[str, int, int]], modes: Iterable[str], m_list=M_BUCKETS, group: int = 128,
             device_name: str | None = None, progress=None, policy: PolicyMap | None = None,
             strategies: list[str] | None = None, dtype=torch.bfloat16, log=None,
-            int4_layout: str = "blocks16", int4_progressive: bool = False) -> PolicyMap:
+            int4_layout: str = "blocks16", int4_progressive: bool = False, timer=time_us,
+            device: str = "cuda") -> PolicyMap:
     """Sweep (shape, mode, M, strategy, config); return (or extend) the policy map. Int4 weights
     are timed in `int4_layout`, the engine's layout on GPU (`model.loader.use_int4_layout`);
     with `int4_progressive` as stores with row units, which every int4 kernel runs and
-    `w4a8_progressive` needs (plain stores then run the fastest other timed candidate)."""
-    dev = torch.device("cuda")
+    `w4a8_progressive` needs (plain stores then run the fastest other timed candidate).
+    Each candidate's output is first compared with the torch reference: one that is wrong (or
+    NaN) is logged and never timed, so a fast wrong kernel cannot enter the map. timer / device:
+    for tests (the CPU runs the Triton interpreter; timings there mean nothing)."""
+    dev = torch.device(device)
     device_name = device_name or torch.cuda.get_device_name()
     pm = policy or PolicyMap(device_name, M_BUCKETS, meta={"dtype": str(dtype).replace("torch.", "")})
     pm.meta["int4_layout"] = int4_layout
@@ -202,8 +213,10 @@ def profile(shapes: Iterable[tuple[str, int, int]], modes: Iterable[str], m_list
             stores = [random_store(sfmt, n, k, g, dev, dtype, int4_layout)]
             stores += [random_store(sfmt, n, k, g, dev, dtype, int4_layout) for _ in range(n_copies(stores[0]) - 1)]
             key = type_key(mode_key(stores[0], act), group_of(stores[0]), n, k)
+            tol = PROFILE_TOLERANCE.get(mode_name, DEFAULT_TOLERANCE)
             for m in m_list:
                 x = torch.randn(m, k, device=dev, dtype=dtype)
+                ref = linear_reference(x.float(), stores[0], act)
                 cands: dict[str, float | None] = {}
                 for strat in strategies_for(mode_key(stores[0], act)):
                     if strategies is not None and strat.name not in strategies:
@@ -213,8 +226,14 @@ def profile(shapes: Iterable[tuple[str, int, int]], modes: Iterable[str], m_list
                             continue
                         name = candidate_name(strat.name, cfg)
                         try:
-                            cands[name] = time_us([lambda s=s, st=strat, c=cfg: st.run(x, s, act, c)
-                                                   for s in stores])
+                            err = relative_error(strat.run(x, stores[0], act, cfg), ref)
+                            if not err <= tol:  # NaN fails too
+                                cands[name] = None
+                                if log:
+                                    log(f"{key} M={m} {name}: wrong result (relative error {err:.2e} > {tol:.0e}), "
+                                        "not timed")
+                                continue
+                            cands[name] = timer([lambda s=s, st=strat, c=cfg: st.run(x, s, act, c) for s in stores])
                         except Exception as e:  # a config that fails to compile/launch is skipped
                             cands[name] = None
                             if log:
@@ -230,6 +249,14 @@ def profile(shapes: Iterable[tuple[str, int, int]], modes: Iterable[str], m_list
             del stores
             torch.cuda.empty_cache()
     return pm
+
+
+def relative_error(y: torch.Tensor, ref: torch.Tensor) -> float:
+    """||y - ref|| / ||ref|| in fp32 (NaN if y holds NaN or inf)."""
+    y = y.float()
+    if not torch.isfinite(y).all():
+        return float("nan")
+    return ((y - ref).norm() / ref.norm().clamp_min(1e-30)).item()
 
 
 def best_of(pm: PolicyMap, key: str, m: int, allowed: Callable[[str], bool]) -> float | None:
