@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from gearshift.kernels.config import TileConfig
-from gearshift.kernels.int4_mma_gemv import BLOCK_COLS, MMA_ASM, OFFSET, mma_config, mma_gemv_supports
+from gearshift.kernels.int4_mma_gemv import BLOCK_COLS, CONSTRAINTS, MMA_ASM, OFFSET, mma_config, mma_gemv_supports
 from gearshift.kernels.reference import linear_reference
 from gearshift.quant.activations import ActQuantSpec, quantize_activations
 from gearshift.quant.int4 import quantize_int4
@@ -61,16 +61,29 @@ def test_fragment_plan_matches_reference(n, k, group, m):
 
 def test_ptx_matches_the_plan():
     """The PTX string builds exactly the pairs the CPU model assumes."""
-    asm = MMA_ASM[("bf16", False, 1)]
+    asm = MMA_ASM[("bf16", 8, 1)]
     assert asm.count("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32") == 8
     for shift in (4, 8, 12):
         assert f"shr.b32 t, $4, {shift};" in asm
     for a, b in (("x0", "x2"), ("x1", "x3")):  # word 0: (x0, x4), (x1, x5) then (x2, x6), (x3, x7)
         assert f"prmt.b32 b0, {a}, {b}, 0x5410;" in asm and f"prmt.b32 b1, {a}, {b}, 0x7632;" in asm
-    assert MMA_ASM[("bf16", True, 1)].count("mma.sync") == 16 and "0x64006400" in MMA_ASM[("f16", False, 1)]
-    two_tiles = MMA_ASM[("bf16", True, 2)]  # 9..16 tokens: the second tile reuses every A fragment
+    assert MMA_ASM[("bf16", 16, 1)].count("mma.sync") == 16 and "0x64006400" in MMA_ASM[("f16", 8, 1)]
+    two_tiles = MMA_ASM[("bf16", 16, 2)]  # 9..16 tokens: the second tile reuses every A fragment
     assert two_tiles.count("mma.sync") == 32 and two_tiles.count("and.b32 a0") == 8
     assert "[$21+0]" in two_tiles and "[$20+48]" in two_tiles  # 12 outputs, 8 words, then the 2 pointers
+
+
+def test_ptx_32_rows_per_warp():
+    """32 rows per warp: two A fragments (rows g/g+8 and g+16/g+24) share every B fragment and
+    the token-sum MMA, so the block's activation loads are those of 16 rows."""
+    for tiles in (1, 2):
+        asm, asm16 = MMA_ASM[("bf16", 32, tiles)], MMA_ASM[("bf16", 16, tiles)]
+        assert asm.count("mma.sync") == 24 * tiles and asm.count("ld.global") == asm16.count("ld.global") == 4 * tiles
+        n_out = 10 * tiles
+        assert f"and.b32 c0, ${n_out + 8}, 0x000F000F;" in asm  # row c's first word follows rows a and b
+        assert f"[${n_out + 16}+0]" in asm and f"[${n_out + 16 + tiles - 1}+48]" in asm
+        assert "{c0, c1, c2, c3}" in asm
+    assert CONSTRAINTS[(32, 2)].count("=r") == 20 and CONSTRAINTS[(32, 2)].count(",r") == 16
 
 
 def test_supports_and_config():
@@ -79,7 +92,9 @@ def test_supports_and_config():
     assert not mma_gemv_supports(st, TileConfig(16, 0, 128, 8, 4, 1))  # 512 columns do not split 8 ways
     assert not mma_gemv_supports(st, TileConfig(16, 0, 128, 1, 4, 1), 17)
     assert not mma_gemv_supports(quantize_int4(torch.randn(64, 512), 64), TileConfig(16, 0, 128, 1, 4, 1))
-    assert mma_config(28672, 4096, 16).split_k == 2 and mma_config(4096, 14336, 16).split_k == 8
+    assert [(c.bm, c.kwarps, c.prefetch) for c in (mma_config(28672, 4096, 16), mma_config(4096, 14336, 9))] == \
+        [(32, 4, True)] * 2
+    assert (mma_config(64, 512, 16).bm, mma_config(64, 512, 16).split_k) == (16, 2)  # 4 blocks: no 4 x 2-block slices
     one = (mma_config(4096, 4096), mma_config(28672, 4096), mma_config(896, 896), mma_config(64, 256))
     assert [(c.split_k, c.warps, c.kwarps) for c in one] == [(1, 8, 8), (1, 8, 4), (1, 4, 1), (1, 4, 1)]
     assert all(mma_gemv_supports(quantize_int4(torch.randn(64, 1024), 128), mma_config(64, 1024, m), m)
@@ -87,7 +102,8 @@ def test_supports_and_config():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the PTX needs a CUDA GPU")
-@pytest.mark.parametrize("rows,split,prefetch", [(8, 1, False), (16, 2, False), (16, 4, True), (8, 2, True)])
+@pytest.mark.parametrize("rows,split,prefetch", [(8, 1, False), (16, 2, False), (16, 4, True), (8, 2, True),
+                                                (32, 1, False), (32, 2, True)])
 def test_gpu_kernel_matches_reference(rows, split, prefetch):
     from gearshift.kernels.int4_mma_gemv import mma_gemv, mma_gemv_quantized
 
@@ -113,13 +129,15 @@ def test_gpu_kernel_matches_reference(rows, split, prefetch):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the PTX needs a CUDA GPU")
 @pytest.mark.parametrize("rows,split,warps,kwarps,prefetch,layout", [
     (16, 1, 2, 2, False, "rows"), (16, 2, 4, 2, False, "rows"), (8, 1, 4, 4, True, "rows"),
-    (16, 1, 8, 8, False, "blocks16"), (16, 1, 8, 4, False, "blocks16"), (16, 2, 8, 4, True, "blocks16")])
+    (16, 1, 8, 8, False, "blocks16"), (16, 1, 8, 4, False, "blocks16"), (16, 2, 8, 4, True, "blocks16"),
+    (32, 1, 4, 4, False, "blocks16"), (32, 1, 8, 4, True, "blocks16"), (32, 1, 2, 1, False, "blocks16"),
+    (32, 2, 4, 2, False, "rows")])
 def test_gpu_k_warps_match_reference(rows, split, warps, kwarps, prefetch, layout):
     """The K split inside the CTA (kwarps): every row group's warps summed in shared memory."""
     from gearshift.kernels.int4_mma_gemv import mma_gemv
 
     torch.manual_seed(warps + kwarps)
-    store = quantize_int4(torch.randn(192, 2048), 128).cuda().to_layout(layout)
+    store = quantize_int4(torch.randn(208, 2048), 128).cuda().to_layout(layout)  # 208: a ragged 32-row tile
     cfg = TileConfig(rows, 0, 128, split, warps, 1, prefetch=prefetch, kwarps=kwarps)
     assert mma_gemv_supports(store, cfg, 16)
     for m in (1, 3, 8, 9, 16):
@@ -137,8 +155,8 @@ from gearshift.kernels import int4_mma_gemv as mg
 sig = {"x_ptr": "*bf16", "qw_ptr": "*u8", "s_ptr": "*fp16", "mn_ptr": "*fp16", "y_ptr": "*bf16", "ws_ptr": "*fp32",
        "cnt_ptr": "*i32", "xs_ptr": "*bf16", "M": "i32", "N": "i32", "K": "i32", "stride_xm": "i32", "stride_ym": "i32"}
 for tiles in (1, 2):
-    ce = dict(G=128, WARPS=8, SPLIT_K=1, ASM=mg.MMA_ASM[("bf16", True, tiles)], CONSTRAINTS=mg.CONSTRAINTS[(True, tiles)],
-              TWO_ROWS=True, TILES=tiles, OFFSET=128.0, U=1, HAS_XS=False, PDL=False, L2_PREFETCH=False,
+    ce = dict(G=128, WARPS=8, SPLIT_K=1, ASM=mg.MMA_ASM[("bf16", 16, tiles)], CONSTRAINTS=mg.CONSTRAINTS[(16, tiles)],
+              ROWS=16, TILES=tiles, OFFSET=128.0, U=1, HAS_XS=False, PDL=False, L2_PREFETCH=False,
               LOAD=mg.WEIGHT_LOADS["plain"], SHINT=0, TILED=True, TRIGGER=1, TAIL=0, KWARPS=4)
     out[str(tiles)] = ptx(mg._mma_gemv_kernel, sig, ce, num_warps=8, ints16=("K",))
 """)
@@ -146,11 +164,28 @@ for tiles in (1, 2):
         assert p.count("mma.sync") == 16 * int(tiles) and "atom" not in p
 
 
+def test_32_rows_per_warp_compile_for_sm90(compile_sm90):
+    """32 rows per warp compiles for sm_90 with one or two token tiles, in-CTA and global K splits."""
+    out = compile_sm90(r"""
+from gearshift.kernels import int4_mma_gemv as mg
+sig = {"x_ptr": "*bf16", "qw_ptr": "*u8", "s_ptr": "*fp16", "mn_ptr": "*fp16", "y_ptr": "*bf16", "ws_ptr": "*fp32",
+       "cnt_ptr": "*i32", "xs_ptr": "*bf16", "M": "i32", "N": "i32", "K": "i32", "stride_xm": "i32", "stride_ym": "i32"}
+for tiles, kw, sk, tiled in ((1, 4, 1, True), (2, 4, 1, True), (2, 1, 2, False)):
+    ce = dict(G=128, WARPS=4, SPLIT_K=sk, ASM=mg.MMA_ASM[("bf16", 32, tiles)], CONSTRAINTS=mg.CONSTRAINTS[(32, tiles)],
+              ROWS=32, TILES=tiles, OFFSET=128.0, U=1, HAS_XS=False, PDL=False, L2_PREFETCH=False,
+              LOAD=mg.WEIGHT_LOADS["plain"], SHINT=0, TILED=tiled, TRIGGER=1, TAIL=0, KWARPS=kw)
+    out[f"{tiles}{kw}{sk}"] = ptx(mg._mma_gemv_kernel, sig, ce, num_warps=4, ints16=("K",))
+""")
+    for key, p in out.items():
+        tiles, split = int(key[0]), int(key[2])
+        assert p.count("mma.sync") == 24 * tiles and ("atom" in p) == (split > 1)
+
+
 def test_chained_accumulators_ptx():
     """The chains ablation keeps every MMA and folds the extra accumulator sets into the outputs."""
     from gearshift.kernels.int4_mma_gemv import _mma_asm
 
-    one, two = _mma_asm("bf16", 0x4300, True, 1), _mma_asm("bf16", 0x4300, True, 1, chains=2)
+    one, two = _mma_asm("bf16", 0x4300, 16, 1), _mma_asm("bf16", 0x4300, 16, 1, chains=2)
     assert one.count("mma.sync") == two.count("mma.sync") == 16
     assert two.count("add.f32") == 8 and "add.f32 d0, d0, d4;" in two and "{d4, d5, d6, d7}" in two
 

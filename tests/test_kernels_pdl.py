@@ -39,8 +39,8 @@ sig = dict(x_ptr="*bf16", qw_ptr="*u8", s_ptr="*bf16", mn_ptr="*bf16", y_ptr="*b
            cnt_ptr="*i32", xs_ptr="*fp32", M="i32", N="i32", K="i32", stride_xm="i32", stride_ym="i32")
 for trig in (0, 1, 2):
     out[f"mma{trig}"] = ptx(mg._mma_gemv_kernel, sig, dict(
-        G=128, WARPS=4, SPLIT_K=2, ASM=mg.MMA_ASM[("bf16", True, 1)], CONSTRAINTS=mg.CONSTRAINTS[(True, 1)],
-        TWO_ROWS=True, TILES=1, OFFSET=128.0, U=1, HAS_XS=False, PDL=True, L2_PREFETCH=False, TRIGGER=trig,
+        G=128, WARPS=4, SPLIT_K=2, ASM=mg.MMA_ASM[("bf16", 16, 1)], CONSTRAINTS=mg.CONSTRAINTS[(16, 1)],
+        ROWS=16, TILES=1, OFFSET=128.0, U=1, HAS_XS=False, PDL=True, L2_PREFETCH=False, TRIGGER=trig,
         LOAD=mg.WEIGHT_LOADS["plain"], SHINT=0, TILED=False, TAIL=0, KWARPS=1))
 """
 

@@ -6,7 +6,7 @@ import torch
 import gearshift.kernels.int4_mma_gemv as mg
 from gearshift.kernels.config import TileConfig
 from gearshift.dispatch.profiler import n_copies, random_store, time_us
-base = mg.MMA_ASM[("bf16", True, 1)]
+base = mg.MMA_ASM[("bf16", 16, 1)]
 lines = base.split("\n")
 variants = {
     "full": base,
@@ -22,7 +22,7 @@ for n, k in ((28672, 4096), (4096, 4096)):
     for name, asm in variants.items():
         if name == "one_chain":
             continue
-        mg.MMA_ASM[("bf16", True, 1)] = asm
+        mg.MMA_ASM[("bf16", 16, 1)] = asm
         for sk in ((2, 4) if n > 5000 else (8,)):
             cfg = TileConfig(16, 0, 128, sk, 4, 1)
             try:
@@ -30,4 +30,4 @@ for n, k in ((28672, 4096), (4096, 4096)):
                 print(f"{n}x{k} {name:10} split{sk}: {us:6.1f} us", flush=True)
             except Exception as e:
                 print(name, "failed", str(e)[:300])
-    mg.MMA_ASM[("bf16", True, 1)] = base
+    mg.MMA_ASM[("bf16", 16, 1)] = base

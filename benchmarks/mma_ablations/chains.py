@@ -20,8 +20,8 @@ def main() -> None:
     base = dict(mg.MMA_ASM)
     variants = {}
     for c in (int(v) for v in args.chains.split(",")):
-        asm = {(dt, two, tiles): mg._mma_asm(dt, magic, two, tiles, c) for dt, magic in (("bf16", 0x4300), ("f16", 0x6400))
-               for two in (False, True) for tiles in (1, 2)}
+        asm = {(dt, rows, tiles): mg._mma_asm(dt, magic, rows, tiles, c) for dt, magic in (("bf16", 0x4300), ("f16", 0x6400))
+               for rows in mg.ROWS_PER_WARP for tiles in (1, 2)}
         variants[f"chains={c}"] = lambda asm=asm: mg.MMA_ASM.update(asm)
     cfgs = [TileConfig(16, 0, 128, sk, w, 1) for sk, w in itertools.product((1, 2, 4, 8), (2, 4))]
     sweep(variants, lambda: mg.MMA_ASM.update(base), cfgs, [int(m) for m in args.m.split(",")], args.out,

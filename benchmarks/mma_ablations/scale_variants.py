@@ -8,15 +8,17 @@ from gearshift.kernels.config import TileConfig
 from gearshift.dispatch.profiler import n_copies, random_store, time_us
 
 @triton.jit
-def _scales_cached(s_ptr, mn_ptr, sa_off, sb_off, g, TWO_ROWS: tl.constexpr, HINT: tl.constexpr):
-    sa = tl.load(s_ptr + sa_off)
-    ma = tl.load(mn_ptr + sa_off)
-    return sa, ma, tl.load(s_ptr + sb_off), tl.load(mn_ptr + sb_off)
+def _scales_cached(s_ptr, mn_ptr, offs, g, ROWS: tl.constexpr, HINT: tl.constexpr):
+    sa = tl.load(s_ptr + offs[0])
+    ma = tl.load(mn_ptr + offs[0])
+    sb = tl.load(s_ptr + offs[1])
+    mb = tl.load(mn_ptr + offs[1])
+    return sa, ma, sb, mb, sa, ma, sb, mb
 
 @triton.jit
-def _scales_const(s_ptr, mn_ptr, sa_off, sb_off, g, TWO_ROWS: tl.constexpr, HINT: tl.constexpr):
-    one = (sa_off * 0 + 1).to(tl.float16)
-    return one, one, one, one
+def _scales_const(s_ptr, mn_ptr, offs, g, ROWS: tl.constexpr, HINT: tl.constexpr):
+    one = (offs[0] * 0 + 1).to(tl.float16)
+    return one, one, one, one, one, one, one, one
 
 import sys
 dev = "cuda"

@@ -159,7 +159,7 @@ def _sup_rowgemv(store, act, cfg):
 
 
 def mma_configs(m: int) -> list[TileConfig]:
-    """Register-fragment tensor-core tiles for 1..16 tokens: rows per warp (bm 8/16), K split, warps."""
+    """Register-fragment tensor-core tiles for 1..16 tokens: rows per warp (bm 8/16/32), K split, warps."""
     if m > 16:
         return []
     return [TileConfig(rows, 0, 128, sk, w, 1, prefetch=pf, kwarps=kw) for rows, sk, w, pf, kw in
@@ -170,7 +170,9 @@ def mma_configs(m: int) -> list[TileConfig]:
              (16, 14, 4, False, 1), (16, 14, 2, False, 1), (16, 7, 2, True, 1), (16, 8, 4, True, 1),
              (16, 8, 2, True, 1), (16, 4, 2, True, 1), (16, 1, 2, True, 1),
              # stop 22: the K split inside the CTA (no global split-K tail)
-             *K_WARP_TILES)]
+             *K_WARP_TILES,
+             # stop 23: 32 rows per warp (two A fragments per B fragment: half the activation loads)
+             *ROWS32_TILES)]
 
 
 #: (rows per warp, split, warps, 2-block steps, warps per row group) of the in-CTA K split
@@ -178,6 +180,12 @@ K_WARP_TILES = ((16, 1, 2, False, 2), (16, 1, 4, False, 4), (16, 1, 8, False, 8)
                 (16, 1, 16, False, 16), (16, 1, 16, False, 8), (16, 1, 4, True, 4), (16, 1, 8, True, 8),
                 (16, 1, 8, True, 4), (16, 2, 8, False, 8), (16, 2, 4, False, 4), (16, 2, 8, True, 4),
                 (8, 1, 8, False, 8), (8, 1, 4, False, 4), (16, 1, 16, True, 8), (16, 1, 16, True, 16))
+
+#: the same for 32 rows per warp, with and without a K split over programs
+ROWS32_TILES = ((32, 1, 2, False, 1), (32, 1, 4, False, 1), (32, 1, 2, False, 2), (32, 1, 4, False, 4),
+                (32, 1, 4, False, 2), (32, 1, 8, False, 8), (32, 1, 8, False, 4), (32, 1, 8, False, 2),
+                (32, 2, 4, False, 1), (32, 4, 4, False, 1), (32, 8, 2, False, 1), (32, 1, 4, True, 4),
+                (32, 1, 8, True, 4), (32, 1, 2, True, 1), (32, 2, 4, True, 2))
 
 
 def _run_w4a16_mma(x2, store, act, cfg):

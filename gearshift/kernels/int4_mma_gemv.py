@@ -40,27 +40,34 @@ BLOCK_COLS = 128  # columns per fragment call: 4 lanes x 4 words x 8 nibbles
 MAX_TOKENS = 16  # MMA n = 8 tokens per tile, two tiles per lane
 
 
-def _mma_asm(dt: str, magic: int, two_rows: bool, tiles: int = 1, chains: int = 1) -> str:
+def _mma_asm(dt: str, magic: int, rows: int, tiles: int = 1, chains: int = 1) -> str:
     """PTX for one 128-column block of one warp, run once per lane (pack 1).
 
-    Inputs: the lane's 4 words of row a (A row g), then of row b (A row g+8) if two_rows, then one
-    pointer per token tile to that tile's token-g inputs for the lane's first word.
-    Outputs per token tile, in order: D[a,2t], D[a,2t+1], (D[b,2t], D[b,2t+1],) X[2t], X[2t+1].
-    One row per lane: A rows 8..15 are 1.0, so D rows 8..15 are X = sum(x) over the block. Two
-    rows per lane: a second MMA with A = 1.0 gives X. Two token tiles share the A fragments.
+    rows: weight rows per warp (8, 16 or 32), i.e. 1, 2 or 4 rows per lane (g, g+8, g+16, g+24).
+    Inputs: the lane's 4 words of each of its rows, in that order, then one pointer per token tile
+    to that tile's token-g inputs for the lane's first word.
+    Outputs per token tile, in order: D[a,2t], D[a,2t+1], (D[b,2t], D[b,2t+1], (D[c,2t], D[c,2t+1],
+    D[d,2t], D[d,2t+1],)) X[2t], X[2t+1].
+    8 rows: A rows 8..15 are 1.0, so D rows 8..15 are X = sum(x) over the block. 16 rows: a second
+    MMA with A = 1.0 gives X. 32 rows: two A fragments (rows a/b, c/d) share each B fragment and the
+    X MMA, so the lane's activation loads serve twice the weights. Token tiles share the A fragments.
     chains > 1 (an ablation, benchmarks/mma_ablations/chains.py: no faster on the H100): the
     block's MMAs alternate between that many accumulator sets, summed at the end.
     """
+    per_lane = rows // 8
     mm = f"0x{magic:04X}{magic:04X}"
     one = "0x3F803F80" if dt == "bf16" else "0x3C003C00"
     mma = f"mma.sync.aligned.m16n8k16.row.col.f32.{dt}.{dt}.f32"
-    n_out = (6 if two_rows else 4) * tiles
-    wa0 = n_out
-    wb0 = wa0 + 4
-    xp0 = wa0 + (8 if two_rows else 4)
-    lines = ["{", ".reg .b32 a0, a1, a2, a3, one, b0, b1, t;", f".reg .b32 x<{16 * tiles}>;",
-             f".reg .f32 d<{4 * tiles * chains}>, e<{4 * tiles * chains}>;", f"mov.b32 one, {one};"]
-    lines += [f"mov.f32 {r}{i}, 0f00000000;" for r in "de" for i in range(4 * tiles * chains)]
+    n_out = {1: 4, 2: 6, 4: 10}[per_lane] * tiles
+    w0 = [n_out + 4 * r for r in range(per_lane)]  # first operand of each row's words
+    xp0 = n_out + 4 * per_lane
+    banks = "def" if per_lane == 4 else "de"
+    n_acc = 4 * tiles * chains
+    lines = ["{", ".reg .b32 a0, a1, a2, a3, one, b0, b1, t;" + (" .reg .b32 c0, c1, c2, c3;" if per_lane == 4 else ""),
+             f".reg .b32 x<{16 * tiles}>;",
+             ".reg .f32 " + ", ".join(f"{r}<{n_acc}>" for r in banks) + ";",
+             f"mov.b32 one, {one};"]
+    lines += [f"mov.f32 {r}{i}, 0f00000000;" for r in banks for i in range(n_acc)]
 
     def pair(reg: str, word: str, shift: int) -> None:
         src = word
@@ -76,37 +83,47 @@ def _mma_asm(dt: str, magic: int, two_rows: bool, tiles: int = 1, chains: int = 
             lines.append(f"ld.global.v4.b32 {{{', '.join(x)}}}, [${xp0 + tile}+{16 * j}];")
     for j in range(4):
         for half in range(2):
-            pair("a0", f"${wa0 + j}", 8 * half)
-            pair("a2", f"${wa0 + j}", 8 * half + 4)
-            if two_rows:
-                pair("a1", f"${wb0 + j}", 8 * half)
-                pair("a3", f"${wb0 + j}", 8 * half + 4)
+            pair("a0", f"${w0[0] + j}", 8 * half)
+            pair("a2", f"${w0[0] + j}", 8 * half + 4)
+            if per_lane >= 2:
+                pair("a1", f"${w0[1] + j}", 8 * half)
+                pair("a3", f"${w0[1] + j}", 8 * half + 4)
+            if per_lane == 4:
+                pair("c0", f"${w0[2] + j}", 8 * half)
+                pair("c2", f"${w0[2] + j}", 8 * half + 4)
+                pair("c1", f"${w0[3] + j}", 8 * half)
+                pair("c3", f"${w0[3] + j}", 8 * half + 4)
             bank = 4 * tiles * ((2 * j + half) % chains)
             for tile in range(tiles):
                 lo, hi = f"x{16 * tile + 4 * j + half}", f"x{16 * tile + 4 * j + half + 2}"
-                d = ", ".join(f"d{bank + 4 * tile + i}" for i in range(4))
-                e = ", ".join(f"e{bank + 4 * tile + i}" for i in range(4))
+                d, e, f = (", ".join(f"{r}{bank + 4 * tile + i}" for i in range(4)) for r in "def")
                 lines.append(f"prmt.b32 b0, {lo}, {hi}, 0x5410;")
                 lines.append(f"prmt.b32 b1, {lo}, {hi}, 0x7632;")
-                if two_rows:
+                if per_lane >= 2:
                     lines.append(f"{mma} {{{d}}}, {{a0, a1, a2, a3}}, {{b0, b1}}, {{{d}}};")
+                    if per_lane == 4:
+                        lines.append(f"{mma} {{{f}}}, {{c0, c1, c2, c3}}, {{b0, b1}}, {{{f}}};")
                     lines.append(f"{mma} {{{e}}}, {{one, one, one, one}}, {{b0, b1}}, {{{e}}};")
                 else:
                     lines.append(f"{mma} {{{d}}}, {{a0, one, a2, one}}, {{b0, b1}}, {{{d}}};")
     for c in range(1, chains):
-        lines += [f"add.f32 {r}{i}, {r}{i}, {r}{4 * tiles * c + i};" for r in "de" for i in range(4 * tiles)]
+        lines += [f"add.f32 {r}{i}, {r}{i}, {r}{4 * tiles * c + i};" for r in banks for i in range(4 * tiles)]
     outs = []
     for tile in range(tiles):
         o = 4 * tile
-        outs += ([f"d{o}", f"d{o + 1}", f"d{o + 2}", f"d{o + 3}", f"e{o}", f"e{o + 1}"] if two_rows
-                 else [f"d{o}", f"d{o + 1}", f"d{o + 2}", f"d{o + 3}"])
+        outs += [f"d{o}", f"d{o + 1}", f"d{o + 2}", f"d{o + 3}"]
+        if per_lane == 4:
+            outs += [f"f{o}", f"f{o + 1}", f"f{o + 2}", f"f{o + 3}"]
+        if per_lane >= 2:
+            outs += [f"e{o}", f"e{o + 1}"]
     lines += [f"mov.b32 ${i}, {v};" for i, v in enumerate(outs)]
     lines.append("}")
     return "\n".join(lines)
 
 
-MMA_ASM = {(dt, two, tiles): _mma_asm(dt, magic, two, tiles) for dt, magic in (("bf16", 0x4300), ("f16", 0x6400))
-           for two in (False, True) for tiles in (1, 2)}
+ROWS_PER_WARP = (8, 16, 32)  # TileConfig.bm of the fragment kernel: 1, 2 or 4 weight rows per lane
+MMA_ASM = {(dt, rows, tiles): _mma_asm(dt, magic, rows, tiles) for dt, magic in (("bf16", 0x4300), ("f16", 0x6400))
+           for rows in ROWS_PER_WARP for tiles in (1, 2)}
 OFFSET = {"bf16": 128.0, "f16": 1024.0}
 # PTX of the weight loads (16 bytes per lane and row, read once: no L1 allocation). The L2 prefetch-size
 # forms make the row's next blocks L2 hits; benchmarks/mma_ablations/loads.py times them.
@@ -116,8 +133,8 @@ WEIGHT_LOADS = {
     "l2_256": "ld.global.nc.L1::no_allocate.L2::256B.v4.b32 {$0, $1, $2, $3}, [$4];",
 }
 WEIGHT_LOAD = {"name": "plain", "scales": 0}  # scales 1: the scale/min loads with an L2 prefetch size too
-CONSTRAINTS = {(two, tiles): ",".join(["=r"] * ((6 if two else 4) * tiles) + ["r"] * (8 if two else 4) + ["l"] * tiles)
-               for two in (False, True) for tiles in (1, 2)}
+CONSTRAINTS = {(rows, tiles): ",".join(["=r"] * ({8: 4, 16: 6, 32: 10}[rows] * tiles) + ["r"] * (rows // 2)
+                                       + ["l"] * tiles) for rows in ROWS_PER_WARP for tiles in (1, 2)}
 
 if HAS_TRITON:
     from gearshift.kernels.pdl import grid_wait, launch_dependents, prefetch_l2
@@ -148,23 +165,34 @@ if HAS_TRITON:
 
 
     @triton.jit
-    def _load_scales(s_ptr, mn_ptr, sa_off, sb_off, g, TWO_ROWS: tl.constexpr, HINT: tl.constexpr):
-        sa = _load_half(s_ptr + sa_off + g, HINT)
-        ma = _load_half(mn_ptr + sa_off + g, HINT)
-        if TWO_ROWS:
-            return sa, ma, _load_half(s_ptr + sb_off + g, HINT), _load_half(mn_ptr + sb_off + g, HINT)
-        return sa, ma, sa, ma
+    def _load_scales(s_ptr, mn_ptr, offs, g, ROWS: tl.constexpr, HINT: tl.constexpr):
+        """(scale, min) of each of the lane's rows at group g: 8 values (absent rows repeat row a / b)."""
+        sa = _load_half(s_ptr + offs[0] + g, HINT)
+        ma = _load_half(mn_ptr + offs[0] + g, HINT)
+        if ROWS == 8:
+            return sa, ma, sa, ma, sa, ma, sa, ma
+        sb = _load_half(s_ptr + offs[1] + g, HINT)
+        mb = _load_half(mn_ptr + offs[1] + g, HINT)
+        if ROWS == 16:
+            return sa, ma, sb, mb, sa, ma, sb, mb
+        return (sa, ma, sb, mb, _load_half(s_ptr + offs[2] + g, HINT), _load_half(mn_ptr + offs[2] + g, HINT),
+                _load_half(s_ptr + offs[3] + g, HINT), _load_half(mn_ptr + offs[3] + g, HINT))
 
 
     @triton.jit
-    def _load_rows(wa_ptr, wb_ptr, kw, TWO_ROWS: tl.constexpr, LOAD: tl.constexpr, TILED: tl.constexpr):
+    def _load_rows(w_ptrs, kw, ROWS: tl.constexpr, LOAD: tl.constexpr, TILED: tl.constexpr):
+        """The lane's 4 words of each of its rows at word kw: 16 values (absent rows repeat a / b)."""
         if TILED:
             kw = kw * 16  # 16 words of a row per block -> 256 words of the 16-row chunk
-        a0, a1, a2, a3 = _load16(wa_ptr + kw, LOAD)
-        if TWO_ROWS:
-            b0, b1, b2, b3 = _load16(wb_ptr + kw, LOAD)
-            return a0, a1, a2, a3, b0, b1, b2, b3
-        return a0, a1, a2, a3, a0, a1, a2, a3
+        a0, a1, a2, a3 = _load16(w_ptrs[0] + kw, LOAD)
+        if ROWS == 8:
+            return a0, a1, a2, a3, a0, a1, a2, a3, a0, a1, a2, a3, a0, a1, a2, a3
+        b0, b1, b2, b3 = _load16(w_ptrs[1] + kw, LOAD)
+        if ROWS == 16:
+            return a0, a1, a2, a3, b0, b1, b2, b3, a0, a1, a2, a3, b0, b1, b2, b3
+        c0, c1, c2, c3 = _load16(w_ptrs[2] + kw, LOAD)
+        d0, d1, d2, d3 = _load16(w_ptrs[3] + kw, LOAD)
+        return a0, a1, a2, a3, b0, b1, b2, b3, c0, c1, c2, c3, d0, d1, d2, d3
 
 
     @triton.jit
@@ -173,25 +201,45 @@ if HAS_TRITON:
 
 
     @triton.jit
-    def _block(ASM: tl.constexpr, CONSTRAINTS: tl.constexpr, TWO_ROWS: tl.constexpr, TILES: tl.constexpr,
-               OFFSET: tl.constexpr, a0, a1, a2, a3, b0, b1, b2, b3, xp, xp1, sc, acc):
-        """One 128-column block: the fragment MMAs, then scale-after into the fp32 accumulators
-        acc = (row a tok 2t, row a tok 2t+1, row b ..., row b ...) for tile 0, then tile 1."""
-        s_a, m_a, s_b, m_b = sc
-        sa = s_a.to(tl.float32)
-        ma = m_a.to(tl.float32) - OFFSET * sa
-        sb = s_b.to(tl.float32)
-        mb = m_b.to(tl.float32) - OFFSET * sb
-        p0, p1, p2, p3, q0, q1, q2, q3 = acc
-        if TWO_ROWS:
+    def _block(ASM: tl.constexpr, CONSTRAINTS: tl.constexpr, ROWS: tl.constexpr, TILES: tl.constexpr,
+               OFFSET: tl.constexpr, w, xp, xp1, sc, acc):
+        """One 128-column block: the fragment MMAs, then scale-after into the fp32 accumulators.
+        acc[8 * tile + 2 * r + e]: token tile `tile`, lane row r (a, b, c, d = g, g+8, g+16, g+24),
+        token 2t + e of the tile (entries of absent rows / tiles pass through)."""
+        sa = sc[0].to(tl.float32)
+        ma = sc[1].to(tl.float32) - OFFSET * sa
+        sb = sc[2].to(tl.float32)
+        mb = sc[3].to(tl.float32) - OFFSET * sb
+        sc_ = sc[4].to(tl.float32)
+        mc = sc[5].to(tl.float32) - OFFSET * sc_
+        sd = sc[6].to(tl.float32)
+        md = sc[7].to(tl.float32) - OFFSET * sd
+        p0, p1, p2, p3, p4, p5, p6, p7, q0, q1, q2, q3, q4, q5, q6, q7 = acc
+        if ROWS == 32:
+            if TILES == 2:
+                da0, da1, db0, db1, dc0, dc1, dd0, dd1, e0, e1, fa0, fa1, fb0, fb1, fc0, fc1, fd0, fd1, f0, f1 = \
+                    tl.inline_asm_elementwise(ASM, CONSTRAINTS, [w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7], w[8], w[9], w[10], w[11], w[12], w[13], w[14], w[15], xp, xp1], dtype=(tl.float32,) * 20,
+                                              is_pure=True, pack=1)
+                q0, q1 = _fold(fa0, fa1, f0, f1, sa, ma, q0, q1)
+                q2, q3 = _fold(fb0, fb1, f0, f1, sb, mb, q2, q3)
+                q4, q5 = _fold(fc0, fc1, f0, f1, sc_, mc, q4, q5)
+                q6, q7 = _fold(fd0, fd1, f0, f1, sd, md, q6, q7)
+            else:
+                da0, da1, db0, db1, dc0, dc1, dd0, dd1, e0, e1 = tl.inline_asm_elementwise(
+                    ASM, CONSTRAINTS, [w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7], w[8], w[9], w[10], w[11], w[12], w[13], w[14], w[15], xp], dtype=(tl.float32,) * 10, is_pure=True, pack=1)
+            p0, p1 = _fold(da0, da1, e0, e1, sa, ma, p0, p1)
+            p2, p3 = _fold(db0, db1, e0, e1, sb, mb, p2, p3)
+            p4, p5 = _fold(dc0, dc1, e0, e1, sc_, mc, p4, p5)
+            p6, p7 = _fold(dd0, dd1, e0, e1, sd, md, p6, p7)
+        elif ROWS == 16:
             if TILES == 2:
                 da0, da1, db0, db1, e0, e1, fa0, fa1, fb0, fb1, f0, f1 = tl.inline_asm_elementwise(
-                    ASM, CONSTRAINTS, [a0, a1, a2, a3, b0, b1, b2, b3, xp, xp1],
+                    ASM, CONSTRAINTS, [w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7], xp, xp1],
                     dtype=(tl.float32,) * 12, is_pure=True, pack=1)
             else:
                 da0, da1, db0, db1, e0, e1 = tl.inline_asm_elementwise(
-                    ASM, CONSTRAINTS, [a0, a1, a2, a3, b0, b1, b2, b3, xp], dtype=(tl.float32,) * 6, is_pure=True,
-                    pack=1)
+                    ASM, CONSTRAINTS, [w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7], xp],
+                    dtype=(tl.float32,) * 6, is_pure=True, pack=1)
             p0, p1 = _fold(da0, da1, e0, e1, sa, ma, p0, p1)
             p2, p3 = _fold(db0, db1, e0, e1, sb, mb, p2, p3)
             if TILES == 2:
@@ -200,30 +248,31 @@ if HAS_TRITON:
         else:
             if TILES == 2:
                 da0, da1, e0, e1, fa0, fa1, f0, f1 = tl.inline_asm_elementwise(
-                    ASM, CONSTRAINTS, [a0, a1, a2, a3, xp, xp1], dtype=(tl.float32,) * 8, is_pure=True, pack=1)
+                    ASM, CONSTRAINTS, [w[0], w[1], w[2], w[3], xp, xp1], dtype=(tl.float32,) * 8, is_pure=True,
+                    pack=1)
                 q0, q1 = _fold(fa0, fa1, f0, f1, sa, ma, q0, q1)
             else:
-                da0, da1, e0, e1 = tl.inline_asm_elementwise(ASM, CONSTRAINTS, [a0, a1, a2, a3, xp],
+                da0, da1, e0, e1 = tl.inline_asm_elementwise(ASM, CONSTRAINTS, [w[0], w[1], w[2], w[3], xp],
                                                              dtype=(tl.float32,) * 4, is_pure=True, pack=1)
             p0, p1 = _fold(da0, da1, e0, e1, sa, ma, p0, p1)
-        return p0, p1, p2, p3, q0, q1, q2, q3
+        return p0, p1, p2, p3, p4, p5, p6, p7, q0, q1, q2, q3, q4, q5, q6, q7
 
 
     @triton.jit
     def _mma_gemv_kernel(x_ptr, qw_ptr, s_ptr, mn_ptr, y_ptr, ws_ptr, cnt_ptr, xs_ptr, M, N, K, stride_xm, stride_ym,
                          G: tl.constexpr, WARPS: tl.constexpr, SPLIT_K: tl.constexpr, ASM: tl.constexpr,
-                         CONSTRAINTS: tl.constexpr, TWO_ROWS: tl.constexpr, TILES: tl.constexpr,
+                         CONSTRAINTS: tl.constexpr, ROWS: tl.constexpr, TILES: tl.constexpr,
                          OFFSET: tl.constexpr, U: tl.constexpr, HAS_XS: tl.constexpr, PDL: tl.constexpr,
                          L2_PREFETCH: tl.constexpr, LOAD: tl.constexpr, SHINT: tl.constexpr, TILED: tl.constexpr,
                          TRIGGER: tl.constexpr = 1, TAIL: tl.constexpr = 0, KWARPS: tl.constexpr = 1):
         # Every per-lane quantity comes from the lane's own %tid.x, so the fragment plan holds
         # whatever layout Triton picks for these [32 * WARPS] tensors (one element per thread).
+        # ROWS: weight rows per warp; lane (g, t) holds rows g, g+8, g+16, g+24 of them.
         # KWARPS > 1: each group of KWARPS consecutive warps shares one set of rows, warp w of the
         # group runs the w-th K slice of the program's, and the group's partials are summed in the
         # CTA (shared memory) before the store: a K split without the global split-K tail.
-        RPW: tl.constexpr = 16 if TWO_ROWS else 8
         RG: tl.constexpr = WARPS // KWARPS
-        BN: tl.constexpr = RPW * RG
+        BN: tl.constexpr = ROWS * RG
         pid_n = tl.program_id(0)
         pid_k = tl.program_id(1)
         m0_tok = tl.program_id(2) * 8 * TILES  # B columns: tokens m0_tok + g (and m0_tok + 8 + g)
@@ -232,27 +281,34 @@ if HAS_TRITON:
         g = lane // 4
         t = lane % 4
         warp = tid // 32
-        row_a = pid_n * BN + (warp // KWARPS) * RPW + g
-        row_b = row_a + 8
+        row_a = pid_n * BN + (warp // KWARPS) * ROWS + g
         KW = tl.multiple_of(K // 8, 16 * SPLIT_K * KWARPS * U)
         kws = KW // (SPLIT_K * KWARPS)
         n_groups = K // G
         tok0 = tl.minimum(m0_tok + g, M - 1)  # absent tokens repeat the last one (never stored)
         tok1 = tl.minimum(m0_tok + 8 + g, M - 1)
         qw32 = qw_ptr.to(tl.pointer_type(tl.int32))
+        # the lane's rows, clamped (rows past N are read but never stored)
+        ra = tl.minimum(row_a, N - 1)
+        rb = tl.minimum(row_a + 8, N - 1)
+        rc = tl.minimum(row_a + 16, N - 1)
+        rd = tl.minimum(row_a + 24, N - 1)
         if TILED:  # blocks16 layout (quant.int4): a 1 KB chunk per (16 rows, block), a warp reads 512 B at once
-            ra = tl.minimum(row_a, N - 1)
             wa_ptr = qw32 + (ra // 16).to(tl.int64) * KW * 16 + 128 * ((ra // 8) % 2) + 4 * lane
             wb_ptr = wa_ptr + 128
+            wc_ptr = qw32 + (rc // 16).to(tl.int64) * KW * 16 + 128 * ((rc // 8) % 2) + 4 * lane
+            wd_ptr = wc_ptr + 128
         else:
-            wa_ptr = qw32 + tl.minimum(row_a, N - 1).to(tl.int64) * KW + 4 * t  # clamped rows: never stored
-            wb_ptr = qw32 + tl.minimum(row_b, N - 1).to(tl.int64) * KW + 4 * t
+            wa_ptr = qw32 + ra.to(tl.int64) * KW + 4 * t
+            wb_ptr = qw32 + rb.to(tl.int64) * KW + 4 * t
+            wc_ptr = qw32 + rc.to(tl.int64) * KW + 4 * t
+            wd_ptr = qw32 + rd.to(tl.int64) * KW + 4 * t
+        w_ptrs = (wa_ptr, wb_ptr, wc_ptr, wd_ptr)
         x0 = x_ptr + tok0 * stride_xm + 32 * t
         x1 = x_ptr + tok1 * stride_xm + 32 * t
-        sa_ptr = tl.minimum(row_a, N - 1) * n_groups
-        sb_ptr = tl.minimum(row_b, N - 1) * n_groups
+        s_offs = (ra * n_groups, rb * n_groups, rc * n_groups, rd * n_groups)
         zero = tl.zeros([32 * WARPS], dtype=tl.float32)
-        acc = (zero, zero, zero, zero, zero, zero, zero, zero)
+        acc = (zero, zero, zero, zero, zero, zero, zero, zero, zero, zero, zero, zero, zero, zero, zero, zero)
         k_lo = (pid_k * KWARPS + warp % KWARPS) * kws
         k_last = k_lo + kws - 16 * U
         if TRIGGER == 1:
@@ -260,57 +316,79 @@ if HAS_TRITON:
         if L2_PREFETCH:  # the program's whole weight slice, one bulk request per row (lanes t == 0)
             lead = (t == 0) & (row_a < N)
             prefetch_l2(wa_ptr + k_lo, kws * 4, lead.to(tl.int32))
-            if TWO_ROWS:
-                prefetch_l2(wb_ptr + k_lo, kws * 4, (lead & (row_b < N)).to(tl.int32))
+            if ROWS >= 16:
+                prefetch_l2(wb_ptr + k_lo, kws * 4, (lead & (row_a + 8 < N)).to(tl.int32))
+            if ROWS == 32:
+                prefetch_l2(wc_ptr + k_lo, kws * 4, (lead & (row_a + 16 < N)).to(tl.int32))
+                prefetch_l2(wd_ptr + k_lo, kws * 4, (lead & (row_a + 24 < N)).to(tl.int32))
         # U blocks per step, the next step's weights and scales loaded before this step's math:
         # 16*U bytes per lane and row in flight. Past the slice's end the last step re-reads itself.
-        a0, a1, a2, a3, b0, b1, b2, b3 = _load_rows(wa_ptr, wb_ptr, k_lo, TWO_ROWS, LOAD, TILED)
-        sc = _load_scales(s_ptr, mn_ptr, sa_ptr, sb_ptr, (k_lo * 8) // G, TWO_ROWS, SHINT)
-        c0, c1, c2, c3, f0, f1, f2, f3 = a0, a1, a2, a3, b0, b1, b2, b3
+        w = _load_rows(w_ptrs, k_lo, ROWS, LOAD, TILED)
+        sc = _load_scales(s_ptr, mn_ptr, s_offs, (k_lo * 8) // G, ROWS, SHINT)
+        w2 = w
         sc2 = sc
         if U == 2:
-            c0, c1, c2, c3, f0, f1, f2, f3 = _load_rows(wa_ptr, wb_ptr, k_lo + 16, TWO_ROWS, LOAD, TILED)
-            sc2 = _load_scales(s_ptr, mn_ptr, sa_ptr, sb_ptr, ((k_lo + 16) * 8) // G, TWO_ROWS, SHINT)
+            w2 = _load_rows(w_ptrs, k_lo + 16, ROWS, LOAD, TILED)
+            sc2 = _load_scales(s_ptr, mn_ptr, s_offs, ((k_lo + 16) * 8) // G, ROWS, SHINT)
         grid_wait(PDL)  # weights only above this line: x, y and the split-K buffers below
         for it in range(0, kws, 16 * U):
             kw0 = k_lo + it
             nxt = tl.minimum(kw0 + 16 * U, k_last)
-            n0, n1, n2, n3, m0, m1, m2, m3 = _load_rows(wa_ptr, wb_ptr, nxt, TWO_ROWS, LOAD, TILED)
-            sn = _load_scales(s_ptr, mn_ptr, sa_ptr, sb_ptr, (nxt * 8) // G, TWO_ROWS, SHINT)
+            wn = _load_rows(w_ptrs, nxt, ROWS, LOAD, TILED)
+            sn = _load_scales(s_ptr, mn_ptr, s_offs, (nxt * 8) // G, ROWS, SHINT)
+            wn2 = wn
+            sn2 = sn
             if U == 2:
-                p0, p1, p2, p3, q0, q1, q2, q3 = _load_rows(wa_ptr, wb_ptr, nxt + 16, TWO_ROWS, LOAD, TILED)
-                sn2 = _load_scales(s_ptr, mn_ptr, sa_ptr, sb_ptr, ((nxt + 16) * 8) // G, TWO_ROWS, SHINT)
-            acc = _block(ASM, CONSTRAINTS, TWO_ROWS, TILES, OFFSET, a0, a1, a2, a3, b0, b1, b2, b3,
-                         x0 + kw0 * 8, x1 + kw0 * 8, sc, acc)
-            a0, a1, a2, a3, b0, b1, b2, b3 = n0, n1, n2, n3, m0, m1, m2, m3
+                wn2 = _load_rows(w_ptrs, nxt + 16, ROWS, LOAD, TILED)
+                sn2 = _load_scales(s_ptr, mn_ptr, s_offs, ((nxt + 16) * 8) // G, ROWS, SHINT)
+            acc = _block(ASM, CONSTRAINTS, ROWS, TILES, OFFSET, w, x0 + kw0 * 8, x1 + kw0 * 8, sc, acc)
+            w = wn
             sc = sn
             if U == 2:
-                acc = _block(ASM, CONSTRAINTS, TWO_ROWS, TILES, OFFSET, c0, c1, c2, c3, f0, f1, f2, f3,
-                             x0 + (kw0 + 16) * 8, x1 + (kw0 + 16) * 8, sc2, acc)
-                c0, c1, c2, c3, f0, f1, f2, f3 = p0, p1, p2, p3, q0, q1, q2, q3
+                acc = _block(ASM, CONSTRAINTS, ROWS, TILES, OFFSET, w2, x0 + (kw0 + 16) * 8, x1 + (kw0 + 16) * 8,
+                             sc2, acc)
+                w2 = wn2
                 sc2 = sn2
         if TRIGGER == 2:
             launch_dependents(PDL)
         if KWARPS > 1:  # sum each row group's K slices in the CTA; the epilogue runs on [RG * 32]
-            p0, p1, p2, p3 = _ksum4(acc[0], acc[1], acc[2], acc[3], RG, KWARPS)
-            q0, q1, q2, q3 = p0, p1, p2, p3  # the second token tile's, if any
+            p = _ksum4(acc[0], acc[1], acc[2], acc[3], RG, KWARPS)
+            pc = (acc[4], acc[5], acc[6], acc[7])
+            if ROWS == 32:
+                pc = _ksum4(acc[4], acc[5], acc[6], acc[7], RG, KWARPS)
+            q = p  # the second token tile's, if any
+            qc = pc
             if TILES == 2:
-                q0, q1, q2, q3 = _ksum4(acc[4], acc[5], acc[6], acc[7], RG, KWARPS)
-            acc = (p0, p1, p2, p3, q0, q1, q2, q3)
+                q = _ksum4(acc[8], acc[9], acc[10], acc[11], RG, KWARPS)
+                if ROWS == 32:
+                    qc = _ksum4(acc[12], acc[13], acc[14], acc[15], RG, KWARPS)
+            acc = (p[0], p[1], p[2], p[3], pc[0], pc[1], pc[2], pc[3], q[0], q[1], q[2], q[3], qc[0], qc[1],
+                   qc[2], qc[3])
             r = tl.arange(0, RG * 32)  # element i of the [32 * WARPS] tensors is thread i's
-            row_a = pid_n * BN + (r // 32) * RPW + (r % 32) // 4
-            row_b = row_a + 8
+            row_a = pid_n * BN + (r // 32) * ROWS + (r % 32) // 4
             t = r % 4
-        # element (lane, i): accumulator i -> (token tile, row a/b, token 2t + e)
+        # element (lane, i): accumulator i -> (token tile, row a/b/c/d, token 2t + e)
         e2 = tl.arange(0, 2)[None, :]
         col0 = m0_tok + 2 * t[:, None] + e2
         ra = tl.join(row_a, row_a)
-        rb = tl.join(row_b, row_b)
+        rb = ra + 8
         p_a = tl.join(acc[0], acc[1])
         p_b = tl.join(acc[2], acc[3])
-        q_a = tl.join(acc[4], acc[5])
-        q_b = tl.join(acc[6], acc[7])
-        if TWO_ROWS:
+        q_a = tl.join(acc[8], acc[9])
+        q_b = tl.join(acc[10], acc[11])
+        if ROWS == 32:
+            p_c = tl.join(acc[4], acc[5])
+            p_d = tl.join(acc[6], acc[7])
+            if TILES == 2:
+                out = _cat2(_cat4(p_a, p_b, p_c, p_d), _cat4(q_a, q_b, tl.join(acc[12], acc[13]),
+                                                             tl.join(acc[14], acc[15])))
+                row = _cat2(_cat4(ra, rb, ra + 16, rb + 16), _cat4(ra, rb, ra + 16, rb + 16))
+                col = _cat2(_cat4(col0, col0, col0, col0), _cat4(col0 + 8, col0 + 8, col0 + 8, col0 + 8))
+            else:
+                out = _cat4(p_a, p_b, p_c, p_d)
+                row = _cat4(ra, rb, ra + 16, rb + 16)
+                col = _cat4(col0, col0, col0, col0)
+        elif ROWS == 16:
             if TILES == 2:
                 out = _cat4(p_a, p_b, q_a, q_b)
                 row = _cat4(ra, rb, ra, rb)
@@ -368,15 +446,15 @@ def mma_gemv_supports(store: Int4Weight, cfg: TileConfig, m: int = 1, dtype=torc
     k, g = store.in_features, store.group_size
     step = BLOCK_COLS * cfg.split_k * cfg.kwarps * (2 if cfg.prefetch else 1)
     q = store.qweight
-    return (1 <= m <= MAX_TOKENS and g % BLOCK_COLS == 0 and k % step == 0 and cfg.warps % cfg.kwarps == 0
-            and dtype in (torch.bfloat16, torch.float16)
+    return (1 <= m <= MAX_TOKENS and cfg.bm in ROWS_PER_WARP and g % BLOCK_COLS == 0 and k % step == 0
+            and cfg.warps % cfg.kwarps == 0 and dtype in (torch.bfloat16, torch.float16)
             and q.is_contiguous() and q.data_ptr() % 16 == 0)
 
 
 def mma_gemv(x: torch.Tensor, store: Int4Weight, cfg: TileConfig, token_scales: torch.Tensor | None = None,
              out_dtype: torch.dtype | None = None, pdl: bool | None = None,
              l2_prefetch: bool | None = None, trigger: int | None = None, tail: int = 0) -> torch.Tensor:
-    """y [M, N] = x [M, K] @ dequant(W).T for 1 <= M <= 16 (cfg: bm = 8 or 16 weight rows per warp,
+    """y [M, N] = x [M, K] @ dequant(W).T for 1 <= M <= 16 (cfg: bm = 8, 16 or 32 weight rows per warp,
     warps, split_k over programs, kwarps = warps sharing rows that split K inside the CTA,
     prefetch = 2 blocks per step). With token_scales [M] (fp32), x holds activation
     codes and y = token_scales[:, None] * (x @ dequant(W).T). pdl / l2_prefetch / trigger (defaults:
@@ -392,9 +470,10 @@ def mma_gemv(x: torch.Tensor, store: Int4Weight, cfg: TileConfig, token_scales: 
         x2 = x2.contiguous()
     n = store.out_features
     y = torch.empty((m, n), device=x2.device, dtype=out_dtype or x2.dtype)
-    two = cfg.bm == 16  # TileConfig.bm: weight rows per warp (8: A rows 8..15 give sum(x); 16: an extra MMA does)
+    # TileConfig.bm: weight rows per warp (8: A rows 8..15 give sum(x); 16: an extra MMA does; 32: two
+    # A fragments per B fragment, half the activation loads per weight)
     tiles = 2 if m > 8 else 1  # 9..16 tokens: both token tiles share each A fragment (weights read once)
-    bn = (16 if two else 8) * (cfg.warps // cfg.kwarps)
+    bn = cfg.bm * (cfg.warps // cfg.kwarps)
     grid = (cdiv(n, bn), cfg.split_k, cdiv(m, 8 * tiles))
     ws, cnt = splitk_buffers(y, cfg.split_k, m * n, grid[0] * grid[2])
     xs = token_scales if token_scales is not None else y
@@ -403,7 +482,7 @@ def mma_gemv(x: torch.Tensor, store: Int4Weight, cfg: TileConfig, token_scales: 
     l2_prefetch = l2_prefetch_enabled(y) if l2_prefetch is None else (l2_prefetch and l2_prefetch_enabled(y))
     _mma_gemv_kernel[grid](x2, store.qweight, store.scales, store.mins, y, ws, cnt, xs, m, n, store.in_features,
                            x2.stride(0), y.stride(0), G=store.group_size, WARPS=cfg.warps, SPLIT_K=cfg.split_k,
-                           ASM=MMA_ASM[(dt, two, tiles)], CONSTRAINTS=CONSTRAINTS[(two, tiles)], TWO_ROWS=two,
+                           ASM=MMA_ASM[(dt, cfg.bm, tiles)], CONSTRAINTS=CONSTRAINTS[(cfg.bm, tiles)], ROWS=cfg.bm,
                            TILES=tiles, OFFSET=OFFSET[dt],
                            U=2 if cfg.prefetch else 1, HAS_XS=token_scales is not None, PDL=pdl,
                            L2_PREFETCH=l2_prefetch, TRIGGER=pdl_trigger(m) if trigger is None else trigger,
@@ -431,15 +510,18 @@ def mma_gemv_quantized(x2: torch.Tensor, store: Int4Weight, act, cfg: TileConfig
 
 
 def mma_config(n: int, k: int, m: int = 1) -> TileConfig:
-    """The un-profiled default tile. Up to 8 tokens: 8 warps splitting K inside the CTA, 8 ways for
-    N <= 8192 (one 16-row group per CTA) and 4 ways above (two groups), each warp >= 2 blocks: what
-    the H100 profile picked for the Llama-3-8B shapes (benchmarks/results/kwarps_*.json). Else
-    (9..16 tokens, or K that does not split so): 16 rows per warp, 4 warps, K split over programs
-    until there are ~600 of them (at most 8 slices, each >= 2 blocks)."""
+    """The un-profiled default tile: what the H100 profile picked most for the Llama-3-8B shapes.
+    Up to 8 tokens (benchmarks/results/kwarps_*.json): 16 rows per warp, 8 warps splitting K inside
+    the CTA, 8 ways for N <= 8192 (one 16-row group per CTA) and 4 ways above (two groups).
+    9..16 tokens (rows32_*.json): 32 rows per warp (half the activation loads per weight), 4 warps
+    splitting K 4 ways, 2 blocks per step. Each warp gets >= 2 blocks; K that does not split so: 16
+    rows per warp, 4 warps, K split over programs until there are ~600 of them (<= 8 slices)."""
     if m <= 8:
         for kw in ((8, 4, 2) if n <= 8192 else (4, 8, 2)):
             if k % (BLOCK_COLS * kw) == 0 and k // (BLOCK_COLS * kw) >= 2:
                 return TileConfig(16, 0, BLOCK_COLS, 1, 8, 1, kwarps=kw)
+    elif k % (BLOCK_COLS * 4 * 2) == 0:
+        return TileConfig(32, 0, BLOCK_COLS, 1, 4, 1, prefetch=True, kwarps=4)
     progs = max(1, -(-n // 64))
     split = 1
     while split < 8 and progs * split < 600 and k % (BLOCK_COLS * split * 2) == 0 and k // (split * 2) >= 256:
