@@ -351,7 +351,12 @@ _SMALL = ((64, 64, 4, 6, False, 128, 1, 64), (64, 64, 4, 4, False, 80, 1, 64), (
 _LARGE = ((256, 128, 8, 4, False, 0, 1, 64), (256, 128, 8, 3, False, 0, 1, 64), (256, 128, 8, 3, True, 0, 1, 64),
           (256, 64, 4, 4, True, 0, 1, 64), (128, 64, 4, 4, False, 128, 1, 64), (128, 128, 8, 4, False, 0, 1, 64),
           (256, 128, 8, 4, False, 0, 2, 64), (256, 128, 8, 3, False, 0, 1, 128), (128, 64, 4, 3, False, 128, 1, 128),
-          (128, 128, 8, 3, False, 0, 1, 128))
+          (128, 128, 8, 3, False, 0, 1, 128),
+          # stop 23: BK = 128 (2-6x fewer barrier round trips per byte than BK = 64 at the same tile) with
+          # 128 weight rows (half the activation traffic of 64) and split-K for the narrow shapes
+          (128, 128, 8, 4, False, 0, 1, 128), (128, 128, 8, 3, False, 0, 2, 128), (128, 128, 8, 4, False, 0, 2, 128),
+          (256, 128, 8, 3, False, 0, 2, 128), (64, 128, 8, 4, False, 0, 2, 128), (128, 64, 4, 3, False, 128, 2, 128),
+          (256, 64, 4, 3, False, 0, 1, 128))
 
 
 def wgmma_configs(m: int) -> list[TileConfig]:
@@ -359,7 +364,7 @@ def wgmma_configs(m: int) -> list[TileConfig]:
     if m < 64:
         return []
     rows = _SMALL if m <= 128 else _SMALL + _LARGE if m <= 512 else _LARGE
-    return [TileConfig(bm, bn, bk, sk, w, st, a_smem=a, maxnreg=r) for bm, bn, w, st, a, r, sk, bk in rows
+    return [TileConfig(bm, bn, bk, sk, w, st, a_smem=a, maxnreg=r) for bm, bn, w, st, a, r, sk, bk in dict.fromkeys(rows)
             if bm <= max(64, m)]
 
 
