@@ -191,9 +191,9 @@ def test_chained_accumulators_ptx():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the PTX needs a CUDA GPU")
-@pytest.mark.parametrize("act_dtype", ["int8", "int4"])
-def test_dispatcher_takes_float_codes_from_the_norm(act_dtype):
-    """Where the map picks w4a8_mma (1..8 tokens), the dispatcher asks the norm for its codes as
+@pytest.mark.parametrize("act_dtype,m,rows", [("int8", 4, 16), ("int4", 4, 16), ("int8", 16, 32), ("int4", 13, 32)])
+def test_dispatcher_takes_float_codes_from_the_norm(act_dtype, m, rows):
+    """Where the map picks w4a8_mma (1..16 tokens), the dispatcher asks the norm for its codes as
     exact integers in bf16, uses them (zeros give zeros) and, given the real ones, returns the bits
     of quantizing itself; int8 codes (the int8 kernel's form) are ignored."""
     from gearshift.dispatch.dispatcher import AdaptiveDispatcher
@@ -204,13 +204,13 @@ def test_dispatcher_takes_float_codes_from_the_norm(act_dtype):
     torch.manual_seed(2)
     act = ActQuantSpec(act_dtype)
     st = quantize_int4(torch.randn(256, 1024), 128).cuda().to_layout("blocks16")
-    cfg = TileConfig(16, 0, 128, 1, 4, 1, kwarps=4)
-    pm = PolicyMap("test", [4], {type_key(f"w4a{act.bits}", 128, 256, 1024): [Choice("w4a8_mma", cfg)]})
+    cfg = TileConfig(rows, 0, 128, 1, 4, 1, kwarps=4)
+    pm = PolicyMap("test", [m], {type_key(f"w4a{act.bits}", 128, 256, 1024): [Choice("w4a8_mma", cfg)]})
     disp = AdaptiveDispatcher(pm)
     qmax = 127.0 if act_dtype == "int8" else 7.0
-    spec = disp.codes_for(st, act, 4, torch.bfloat16)
+    spec = disp.codes_for(st, act, m, torch.bfloat16)
     assert spec is not None and spec.qmax == qmax and spec.dtype == torch.bfloat16
-    x = torch.randn(4, 1024, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(m, 1024, device="cuda", dtype=torch.bfloat16)
     w = torch.ones(1024, device="cuda", dtype=torch.bfloat16)
     h, codes = rms_norm_codes_triton(x, w, 1e-5, qmax, torch.bfloat16)
     plain = disp.linear(h, st, act)
