@@ -183,7 +183,7 @@ if HAS_GLUON:
                 (_load_partition_tma, (x_desc, w_desc, sc_desc, mn_desc, sc_desc, x_bufs, w_bufs, sc_bufs, mn_bufs,
                                        sc_bufs, ready, empty, m0, n0, t0, num_k, BLOCKS, False)),
             ], [1], [64])
-        elif CONSUMERS == 2:
+        else:
             half: gl.constexpr = BN // 2
             gl.warp_specialize([
                 (_mma_partition, (x_bufs, w_bufs, sc_bufs, mn_bufs, ready, empty, units_ptr, y_ptr, ws_ptr, cnt_ptr,
@@ -193,23 +193,6 @@ if HAS_GLUON:
                 (_load_partition_tma, (x_desc, w_desc, sc_desc, mn_desc, sc_desc, x_bufs, w_bufs, sc_bufs, mn_bufs,
                                        sc_bufs, ready, empty, m0, n0, t0, num_k, BLOCKS, False)),
             ], [num_warps, 1], [232, 40])
-        else:  # four 4-warp consumers of BN / 4 rows each: BN = 256 with 16 rows per warp (one m64
-            # wgmma per consumer and K step), so one codes tile feeds 256 weight rows
-            gl.static_assert(CONSUMERS == 4, "1, 2 or 4 consumer partitions")
-            q: gl.constexpr = BN // 4
-            gl.warp_specialize([
-                (_mma_partition, (x_bufs, w_bufs, sc_bufs, mn_bufs, ready, empty, units_ptr, y_ptr, ws_ptr, cnt_ptr,
-                                  xs_ptr, m0, n0, M, N, t0, num_k, 0, q, 4, SPLIT_K, num_warps, SW, ABLATE)),
-                (_mma_partition, (x_bufs, w_bufs, sc_bufs, mn_bufs, ready, empty, units_ptr, y_ptr, ws_ptr, cnt_ptr,
-                                  xs_ptr, m0, n0, M, N, t0, num_k, q, q, 4, SPLIT_K, num_warps, SW, ABLATE)),
-                (_mma_partition, (x_bufs, w_bufs, sc_bufs, mn_bufs, ready, empty, units_ptr, y_ptr, ws_ptr, cnt_ptr,
-                                  xs_ptr, m0, n0, M, N, t0, num_k, 2 * q, q, 4, SPLIT_K, num_warps, SW, ABLATE)),
-                (_mma_partition, (x_bufs, w_bufs, sc_bufs, mn_bufs, ready, empty, units_ptr, y_ptr, ws_ptr, cnt_ptr,
-                                  xs_ptr, m0, n0, M, N, t0, num_k, 3 * q, q, 4, SPLIT_K, num_warps, SW, ABLATE)),
-                (_load_partition_tma, (x_desc, w_desc, sc_desc, mn_desc, sc_desc, x_bufs, w_bufs, sc_bufs, mn_bufs,
-                                       sc_bufs, ready, empty, m0, n0, t0, num_k, BLOCKS, False)),
-            ], [num_warps, num_warps, num_warps, 1], [112, 112, 112, 40])  # 5 warpgroups (the load warp's
-            # padded to 4 warps) share 64K registers: 4 x 128 x 112 + 128 x 40 = 62464
 
 
 #: (BM tokens, BN weight rows, warps, stages, register cap, split-K); BK is the group size. BN = 256
@@ -224,13 +207,7 @@ _CONFIGS = ((64, 64, 4, 6, 128, 1), (128, 64, 4, 4, 0, 1), (128, 64, 4, 4, 168, 
             (64, 256, 8, 6, 0, 1), (128, 256, 8, 4, 0, 2),
             (256, 128, 8, 3, 0, 1), (256, 128, 8, 4, 0, 1), (256, 64, 4, 4, 0, 1), (256, 64, 4, 5, 0, 1),
             (256, 64, 4, 4, 0, 2), (256, 128, 8, 3, 0, 2),
-            (64, 64, 4, 6, 128, 2), (64, 64, 4, 4, 128, 4),  # o / qkv at M = 64: 64-96 CTAs unsplit
-            # stop 23: 16 warps = four 4-warp consumers of 64 rows (one m64 wgmma each): BN = 256 at
-            # 16 rows per warp, a fifth less shared-memory fill per multiply-add than 256 x 128
-            (128, 256, 16, 4, 0, 1), (128, 256, 16, 3, 0, 1), (64, 256, 16, 4, 0, 1))
-
-#: launch register cap of the four-consumer CTA: 20 warps (the load warp's group padded to 4)
-FOUR_CONSUMER_REGS = 96
+            (64, 64, 4, 6, 128, 2), (64, 64, 4, 4, 128, 4))  # o / qkv at M = 64: 64-96 CTAs unsplit
 
 
 def progressive_configs(m: int, group: int = 128) -> list[TileConfig]:
@@ -245,11 +222,6 @@ def smem_bytes(cfg: TileConfig) -> int:
 
 
 def progressive_supports(store, act, cfg: TileConfig | None) -> bool:
-    if cfg is not None and cfg.warps == 16:  # four consumers: 16 rows per warp, accumulators in 64 registers
-        return (getattr(store, "row_units", None) is not None and cfg.bn == 256 and cfg.bm <= 128
-                and cfg.split_k == 1  # split-K's epilogue spills kilobytes at these register caps
-                and int8_tile_fits(store, act, cfg, smem_bytes(cfg), rows_per_warp=(16,), acc_regs=64,
-                                   bms=(64, 128), warps=(16,)))
     return (getattr(store, "row_units", None) is not None and cfg is not None
             and int8_tile_fits(store, act, cfg, smem_bytes(cfg), rows_per_warp=(16, 32), acc_regs=128,
                                bms=(64, 128, 256)))
@@ -276,11 +248,11 @@ def progressive_codes(codes: torch.Tensor, scales: torch.Tensor, store: Int4Weig
     x_desc = _code_descriptor(codes, cfg.bm, cfg.bk)
     w_desc = _weight_descriptor(store, cfg.bn, cfg.bk)
     sc_desc, mn_desc = group_descriptors(store, cfg.bn)
-    consumers = {8: 2, 16: 4}.get(cfg.warps, 1)
+    consumers = 2 if cfg.warps == 8 else 1
     grid = (n // cfg.bn, -(-m // cfg.bm), cfg.split_k)
     halves = 2 if cfg.bm > 128 else 1  # BM = 256: two token halves, each with its split-K counters
     ws, cnt = splitk_buffers(y, cfg.split_k, m * n, grid[0] * grid[1] * consumers * halves)
-    regs = cfg.maxnreg or {2: TWO_CONSUMER_REGS, 4: FOUR_CONSUMER_REGS}.get(consumers, 0)
+    regs = cfg.maxnreg or (TWO_CONSUMER_REGS if consumers == 2 else 0)
     w4a8_progressive_kernel[grid](x_desc, w_desc, sc_desc, mn_desc, store.row_units, scales, y, ws, cnt, m, n, k,
                                   G=store.group_size, BN=cfg.bn, STAGES=cfg.stages, BLOCKS=store.layout == BLOCKS16,
                                   SPLIT_K=cfg.split_k, CONSUMERS=consumers, num_warps=cfg.warps // consumers,

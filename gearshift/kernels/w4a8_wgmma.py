@@ -254,7 +254,7 @@ def smem_bytes(cfg: TileConfig) -> int:
 
 
 def int8_tile_fits(store, act, cfg: TileConfig | None, smem: int, rows_per_warp: tuple[int, ...] = (16,),
-                   acc_regs: int = 64, bms: tuple[int, ...] = (64, 128), warps: tuple[int, ...] = (4, 8)) -> bool:
+                   acc_regs: int = 64, bms: tuple[int, ...] = (64, 128)) -> bool:
     """The rules the two int8-wgmma W4A8 kernels share: int8 / int4 per-token codes, one K tile
     per group of 64 or 128, BN = 16 rows per warp with A in registers (or as many as
     `rows_per_warp` allows), BM in `bms`, the accumulators within `acc_regs` registers per thread,
@@ -266,7 +266,7 @@ def int8_tile_fits(store, act, cfg: TileConfig | None, smem: int, rows_per_warp:
     n, k, g = store.out_features, store.in_features, store.group_size
     if cfg.bk != g or g not in (64, 128) or cfg.split_k not in (1, 2, 4) or cfg.bm not in bms:
         return False
-    if cfg.warps not in warps or cfg.bn not in [r * cfg.warps for r in rows_per_warp] or cfg.a_smem:
+    if cfg.warps not in (4, 8) or cfg.bn not in [r * cfg.warps for r in rows_per_warp] or cfg.a_smem:
         return False
     if cfg.bm * cfg.bn // (32 * cfg.warps) > acc_regs or smem > 227 * 1024:
         return False
