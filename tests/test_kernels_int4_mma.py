@@ -148,51 +148,6 @@ def test_gpu_k_warps_match_reference(rows, split, warps, kwarps, prefetch, layou
         assert torch.equal(mma_gemv(x, store, cfg), y)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="the PTX needs a CUDA GPU")
-@pytest.mark.parametrize("rows,split,warps,kwarps,prefetch", [
-    (16, 1, 8, 8, False), (16, 1, 8, 4, True), (8, 2, 4, 1, False), (32, 1, 4, 4, True), (32, 2, 2, 1, False)])
-def test_gpu_prefetched_activations_give_the_same_bits(rows, split, warps, kwarps, prefetch):
-    """X_LOAD["prefetch"] moves each block's activation loads a block ahead: the same sums in the
-    same order, so the same bits as the shipped form (and the reference's accuracy)."""
-    from gearshift.kernels import int4_mma_gemv as mg
-
-    torch.manual_seed(rows + warps)
-    store = quantize_int4(torch.randn(208, 2048), 128).cuda().to_layout("blocks16")
-    cfg = TileConfig(rows, 0, 128, split, warps, 1, prefetch=prefetch, kwarps=kwarps)
-    try:
-        for m in (1, 5, 8, 9, 16):
-            x = torch.randn(m, 2048, device="cuda", dtype=torch.bfloat16)
-            mg.X_LOAD["prefetch"] = False
-            y = mg.mma_gemv(x, store, cfg)
-            mg.X_LOAD["prefetch"] = True
-            assert torch.equal(mg.mma_gemv(x, store, cfg), y), m
-    finally:
-        mg.X_LOAD["prefetch"] = False
-    ref = linear_reference(x.float(), store, None)
-    assert ((y.float() - ref).norm() / ref.norm()).item() < 3e-3
-
-
-def test_prefetched_activations_compile_for_sm90(compile_sm90):
-    """The prefetch form passes the activation words into the block's PTX (no loads inside it)
-    and loads them with the weights; the MMAs are the shipped form's."""
-    out = compile_sm90(r"""
-from gearshift.kernels import int4_mma_gemv as mg
-sig = {"x_ptr": "*bf16", "qw_ptr": "*u8", "s_ptr": "*fp16", "mn_ptr": "*fp16", "y_ptr": "*bf16", "ws_ptr": "*fp32",
-       "cnt_ptr": "*i32", "xs_ptr": "*bf16", "M": "i32", "N": "i32", "K": "i32", "stride_xm": "i32", "stride_ym": "i32"}
-for rows, tiles, u in ((16, 1, 1), (32, 2, 2)):
-    for xpf in (0, 1):
-        ce = dict(G=128, WARPS=4, SPLIT_K=1, ASM=(mg.MMA_ASM_XREGS if xpf else mg.MMA_ASM)[("bf16", rows, tiles)],
-                  CONSTRAINTS=(mg.CONSTRAINTS_XREGS if xpf else mg.CONSTRAINTS)[(rows, tiles)], ROWS=rows, TILES=tiles,
-                  OFFSET=128.0, U=u, HAS_XS=False, PDL=False, L2_PREFETCH=False, LOAD=mg.WEIGHT_LOADS["plain"],
-                  SHINT=0, TILED=True, TRIGGER=1, TAIL=0, KWARPS=4, XPF=xpf)
-        out[f"{rows}_{xpf}"] = ptx(mg._mma_gemv_kernel, sig, ce, num_warps=4, ints16=("K",))
-""")
-    for rows in (16, 32):
-        plain, pre = out[f"{rows}_0"], out[f"{rows}_1"]
-        assert plain.count("mma.sync") == pre.count("mma.sync") > 0
-        assert pre.count("ld.global.v4.b32") > plain.count("ld.global.v4.b32")  # x loads a block ahead, and the first
-
-
 def test_k_warps_compile_for_sm90(compile_sm90):
     """The in-CTA K split compiles for sm_90 (one reduction per token tile, no split-K atomics)."""
     out = compile_sm90(r"""
@@ -202,7 +157,7 @@ sig = {"x_ptr": "*bf16", "qw_ptr": "*u8", "s_ptr": "*fp16", "mn_ptr": "*fp16", "
 for tiles in (1, 2):
     ce = dict(G=128, WARPS=8, SPLIT_K=1, ASM=mg.MMA_ASM[("bf16", 16, tiles)], CONSTRAINTS=mg.CONSTRAINTS[(16, tiles)],
               ROWS=16, TILES=tiles, OFFSET=128.0, U=1, HAS_XS=False, PDL=False, L2_PREFETCH=False,
-              LOAD=mg.WEIGHT_LOADS["plain"], SHINT=0, TILED=True, TRIGGER=1, TAIL=0, KWARPS=4, XPF=0)
+              LOAD=mg.WEIGHT_LOADS["plain"], SHINT=0, TILED=True, TRIGGER=1, TAIL=0, KWARPS=4)
     out[str(tiles)] = ptx(mg._mma_gemv_kernel, sig, ce, num_warps=8, ints16=("K",))
 """)
     for tiles, p in out.items():
@@ -218,7 +173,7 @@ sig = {"x_ptr": "*bf16", "qw_ptr": "*u8", "s_ptr": "*fp16", "mn_ptr": "*fp16", "
 for tiles, kw, sk, tiled in ((1, 4, 1, True), (2, 4, 1, True), (2, 1, 2, False)):
     ce = dict(G=128, WARPS=4, SPLIT_K=sk, ASM=mg.MMA_ASM[("bf16", 32, tiles)], CONSTRAINTS=mg.CONSTRAINTS[(32, tiles)],
               ROWS=32, TILES=tiles, OFFSET=128.0, U=1, HAS_XS=False, PDL=False, L2_PREFETCH=False,
-              LOAD=mg.WEIGHT_LOADS["plain"], SHINT=0, TILED=tiled, TRIGGER=1, TAIL=0, KWARPS=kw, XPF=0)
+              LOAD=mg.WEIGHT_LOADS["plain"], SHINT=0, TILED=tiled, TRIGGER=1, TAIL=0, KWARPS=kw)
     out[f"{tiles}{kw}{sk}"] = ptx(mg._mma_gemv_kernel, sig, ce, num_warps=4, ints16=("K",))
 """)
     for key, p in out.items():

@@ -41,7 +41,7 @@ for trig in (0, 1, 2):
     out[f"mma{trig}"] = ptx(mg._mma_gemv_kernel, sig, dict(
         G=128, WARPS=4, SPLIT_K=2, ASM=mg.MMA_ASM[("bf16", 16, 1)], CONSTRAINTS=mg.CONSTRAINTS[(16, 1)],
         ROWS=16, TILES=1, OFFSET=128.0, U=1, HAS_XS=False, PDL=True, L2_PREFETCH=False, TRIGGER=trig,
-        LOAD=mg.WEIGHT_LOADS["plain"], SHINT=0, TILED=False, TAIL=0, KWARPS=1, XPF=0))
+        LOAD=mg.WEIGHT_LOADS["plain"], SHINT=0, TILED=False, TAIL=0, KWARPS=1))
 """
 
 

@@ -40,13 +40,12 @@ BLOCK_COLS = 128  # columns per fragment call: 4 lanes x 4 words x 8 nibbles
 MAX_TOKENS = 16  # MMA n = 8 tokens per tile, two tiles per lane
 
 
-def _mma_asm(dt: str, magic: int, rows: int, tiles: int = 1, chains: int = 1, x_regs: bool = False) -> str:
+def _mma_asm(dt: str, magic: int, rows: int, tiles: int = 1, chains: int = 1) -> str:
     """PTX for one 128-column block of one warp, run once per lane (pack 1).
 
     rows: weight rows per warp (8, 16 or 32), i.e. 1, 2 or 4 rows per lane (g, g+8, g+16, g+24).
     Inputs: the lane's 4 words of each of its rows, in that order, then one pointer per token tile
-    to that tile's token-g inputs for the lane's first word (x_regs: those 16 words per tile
-    themselves, loaded by the caller a block ahead).
+    to that tile's token-g inputs for the lane's first word.
     Outputs per token tile, in order: D[a,2t], D[a,2t+1], (D[b,2t], D[b,2t+1], (D[c,2t], D[c,2t+1],
     D[d,2t], D[d,2t+1],)) X[2t], X[2t+1].
     8 rows: A rows 8..15 are 1.0, so D rows 8..15 are X = sum(x) over the block. 16 rows: a second
@@ -81,10 +80,7 @@ def _mma_asm(dt: str, magic: int, rows: int, tiles: int = 1, chains: int = 1, x_
     for tile in range(tiles):  # all of the block's inputs first: one L1 round trip
         for j in range(4):
             x = [f"x{16 * tile + 4 * j + i}" for i in range(4)]
-            if x_regs:
-                lines += [f"mov.b32 {r}, ${xp0 + 16 * tile + 4 * j + i};" for i, r in enumerate(x)]
-            else:
-                lines.append(f"ld.global.v4.b32 {{{', '.join(x)}}}, [${xp0 + tile}+{16 * j}];")
+            lines.append(f"ld.global.v4.b32 {{{', '.join(x)}}}, [${xp0 + tile}+{16 * j}];")
     for j in range(4):
         for half in range(2):
             pair("a0", f"${w0[0] + j}", 8 * half)
@@ -139,14 +135,6 @@ WEIGHT_LOADS = {
 WEIGHT_LOAD = {"name": "plain", "scales": 0}  # scales 1: the scale/min loads with an L2 prefetch size too
 CONSTRAINTS = {(rows, tiles): ",".join(["=r"] * ({8: 4, 16: 6, 32: 10}[rows] * tiles) + ["r"] * (rows // 2)
                                        + ["l"] * tiles) for rows in ROWS_PER_WARP for tiles in (1, 2)}
-#: the same blocks with the activations passed in registers (X_LOAD["prefetch"]: loaded a block ahead)
-MMA_ASM_XREGS = {(dt, rows, tiles): _mma_asm(dt, magic, rows, tiles, x_regs=True)
-                 for dt, magic in (("bf16", 0x4300), ("f16", 0x6400)) for rows in ROWS_PER_WARP for tiles in (1, 2)}
-CONSTRAINTS_XREGS = {(rows, tiles): ",".join(["=r"] * ({8: 4, 16: 6, 32: 10}[rows] * tiles) + ["r"] * (rows // 2)
-                                             + ["r"] * (16 * tiles)) for rows in ROWS_PER_WARP for tiles in (1, 2)}
-#: prefetch: each lane loads its activation words for block i+1 with block i+1's weights, instead of
-#: at the start of block i+1's MMAs (an L2 round trip per block on the critical path otherwise)
-X_LOAD = {"prefetch": False}
 
 if HAS_TRITON:
     from gearshift.kernels.pdl import grid_wait, launch_dependents, prefetch_l2
@@ -213,47 +201,11 @@ if HAS_TRITON:
 
 
     @triton.jit
-    def _row_words(w, ROWS: tl.constexpr):
-        """The words of the lane's rows that the block's PTX takes (4 per row)."""
-        # one return (Triton rejects returns of different tuple lengths, even under constexpr ifs)
-        if ROWS == 8:
-            r = (w[0], w[1], w[2], w[3])
-        elif ROWS == 16:
-            r = (w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7])
-        else:
-            r = w
-        return r
-
-
-    @triton.jit
-    def _x_inputs(xp, xp1, kw, TILES: tl.constexpr, XPF: tl.constexpr):
-        """The block's activation operands at weight word kw: one pointer per token tile, or (XPF)
-        the lane's 16 activation words per tile, loaded here (a block ahead of their MMAs)."""
-        if XPF:
-            x32 = (xp + kw * 8).to(tl.pointer_type(tl.int32), bitcast=True)
-            v = _load16(x32, "ld.global.v4.b32 {$0, $1, $2, $3}, [$4];") + \
-                _load16(x32 + 4, "ld.global.v4.b32 {$0, $1, $2, $3}, [$4];") + \
-                _load16(x32 + 8, "ld.global.v4.b32 {$0, $1, $2, $3}, [$4];") + \
-                _load16(x32 + 12, "ld.global.v4.b32 {$0, $1, $2, $3}, [$4];")
-            if TILES == 2:
-                y32 = (xp1 + kw * 8).to(tl.pointer_type(tl.int32), bitcast=True)
-                v = v + _load16(y32, "ld.global.v4.b32 {$0, $1, $2, $3}, [$4];") + \
-                    _load16(y32 + 4, "ld.global.v4.b32 {$0, $1, $2, $3}, [$4];") + \
-                    _load16(y32 + 8, "ld.global.v4.b32 {$0, $1, $2, $3}, [$4];") + \
-                    _load16(y32 + 12, "ld.global.v4.b32 {$0, $1, $2, $3}, [$4];")
-        elif TILES == 2:
-            v = (xp + kw * 8, xp1 + kw * 8)
-        else:
-            v = (xp + kw * 8,)
-        return v
-
-
-    @triton.jit
     def _block(ASM: tl.constexpr, CONSTRAINTS: tl.constexpr, ROWS: tl.constexpr, TILES: tl.constexpr,
-               OFFSET: tl.constexpr, w, xin, sc, acc):
-        """One 128-column block: the fragment MMAs (xin: `_x_inputs`), then scale-after into the fp32
-        accumulators. acc[8 * tile + 2 * r + e]: token tile `tile`, lane row r (a, b, c, d = g,
-        g+8, g+16, g+24), token 2t + e of the tile (entries of absent rows / tiles pass through)."""
+               OFFSET: tl.constexpr, w, xp, xp1, sc, acc):
+        """One 128-column block: the fragment MMAs, then scale-after into the fp32 accumulators.
+        acc[8 * tile + 2 * r + e]: token tile `tile`, lane row r (a, b, c, d = g, g+8, g+16, g+24),
+        token 2t + e of the tile (entries of absent rows / tiles pass through)."""
         sa = sc[0].to(tl.float32)
         ma = sc[1].to(tl.float32) - OFFSET * sa
         sb = sc[2].to(tl.float32)
@@ -263,18 +215,18 @@ if HAS_TRITON:
         sd = sc[6].to(tl.float32)
         md = sc[7].to(tl.float32) - OFFSET * sd
         p0, p1, p2, p3, p4, p5, p6, p7, q0, q1, q2, q3, q4, q5, q6, q7 = acc
-        ins = _row_words(w, ROWS) + xin
         if ROWS == 32:
             if TILES == 2:
                 da0, da1, db0, db1, dc0, dc1, dd0, dd1, e0, e1, fa0, fa1, fb0, fb1, fc0, fc1, fd0, fd1, f0, f1 = \
-                    tl.inline_asm_elementwise(ASM, CONSTRAINTS, ins, dtype=(tl.float32,) * 20, is_pure=True, pack=1)
+                    tl.inline_asm_elementwise(ASM, CONSTRAINTS, [w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7], w[8], w[9], w[10], w[11], w[12], w[13], w[14], w[15], xp, xp1], dtype=(tl.float32,) * 20,
+                                              is_pure=True, pack=1)
                 q0, q1 = _fold(fa0, fa1, f0, f1, sa, ma, q0, q1)
                 q2, q3 = _fold(fb0, fb1, f0, f1, sb, mb, q2, q3)
                 q4, q5 = _fold(fc0, fc1, f0, f1, sc_, mc, q4, q5)
                 q6, q7 = _fold(fd0, fd1, f0, f1, sd, md, q6, q7)
             else:
                 da0, da1, db0, db1, dc0, dc1, dd0, dd1, e0, e1 = tl.inline_asm_elementwise(
-                    ASM, CONSTRAINTS, ins, dtype=(tl.float32,) * 10, is_pure=True, pack=1)
+                    ASM, CONSTRAINTS, [w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7], w[8], w[9], w[10], w[11], w[12], w[13], w[14], w[15], xp], dtype=(tl.float32,) * 10, is_pure=True, pack=1)
             p0, p1 = _fold(da0, da1, e0, e1, sa, ma, p0, p1)
             p2, p3 = _fold(db0, db1, e0, e1, sb, mb, p2, p3)
             p4, p5 = _fold(dc0, dc1, e0, e1, sc_, mc, p4, p5)
@@ -282,10 +234,12 @@ if HAS_TRITON:
         elif ROWS == 16:
             if TILES == 2:
                 da0, da1, db0, db1, e0, e1, fa0, fa1, fb0, fb1, f0, f1 = tl.inline_asm_elementwise(
-                    ASM, CONSTRAINTS, ins, dtype=(tl.float32,) * 12, is_pure=True, pack=1)
+                    ASM, CONSTRAINTS, [w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7], xp, xp1],
+                    dtype=(tl.float32,) * 12, is_pure=True, pack=1)
             else:
                 da0, da1, db0, db1, e0, e1 = tl.inline_asm_elementwise(
-                    ASM, CONSTRAINTS, ins, dtype=(tl.float32,) * 6, is_pure=True, pack=1)
+                    ASM, CONSTRAINTS, [w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7], xp],
+                    dtype=(tl.float32,) * 6, is_pure=True, pack=1)
             p0, p1 = _fold(da0, da1, e0, e1, sa, ma, p0, p1)
             p2, p3 = _fold(db0, db1, e0, e1, sb, mb, p2, p3)
             if TILES == 2:
@@ -294,11 +248,12 @@ if HAS_TRITON:
         else:
             if TILES == 2:
                 da0, da1, e0, e1, fa0, fa1, f0, f1 = tl.inline_asm_elementwise(
-                    ASM, CONSTRAINTS, ins, dtype=(tl.float32,) * 8, is_pure=True, pack=1)
+                    ASM, CONSTRAINTS, [w[0], w[1], w[2], w[3], xp, xp1], dtype=(tl.float32,) * 8, is_pure=True,
+                    pack=1)
                 q0, q1 = _fold(fa0, fa1, f0, f1, sa, ma, q0, q1)
             else:
-                da0, da1, e0, e1 = tl.inline_asm_elementwise(ASM, CONSTRAINTS, ins, dtype=(tl.float32,) * 4,
-                                                             is_pure=True, pack=1)
+                da0, da1, e0, e1 = tl.inline_asm_elementwise(ASM, CONSTRAINTS, [w[0], w[1], w[2], w[3], xp],
+                                                             dtype=(tl.float32,) * 4, is_pure=True, pack=1)
             p0, p1 = _fold(da0, da1, e0, e1, sa, ma, p0, p1)
         return p0, p1, p2, p3, p4, p5, p6, p7, q0, q1, q2, q3, q4, q5, q6, q7
 
@@ -309,8 +264,7 @@ if HAS_TRITON:
                          CONSTRAINTS: tl.constexpr, ROWS: tl.constexpr, TILES: tl.constexpr,
                          OFFSET: tl.constexpr, U: tl.constexpr, HAS_XS: tl.constexpr, PDL: tl.constexpr,
                          L2_PREFETCH: tl.constexpr, LOAD: tl.constexpr, SHINT: tl.constexpr, TILED: tl.constexpr,
-                         TRIGGER: tl.constexpr = 1, TAIL: tl.constexpr = 0, KWARPS: tl.constexpr = 1,
-                         XPF: tl.constexpr = 0):
+                         TRIGGER: tl.constexpr = 1, TAIL: tl.constexpr = 0, KWARPS: tl.constexpr = 1):
         # Every per-lane quantity comes from the lane's own %tid.x, so the fragment plan holds
         # whatever layout Triton picks for these [32 * WARPS] tensors (one element per thread).
         # ROWS: weight rows per warp; lane (g, t) holds rows g, g+8, g+16, g+24 of them.
@@ -377,40 +331,22 @@ if HAS_TRITON:
             w2 = _load_rows(w_ptrs, k_lo + 16, ROWS, LOAD, TILED)
             sc2 = _load_scales(s_ptr, mn_ptr, s_offs, ((k_lo + 16) * 8) // G, ROWS, SHINT)
         grid_wait(PDL)  # weights only above this line: x, y and the split-K buffers below
-        # XPF: the activations of each step's block(s) are loaded with its weights, a step ahead
-        # (otherwise the block's PTX loads them itself, from pointers made at the block)
-        xin = _x_inputs(x0, x1, k_lo, TILES, XPF)
-        xin2 = xin
-        if U == 2:
-            xin2 = _x_inputs(x0, x1, k_lo + 16, TILES, XPF)
         for it in range(0, kws, 16 * U):
             kw0 = k_lo + it
             nxt = tl.minimum(kw0 + 16 * U, k_last)
             wn = _load_rows(w_ptrs, nxt, ROWS, LOAD, TILED)
             sn = _load_scales(s_ptr, mn_ptr, s_offs, (nxt * 8) // G, ROWS, SHINT)
-            if XPF:
-                xn = _x_inputs(x0, x1, nxt, TILES, XPF)
             wn2 = wn
             sn2 = sn
             if U == 2:
                 wn2 = _load_rows(w_ptrs, nxt + 16, ROWS, LOAD, TILED)
                 sn2 = _load_scales(s_ptr, mn_ptr, s_offs, ((nxt + 16) * 8) // G, ROWS, SHINT)
-                if XPF:
-                    xn2 = _x_inputs(x0, x1, nxt + 16, TILES, XPF)
-            if XPF:
-                acc = _block(ASM, CONSTRAINTS, ROWS, TILES, OFFSET, w, xin, sc, acc)
-                xin = xn
-            else:
-                acc = _block(ASM, CONSTRAINTS, ROWS, TILES, OFFSET, w, _x_inputs(x0, x1, kw0, TILES, XPF), sc, acc)
+            acc = _block(ASM, CONSTRAINTS, ROWS, TILES, OFFSET, w, x0 + kw0 * 8, x1 + kw0 * 8, sc, acc)
             w = wn
             sc = sn
             if U == 2:
-                if XPF:
-                    acc = _block(ASM, CONSTRAINTS, ROWS, TILES, OFFSET, w2, xin2, sc2, acc)
-                    xin2 = xn2
-                else:
-                    acc = _block(ASM, CONSTRAINTS, ROWS, TILES, OFFSET, w2, _x_inputs(x0, x1, kw0 + 16, TILES, XPF),
-                                 sc2, acc)
+                acc = _block(ASM, CONSTRAINTS, ROWS, TILES, OFFSET, w2, x0 + (kw0 + 16) * 8, x1 + (kw0 + 16) * 8,
+                             sc2, acc)
                 w2 = wn2
                 sc2 = sn2
         if TRIGGER == 2:
@@ -542,13 +478,11 @@ def mma_gemv(x: torch.Tensor, store: Int4Weight, cfg: TileConfig, token_scales: 
     ws, cnt = splitk_buffers(y, cfg.split_k, m * n, grid[0] * grid[2])
     xs = token_scales if token_scales is not None else y
     dt = "bf16" if x2.dtype == torch.bfloat16 else "f16"
-    xpf = int(X_LOAD["prefetch"])
     pdl = pdl_enabled(y) if pdl is None else (pdl and pdl_enabled(y))
     l2_prefetch = l2_prefetch_enabled(y) if l2_prefetch is None else (l2_prefetch and l2_prefetch_enabled(y))
     _mma_gemv_kernel[grid](x2, store.qweight, store.scales, store.mins, y, ws, cnt, xs, m, n, store.in_features,
                            x2.stride(0), y.stride(0), G=store.group_size, WARPS=cfg.warps, SPLIT_K=cfg.split_k,
-                           ASM=(MMA_ASM_XREGS if xpf else MMA_ASM)[(dt, cfg.bm, tiles)],
-                           CONSTRAINTS=(CONSTRAINTS_XREGS if xpf else CONSTRAINTS)[(cfg.bm, tiles)], ROWS=cfg.bm, XPF=xpf,
+                           ASM=MMA_ASM[(dt, cfg.bm, tiles)], CONSTRAINTS=CONSTRAINTS[(cfg.bm, tiles)], ROWS=cfg.bm,
                            TILES=tiles, OFFSET=OFFSET[dt],
                            U=2 if cfg.prefetch else 1, HAS_XS=token_scales is not None, PDL=pdl,
                            L2_PREFETCH=l2_prefetch, TRIGGER=pdl_trigger(m) if trigger is None else trigger,
