@@ -20,6 +20,10 @@ Fragment plan (lane = 4*g + t, g = 0..7, t = 0..3; one warp owns 8 weight rows):
 * B column n = g is token g of an 8-token tile (lanes of absent tokens load token M-1, and those
   columns are never stored): D[g, 2t + e] for e = 0, 1 is row g x token 2t + e; 9..16 tokens run
   a second tile against the same A registers.
+* 16 rows per warp (`TileConfig.bm`): rows g and g+8 fill A rows 0..15 and a second MMA with
+  A = 1.0 gives sum(x); 32 rows per warp: rows g+16 and g+24 form a second A fragment that shares
+  each B fragment and the sum MMA, so a lane's activation loads (4x the weight bytes at 16 tokens,
+  mostly L2 traffic) serve twice the weights (what the map picks at 9..16 tokens).
 Per block and row: y += s * (D - 128 X) + m * X = s * D + (m - 128 s) * X (fp32, scale-after, a
 block never straddles a scale group). Split-K over programs with the deterministic one-launch
 reduction of `splitk.py`. DPR: P_W = (4) padded to bf16, P_X = (16), bf16 tensor cores.
