@@ -49,6 +49,28 @@ def sweep(variants: dict[str, Callable[[], dict | None]], restore: Callable[[], 
     report(out, name, rows, best, ms, list(variants))
 
 
+def family_sweep(ms: list[int], family: Callable[[TileConfig], str], families: list[str], out: str,
+                 name: str) -> None:
+    """Every fragment tile of `strategies.mma_configs` per shape and M, checked against the reference
+    and for bit-identical reruns, then timed; per-shape bests kept per `family(cfg)` and reported."""
+    from gearshift.dispatch.strategies import mma_configs
+
+    rows, best = [], {}
+    for shape, m, x, stores, ref in shape_cases(ms):
+        for cfg in mma_configs(m):
+            if not mg.mma_gemv_supports(stores[0], cfg, m):
+                continue
+            y = mg.mma_gemv(x, stores[0], cfg)
+            rel = ((y.float() - ref).norm() / ref.norm()).item()
+            assert rel < 3e-3, (shape, m, cfg.key(), rel)
+            assert torch.equal(mg.mma_gemv(x, stores[0], cfg), y), (shape, m, cfg.key())
+            us = time_us([lambda s=s: mg.mma_gemv(x, s, cfg) for s in stores])
+            fam = family(cfg)
+            rows.append(dict(shape=shape, m=m, family=fam, config=cfg.to_dict(), us=us, rel_err=rel))
+            keep_best(best, (shape, m, fam), us, cfg)
+    report(out, name, rows, best, ms, families)
+
+
 def ms_arg(doc: str, default: str) -> list[int]:
     """Parses a script's --ms and --out: (token counts, output folder)."""
     ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
