@@ -222,15 +222,15 @@ if HAS_TRITON:
         if ROWS == 32:
             if TILES == 2:
                 da0, da1, db0, db1, dc0, dc1, dd0, dd1, e0, e1, fa0, fa1, fb0, fb1, fc0, fc1, fd0, fd1, f0, f1 = \
-                    tl.inline_asm_elementwise(ASM, CONSTRAINTS, [w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7], w[8], w[9], w[10], w[11], w[12], w[13], w[14], w[15], xp, xp1], dtype=(tl.float32,) * 20,
-                                              is_pure=True, pack=1)
+                    tl.inline_asm_elementwise(ASM, CONSTRAINTS, w + (xp, xp1), dtype=(tl.float32,) * 20, is_pure=True,
+                                              pack=1)
                 q0, q1 = _fold(fa0, fa1, f0, f1, sa, ma, q0, q1)
                 q2, q3 = _fold(fb0, fb1, f0, f1, sb, mb, q2, q3)
                 q4, q5 = _fold(fc0, fc1, f0, f1, sc_, mc, q4, q5)
                 q6, q7 = _fold(fd0, fd1, f0, f1, sd, md, q6, q7)
             else:
                 da0, da1, db0, db1, dc0, dc1, dd0, dd1, e0, e1 = tl.inline_asm_elementwise(
-                    ASM, CONSTRAINTS, [w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7], w[8], w[9], w[10], w[11], w[12], w[13], w[14], w[15], xp], dtype=(tl.float32,) * 10, is_pure=True, pack=1)
+                    ASM, CONSTRAINTS, w + (xp,), dtype=(tl.float32,) * 10, is_pure=True, pack=1)
             p0, p1 = _fold(da0, da1, e0, e1, sa, ma, p0, p1)
             p2, p3 = _fold(db0, db1, e0, e1, sb, mb, p2, p3)
             p4, p5 = _fold(dc0, dc1, e0, e1, sc_, mc, p4, p5)
