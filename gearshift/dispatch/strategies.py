@@ -185,8 +185,7 @@ K_WARP_TILES = ((16, 1, 2, False, 2), (16, 1, 4, False, 4), (16, 1, 8, False, 8)
 ROWS32_TILES = ((32, 1, 2, False, 1), (32, 1, 4, False, 1), (32, 1, 2, False, 2), (32, 1, 4, False, 4),
                 (32, 1, 4, False, 2), (32, 1, 8, False, 8), (32, 1, 8, False, 4), (32, 1, 8, False, 2),
                 (32, 2, 4, False, 1), (32, 4, 4, False, 1), (32, 8, 2, False, 1), (32, 1, 4, True, 4),
-                (32, 1, 8, True, 4), (32, 1, 2, True, 1), (32, 2, 4, True, 2), (32, 2, 8, False, 8),
-                (32, 2, 4, False, 4), (32, 2, 8, False, 4), (32, 4, 4, False, 2))
+                (32, 1, 8, True, 4), (32, 1, 2, True, 1), (32, 2, 4, True, 2))
 
 
 def _run_w4a16_mma(x2, store, act, cfg):
