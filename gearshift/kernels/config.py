@@ -10,7 +10,7 @@ class TileConfig:
     """One launch shape. Kernels run swap-AB: the weight tile [BN, BK] is the MMA's A operand
     (dequantized in registers), the activations [BK, BM] are B, so M may be as small as 16."""
 
-    bm: int = 16
+    bm: int = 16  # token tile; the fragment kernel (1..16 tokens): weight rows per warp (8, 16 or 32)
     bn: int = 64
     bk: int = 128
     split_k: int = 1  # >1: K split over programs, partials summed by the last one (splitk.py)

@@ -112,7 +112,7 @@ class DecoderLayer(nn.Module):
     @staticmethod
     def _norm(norm: RMSNorm, x, delta, linear: QuantLinear, mode):
         """(residual, normed, codes or None): where the next linear's kernel takes quantized
-        activations (W4A8 / W4A4: the int8 tensor cores at M >= 64, the bf16 fragment MMA at 1..8
+        activations (W4A8 / W4A4: the int8 tensor cores at M >= 64, the bf16 fragment MMA at 1..16
         tokens), the norm emits them: one launch and one read of the normed rows fewer than a
         separate quantizer."""
         spec = None
