@@ -78,6 +78,37 @@ def test_weight_descriptors_are_built_once_per_store_and_follow_moved_tensors():
     assert _weight_descriptor(other, 64, 128).base.data_ptr() == other.qweight.data_ptr()
 
 
+@pytest.mark.parametrize("tiles,kt,programs", [(192, 32, 264), (128, 32, 396), (448, 32, 132), (18, 8, 264),
+                                               (200, 7, 132), (1, 4, 132), (896, 32, 132)])
+def test_stream_k_schedule_covers_every_iteration_once(tiles, kt, programs):
+    """The kernel's stream-K index math replayed in Python: every (tile, K tile) iteration runs in
+    exactly one program, a tile's partials come from the programs the finisher sums, and no two
+    partials share a workspace slot."""
+    from gearshift.kernels.w4a16_wgmma import stream_k_contributors, stream_k_grid
+
+    per, grid = stream_k_grid(tiles * kt, programs)
+    cmax = stream_k_contributors(kt, per)
+    assert grid <= programs and (grid - 1) * per < tiles * kt <= grid * per
+    seen, slots, parts = [0] * (tiles * kt), set(), {}
+    for p in range(grid):
+        start, end = p * per, min(p * per + per, tiles * kt)
+        first = start // kt
+        for t in range(first, (end - 1) // kt + 1):
+            k_lo, k_hi = max(start - t * kt, 0), min(end - t * kt, kt)
+            for k in range(k_lo, k_hi):
+                seen[t * kt + k] += 1
+            if (k_lo, k_hi) != (0, kt):
+                slot = p * 2 + (t != first)
+                assert slot not in slots
+                slots.add(slot)
+                parts.setdefault(t, []).append((k_lo, slot))
+    assert seen == [1] * (tiles * kt)
+    for t, runs in parts.items():  # the finisher's slots, in its summation order, are these runs in K order
+        c_first, c_last = (t * kt) // per, ((t + 1) * kt - 1) // per
+        assert c_last - c_first < cmax  # the finisher's unrolled sum covers them all
+        assert [c * 2 + ((c * per) // kt != t) for c in range(c_first, c_last + 1)] == [s for _, s in sorted(runs)]
+
+
 _COMPILE = r"""
 import torch
 from triton.runtime.jit import mangle_type
@@ -85,15 +116,18 @@ from triton.experimental.gluon._runtime import GluonASTSource
 from gearshift.dispatch.profiler import random_store
 from gearshift.kernels import w4a16_wgmma as W
 
-def gluon_ptx(bm, bn, warps, stages, a_smem, layout, f16, maxnreg=None, split_k=1, consumers=1, token_scales=False):
+def gluon_ptx(bm, bn, warps, stages, a_smem, layout, f16, maxnreg=None, split_k=1, consumers=1, token_scales=False,
+              stream_k=False, bk=64):
     x = torch.empty(bm, 4096, dtype=torch.float16 if f16 else torch.bfloat16)
     st = random_store("int4", 4096, 4096, 128, "cpu", layout=layout)
-    xd, wd = W._descriptors(x, st, bm, bn)
+    xd, wd = W._descriptors(x, st, bm, bn, bk)
     sig = {"x_desc": mangle_type(xd), "w_desc": mangle_type(wd), "s_ptr": "*fp16", "mn_ptr": "*fp16",
-           "y_ptr": "*fp16" if f16 else "*bf16", "ws_ptr": "*fp32", "cnt_ptr": "*i32", "xs_ptr": "*fp32", "M": "i32", "N": "i32", "K": "i32"}
+           "y_ptr": "*fp16" if f16 else "*bf16", "ws_ptr": "*fp32", "cnt_ptr": "*i32", "xs_ptr": "*fp32", "M": "i32", "N": "i32", "K": "i32",
+           "per": "i32"}
     attrs = {(list(sig).index(n),): [["tt.divisibility", 16]] for n in ("s_ptr", "mn_ptr", "y_ptr", "N", "K")}
     cx = {"G": 128, "BN": bn, "STAGES": stages, "BLOCKS": layout == "blocks16", "F16": f16, "A_SMEM": a_smem,
-          "SPLIT_K": split_k, "CONSUMERS": consumers, "TOKEN_SCALES": token_scales, "num_warps": warps}
+          "SPLIT_K": split_k, "CONSUMERS": consumers, "TOKEN_SCALES": token_scales, "STREAM_K": stream_k, "CMAX": 3,
+          "num_warps": warps}
     sig.update({name: "constexpr" for name in cx})
     names = list(sig)
     src = GluonASTSource(fn=W.w4a16_wgmma_kernel, signature=sig,
@@ -105,6 +139,9 @@ out["reg_rows_bf16"] = gluon_ptx(128, 64, 4, 4, False, "rows", False, 128, 2)
 out["smem_blocks16_bf16"] = gluon_ptx(256, 128, 8, 4, True, "blocks16", False)
 out["smem_rows_fp16"] = gluon_ptx(64, 64, 4, 6, True, "rows", True, token_scales=True)
 out["two_consumers_blocks16_bf16"] = gluon_ptx(256, 128, 4, 4, False, "blocks16", False, 168, 1, 2)
+out["stream_k_two_consumers"] = gluon_ptx(256, 128, 4, 3, False, "blocks16", False, 168, 1, 2, stream_k=True, bk=128)
+out["stream_k_codes_fp16"] = gluon_ptx(128, 64, 4, 3, False, "rows", True, 128, token_scales=True, stream_k=True,
+                                       bk=128)
 """
 
 
@@ -114,15 +151,17 @@ def gluon_ptx(compile_sm90):
 
 
 @pytest.mark.parametrize("name", ["reg_rows_bf16", "smem_blocks16_bf16", "smem_rows_fp16",
-                                  "two_consumers_blocks16_bf16"])
+                                  "two_consumers_blocks16_bf16", "stream_k_two_consumers", "stream_k_codes_fp16"])
 def test_compiles_for_sm90_with_tma_and_wgmma(gluon_ptx, name):
     p = gluon_ptx[name]
     assert "wgmma.mma_async" in p and "cp.async.bulk.tensor" in p and "mbarrier" in p
     assert "setmaxnreg" in p  # the load warp and the MMA warps run with their own register budgets
     # the byte -> weight conversion is the mantissa trick (no integer-to-float cvt in the loop)
     assert "cvt.rn.f32.u32" not in p and "cvt.rn.f32.s32" not in p
-    if name == "reg_rows_bf16":  # split-K: partials meet in the one-launch reduction (an acq_rel counter)
+    if name == "reg_rows_bf16" or name.startswith("stream_k"):  # partials meet behind an acq_rel counter
         assert "atom.global.gpu.acq_rel.add" in p
+    else:
+        assert "atom." not in p
 
 
 
@@ -140,8 +179,26 @@ def test_kernel_matches_its_torch_model(layout, dtype):
                 continue
             y = w4a16_wgmma(x, st, cfg)
             assert ((y.float() - emu).norm() / emu.norm()).item() < 1e-3, (m, cfg)
-            if cfg.split_k > 1:  # the reduction sums in a fixed order: the same bits every run
+            if cfg.split_k > 1 or cfg.stream_k:  # the reductions sum in a fixed order: the same bits every run
                 assert torch.equal(y, w4a16_wgmma(x, st, cfg)), (m, cfg)
+
+
+@needs_hopper
+@pytest.mark.parametrize("m", [300, 512])
+def test_stream_k_runs_that_cross_tiles_match_the_model(m):
+    """Runs longer than a tile's K (200 tiles of 7 K tiles on 132 SMs) cross from one output tile
+    into the next, and partial tiles meet in the fixed-order sum: close to the model, same bits
+    every run."""
+    torch.manual_seed(0)
+    st = random_store("int4", 12800, 896, 128, "cuda", layout=BLOCKS16)
+    x = torch.randn(m, 896, device="cuda", dtype=torch.bfloat16)
+    emu = w4a16_wgmma_emulate(x, st).float()
+    cfgs = [c for c in wgmma_configs(m) if c.stream_k and wgmma_supports(st, c)]
+    assert cfgs
+    for cfg in cfgs:
+        y = w4a16_wgmma(x, st, cfg)
+        assert ((y.float() - emu).norm() / emu.norm()).item() < 1e-3, cfg
+        assert torch.equal(y, w4a16_wgmma(x, st, cfg)), cfg
 
 
 def test_quantized_modes_are_served_by_the_same_kernel():

@@ -22,17 +22,21 @@ class TileConfig:
     a_smem: bool = False  # wgmma kernel: dequantized tile through shared memory (overlaps the next dequant)
     maxnreg: int = 0  # wgmma kernel: register cap per thread (0: the compiler's), to fit more CTAs per SM
     kwarps: int = 1  # fragment kernel: warps of a CTA that share its rows, each over a K slice (summed in the CTA)
+    stream_k: int = 0  # wgmma kernel: >0: a persistent grid of this many programs per SM, splitting the
+    # (output tile, K tile) iterations evenly (stream-K: no partly filled last wave)
 
     def key(self) -> str:
         return (f"m{self.bm}n{self.bn}k{self.bk}s{self.split_k}w{self.warps}p{self.stages}"
                 f"{'a' if self.scale_after else 'b'}{'j' if self.join else 's'}{'f' if self.prefetch else ''}"
                 f"{'S' if self.a_smem else ''}{f'r{self.maxnreg}' if self.maxnreg else ''}"
-                f"{f'q{self.kwarps}' if self.kwarps > 1 else ''}")
+                f"{f'q{self.kwarps}' if self.kwarps > 1 else ''}{f'z{self.stream_k}' if self.stream_k else ''}")
 
     def to_dict(self) -> dict:
         d = asdict(self)
         if d["kwarps"] == 1:  # the field came later: maps written before it keep their candidate names
             del d["kwarps"]
+        if not d["stream_k"]:  # likewise
+            del d["stream_k"]
         return d
 
     @classmethod

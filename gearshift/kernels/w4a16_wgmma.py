@@ -36,7 +36,7 @@ import torch
 
 from gearshift.kernels._triton import HAS_TRITON
 from gearshift.kernels.config import TileConfig
-from gearshift.kernels.splitk import splitk_buffers
+from gearshift.kernels.splitk import counters, splitk_buffers
 from gearshift.quant.int4 import BLOCKS16, Int4Weight
 
 BK = 64  # the default K tile: 128-byte activation rows (the 128B TMA swizzle); 128 is a config too
@@ -123,11 +123,24 @@ if HAS_GLUON:
             _tma_load(w_desc, [n0, k0 // 2], bar, w_buf)
 
     @gluon.jit
+    def _fill_slot(x_desc, w_desc, x_bufs, w_bufs, sc_bufs, mn_bufs, ready, empty, i, m0, n0, k0, sc, mn,
+                   BLOCKS: gl.constexpr):
+        """Ring slot of the i-th tile of this program: wait until it is free, TMA the activation and
+        weight tiles at (m0, n0, k0) into it and store the tile's scale / min column beside them."""
+        STAGES: gl.constexpr = x_bufs.type.shape[0]
+        s = i % STAGES
+        mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)
+        mbarrier.expect(ready.index(s), x_desc.block_type.nbytes + w_desc.block_type.nbytes)
+        tma_tiles(x_desc, w_desc, x_bufs.index(s), w_bufs.index(s), ready.index(s), m0, n0, k0, BLOCKS)
+        sc_bufs.index(s).store(sc)
+        mn_bufs.index(s).store(mn)
+        mbarrier.arrive(ready.index(s))
+
+    @gluon.jit
     def _load_partition(x_desc, w_desc, x_bufs, w_bufs, sc_bufs, mn_bufs, ready, empty, s_ptr, mn_ptr, m0, n0, t0,
                         num_k, K, G: gl.constexpr, BLOCKS: gl.constexpr):
         """One warp: TMA for the activation and weight tiles, and each tile's scale / min column
         for the BN rows (plain loads one tile ahead, stored to the slot before its second arrive)."""
-        STAGES: gl.constexpr = x_bufs.type.shape[0]
         BKX: gl.constexpr = x_desc.block_type.shape[1]
         BN: gl.constexpr = sc_bufs.type.shape[1]
         rl: gl.constexpr = gl.BlockedLayout([BN // 32], [32], [1], [0])
@@ -138,17 +151,56 @@ if HAS_GLUON:
         sc = gl.load(s_rows + g0)
         mn = gl.load(mn_rows + g0)
         for i in range(num_k):
-            s = i % STAGES
-            mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)
-            mbarrier.expect(ready.index(s), x_desc.block_type.nbytes + w_desc.block_type.nbytes)
-            tma_tiles(x_desc, w_desc, x_bufs.index(s), w_bufs.index(s), ready.index(s), m0, n0, (t0 + i) * BKX,
-                      BLOCKS)
-            sc_bufs.index(s).store(sc)
-            mn_bufs.index(s).store(mn)
-            mbarrier.arrive(ready.index(s))
+            _fill_slot(x_desc, w_desc, x_bufs, w_bufs, sc_bufs, mn_bufs, ready, empty, i, m0, n0, (t0 + i) * BKX,
+                       sc, mn, BLOCKS)
             g_next = ((t0 + gl.minimum(i + 1, num_k - 1)) * BKX) // G
             sc = gl.load(s_rows + g_next)
             mn = gl.load(mn_rows + g_next)
+
+    @gluon.jit
+    def stream_k_range(T, per):
+        """Stream-K: this program's run [start, end) of the T = tiles x K-tiles iterations."""
+        start = gl.program_id(0) * per
+        return start, gl.minimum(start + per, T)
+
+    @gluon.jit
+    def stream_k_tile(t, MT, BM: gl.constexpr, BN: gl.constexpr):
+        """Output tile t -> (m0, n0), token tiles fastest: neighbouring programs share a weight tile.
+        (Weight tiles fastest, the data-parallel grid's order, measured 0-4% slower: stop 24.)"""
+        return (t % MT) * BM, (t // MT) * BN
+
+    @gluon.jit
+    def _load_partition_sk(x_desc, w_desc, x_bufs, w_bufs, sc_bufs, mn_bufs, ready, empty, s_ptr, mn_ptr, T, per,
+                           KT, MT, K, G: gl.constexpr, BLOCKS: gl.constexpr):
+        """The load warp of a stream-K program: the same slots, over its run of (tile, K tile)
+        iterations, one output tile's K range at a time (as the consumers walk them)."""
+        BM: gl.constexpr = x_desc.block_type.shape[0]
+        BKX: gl.constexpr = x_desc.block_type.shape[1]
+        BN: gl.constexpr = sc_bufs.type.shape[1]
+        rl: gl.constexpr = gl.BlockedLayout([BN // 32], [32], [1], [0])
+        ar = gl.arange(0, BN, layout=rl)
+        start, end = stream_k_range(T, per)
+        first = start // KT
+        last = (end - 1) // KT
+        i = 0
+        m0, n0 = stream_k_tile(first, MT, BM, BN)
+        g = (gl.maximum(start - first * KT, 0) * BKX) // G
+        sc = gl.load(s_ptr + (n0 + ar) * (K // G) + g)
+        mn = gl.load(mn_ptr + (n0 + ar) * (K // G) + g)
+        for t in range(first, last + 1):
+            k_lo = gl.maximum(start - t * KT, 0)
+            k_hi = gl.minimum(end - t * KT, KT)
+            m0, n0 = stream_k_tile(t, MT, BM, BN)
+            _, n_next = stream_k_tile(gl.minimum(t + 1, last), MT, BM, BN)
+            rows = (n0 + ar) * (K // G)
+            rows_next = (n_next + ar) * (K // G)  # the next tile starts at group 0
+            for kk in range(k_lo, k_hi):
+                _fill_slot(x_desc, w_desc, x_bufs, w_bufs, sc_bufs, mn_bufs, ready, empty, i, m0, n0, kk * BKX,
+                           sc, mn, BLOCKS)
+                nxt = gl.where(kk + 1 < k_hi, rows + ((kk + 1) * BKX) // G, rows_next)  # loaded one tile ahead
+                sc = gl.load(s_ptr + nxt)
+                mn = gl.load(mn_ptr + nxt)
+                i += 1
 
     @gluon.jit
     def ring_barriers(STAGES: gl.constexpr, READY: gl.constexpr, CONSUMERS: gl.constexpr):
@@ -200,6 +252,20 @@ if HAS_GLUON:
                 gl.atomic_xchg(cnt_ptr + tile, 0, sem="relaxed", scope="gpu")
 
     @gluon.jit
+    def _slot_weights(w_bufs, sc_bufs, mn_bufs, ready, i, ROW0: gl.constexpr, BN: gl.constexpr,
+                      NPART: gl.constexpr, BKX: gl.constexpr, F16: gl.constexpr, bl: gl.constexpr):
+        """Waits for ring slot i and dequantizes this consumer's rows [ROW0, ROW0 + BN) of its weight
+        tile into registers laid out as the wgmma A fragment ([BN, BKX] in x's dtype)."""
+        STAGES: gl.constexpr = w_bufs.type.shape[0]
+        s = i % STAGES
+        mbarrier.wait(ready.index(s), (i // STAGES) & 1)
+        b = w_bufs.index(s).reshape([BN * NPART, BKX // 2]).slice(ROW0, BN).load(bl).to(gl.int32)
+        sc = sc_bufs.index(s).slice(ROW0, BN).load(gl.SliceLayout(1, bl)).to(gl.float32)
+        c = mn_bufs.index(s).slice(ROW0, BN).load(gl.SliceLayout(1, bl)).to(gl.float32) - 128.0 * sc
+        lo, hi = dequant_bytes(b, sc[:, None], c[:, None], F16)
+        return gl.reshape(gl.join(lo, hi), [BN, BKX])
+
+    @gluon.jit
     def _mma_partition(x_bufs, w_bufs, a_bufs, sc_bufs, mn_bufs, ready, empty, y_ptr, ws_ptr, cnt_ptr, xs_ptr, m0, n0,
                        M, N, num_k, ROW0: gl.constexpr, BN: gl.constexpr, NPART: gl.constexpr, F16: gl.constexpr,
                        A_SMEM: gl.constexpr, SPLIT_K: gl.constexpr, TOKEN_SCALES: gl.constexpr,
@@ -215,12 +281,7 @@ if HAS_GLUON:
         acc = gl.zeros([BN, BM], gl.float32, layout=mma)
         for i in range(num_k):
             s = i % STAGES
-            mbarrier.wait(ready.index(s), (i // STAGES) & 1)
-            b = w_bufs.index(s).reshape([BN * NPART, BKX // 2]).slice(ROW0, BN).load(bl).to(gl.int32)
-            sc = sc_bufs.index(s).slice(ROW0, BN).load(gl.SliceLayout(1, bl)).to(gl.float32)
-            c = mn_bufs.index(s).slice(ROW0, BN).load(gl.SliceLayout(1, bl)).to(gl.float32) - 128.0 * sc
-            lo, hi = dequant_bytes(b, sc[:, None], c[:, None], F16)
-            w = gl.reshape(gl.join(lo, hi), [BN, BKX])
+            w = _slot_weights(w_bufs, sc_bufs, mn_bufs, ready, i, ROW0, BN, NPART, BKX, F16, bl)
             if A_SMEM:
                 # the dequantized tile goes to one of two shared buffers and the wgmma reads it there:
                 # tile i+1 is dequantized while tile i's wgmma runs (the buffer it overwrites was read
@@ -248,14 +309,96 @@ if HAS_GLUON:
                     TOKEN_SCALES)
 
     @gluon.jit
-    def w4a16_wgmma_kernel(x_desc, w_desc, s_ptr, mn_ptr, y_ptr, ws_ptr, cnt_ptr, xs_ptr, M, N, K, G: gl.constexpr,
-                           BN: gl.constexpr, STAGES: gl.constexpr, BLOCKS: gl.constexpr, F16: gl.constexpr,
-                           A_SMEM: gl.constexpr, SPLIT_K: gl.constexpr, CONSUMERS: gl.constexpr,
-                           TOKEN_SCALES: gl.constexpr, num_warps: gl.constexpr):
+    def _store_segment_sk(acc, mma: gl.constexpr, y_ptr, ws_ptr, cnt_ptr, xs_ptr, t, first, k_lo, k_hi, M, N, per,
+                          KT, MT, ROW0: gl.constexpr, NPART: gl.constexpr, TOKEN_SCALES: gl.constexpr,
+                          WARPS: gl.constexpr, CMAX: gl.constexpr):
+        """The end of one output tile's K run in a stream-K program. A run over all of K stores the
+        tile; otherwise the fp32 partial goes to this program's workspace slot (one for the run it
+        started in, one for the run it ended in), and the last of the tile's programs to arrive
+        sums the partials in program order (= K order; fixed, so the bits are reproducible) and
+        stores. acc: this consumer's rows [ROW0, ROW0 + BN) of the [BN * NPART, BM] tile."""
+        BN: gl.constexpr = acc.type.shape[0]
+        BM: gl.constexpr = acc.type.shape[1]
+        BNC: gl.constexpr = BN * NPART
+        m0, n0 = stream_k_tile(t, MT, BM, BNC)
+        rows = gl.arange(0, BN, layout=gl.SliceLayout(1, mma))
+        cols = gl.arange(0, BM, layout=gl.SliceLayout(0, mma))
+        offs_m = m0 + cols
+        if TOKEN_SCALES:  # the activations were integer / fp8 codes: each token's scale multiplies its column
+            acc = acc * gl.load(xs_ptr + offs_m, mask=offs_m < M, other=0.0)[None, :]
+        if (k_lo == 0) & (k_hi == KT):
+            offs = offs_m[None, :] * N + (n0 + ROW0 + rows)[:, None]
+            gl.store(y_ptr + offs, acc.to(y_ptr.dtype.element_ty), mask=(offs_m < M)[None, :])
+        else:
+            # a slot is [BM, BNC] fp32, weight rows contiguous as in y
+            slot = gl.program_id(0) * 2 + (t != first).to(gl.int32)
+            gl.store(ws_ptr + slot * (BNC * BM) + cols[None, :] * BNC + (ROW0 + rows)[:, None], acc)
+            _cta_barrier()  # every thread's partial is written before the counter moves
+            c_first = (t * KT) // per
+            c_last = ((t + 1) * KT - 1) // per
+            arrived = gl.atomic_add(cnt_ptr + t * NPART + ROW0 // BN, 1, sem="acq_rel", scope="gpu")
+            if arrived == c_last - c_first:
+                # summed TC tokens at a time in a row-contiguous layout (a whole [BN, BM] sum beside
+                # the accumulator would spill at BM = 256), over at most CMAX programs, unrolled so
+                # that the loads of all partials go out together (a loop over them waited for each)
+                TC: gl.constexpr = 32
+                cl: gl.constexpr = gl.BlockedLayout([1, 4], [32 // (BN // 4), BN // 4], [WARPS, 1], [1, 0])
+                c_rows = ROW0 + gl.arange(0, BN, layout=gl.SliceLayout(0, cl))
+                for j in gl.static_range(BM // TC):
+                    c_cols = j * TC + gl.arange(0, TC, layout=gl.SliceLayout(1, cl))
+                    local = c_cols[:, None] * BNC + c_rows[None, :]
+                    tot = gl.zeros([TC, BN], gl.float32, layout=cl)
+                    for ci in gl.static_range(CMAX):
+                        c = c_first + ci
+                        slot_c = c * 2 + ((c * per) // KT != t).to(gl.int32)
+                        tot += gl.load(ws_ptr + slot_c * (BNC * BM) + local, mask=(c <= c_last) & (local >= 0),
+                                       other=0.0, cache_modifier=".cg")
+                    tok = m0 + c_cols
+                    gl.store(y_ptr + tok[:, None] * N + (n0 + c_rows)[None, :], tot.to(y_ptr.dtype.element_ty),
+                             mask=(tok < M)[:, None])
+                gl.atomic_xchg(cnt_ptr + t * NPART + ROW0 // BN, 0, sem="relaxed", scope="gpu")
+
+    @gluon.jit
+    def _mma_partition_sk(x_bufs, w_bufs, sc_bufs, mn_bufs, ready, empty, y_ptr, ws_ptr, cnt_ptr, xs_ptr, M, N, T,
+                          per, KT, MT, ROW0: gl.constexpr, BN: gl.constexpr, NPART: gl.constexpr,
+                          F16: gl.constexpr, TOKEN_SCALES: gl.constexpr, WARPS: gl.constexpr, CMAX: gl.constexpr):
+        """A stream-K consumer (A in registers): the program's run of iterations, one output tile's
+        K range at a time, each ended by `_store_segment_sk`."""
+        STAGES: gl.constexpr = x_bufs.type.shape[0]
+        BM: gl.constexpr = x_bufs.type.shape[1]
+        BKX: gl.constexpr = x_bufs.type.shape[2]
+        mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
+                                                      instr_shape=[16, BM, 16])
+        dot: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
+        bl: gl.constexpr = byte_layout(BN, BKX // 2, WARPS)
+        start, end = stream_k_range(T, per)
+        first = start // KT
+        i = 0
+        for t in range(first, (end - 1) // KT + 1):
+            k_lo = gl.maximum(start - t * KT, 0)
+            k_hi = gl.minimum(end - t * KT, KT)
+            acc = gl.zeros([BN, BM], gl.float32, layout=mma)
+            for _ in range(k_lo, k_hi):
+                w = _slot_weights(w_bufs, sc_bufs, mn_bufs, ready, i, ROW0, BN, NPART, BKX, F16, bl)
+                a = gl.convert_layout(w, dot, assert_trivial=True)
+                acc = warpgroup_mma(a, x_bufs.index(i % STAGES).permute((1, 0)), acc, is_async=True)
+                acc = warpgroup_mma_wait(0, deps=(acc,))  # retire before the next dequant (`_mma_partition`)
+                mbarrier.arrive(empty.index(i % STAGES))
+                i += 1
+            _store_segment_sk(acc, mma, y_ptr, ws_ptr, cnt_ptr, xs_ptr, t, first, k_lo, k_hi, M, N, per, KT, MT,
+                              ROW0, NPART, TOKEN_SCALES, WARPS, CMAX)
+
+    @gluon.jit
+    def w4a16_wgmma_kernel(x_desc, w_desc, s_ptr, mn_ptr, y_ptr, ws_ptr, cnt_ptr, xs_ptr, M, N, K, per,
+                           G: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, BLOCKS: gl.constexpr,
+                           F16: gl.constexpr, A_SMEM: gl.constexpr, SPLIT_K: gl.constexpr, CONSUMERS: gl.constexpr,
+                           TOKEN_SCALES: gl.constexpr, STREAM_K: gl.constexpr, CMAX: gl.constexpr,
+                           num_warps: gl.constexpr):
+        """One output tile per program (grid: N tiles x M tiles x split-K slices), or with STREAM_K a
+        persistent grid whose program p runs iterations [p * per, (p + 1) * per) of the
+        (output tile, K tile) sequence."""
         BM: gl.constexpr = x_desc.block_type.shape[0]
         BKX: gl.constexpr = x_desc.block_type.shape[1]
-        m0 = gl.program_id(1) * BM
-        n0 = gl.program_id(0) * BN
         x_bufs = gl.allocate_shared_memory(x_desc.dtype, [STAGES] + x_desc.block_type.shape, x_desc.layout)
         w_bufs = gl.allocate_shared_memory(w_desc.dtype, [STAGES] + w_desc.block_type.shape, w_desc.layout)
         A_ROWS: gl.constexpr = BN if A_SMEM else 16  # a token buffer when A stays in registers
@@ -264,28 +407,53 @@ if HAS_GLUON:
         sc_bufs = gl.allocate_shared_memory(gl.float16, [STAGES, BN], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
         mn_bufs = gl.allocate_shared_memory(gl.float16, [STAGES, BN], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
         ready, empty = ring_barriers(STAGES, 2, CONSUMERS)  # the TMA bytes, and the load warp's scale stores
-        t0, num_k = k_slice(K, BKX, SPLIT_K)
-        if CONSUMERS == 1:
-            gl.warp_specialize([
-                (_mma_partition, (x_bufs, w_bufs, a_bufs, sc_bufs, mn_bufs, ready, empty, y_ptr, ws_ptr, cnt_ptr,
-                                  xs_ptr, m0, n0, M, N, num_k, 0, BN, 1, F16, A_SMEM, SPLIT_K, TOKEN_SCALES,
-                                  num_warps)),
-                (_load_partition, (x_desc, w_desc, x_bufs, w_bufs, sc_bufs, mn_bufs, ready, empty, s_ptr, mn_ptr, m0,
-                                   n0, t0, num_k, K, G, BLOCKS)),
-            ], [1], [64])
-        else:  # two independent 4-warp consumers on the two row halves: one dequantizes while the
-            # other's wgmma runs (no CTA-wide barrier couples them; each hands slots back itself)
-            half: gl.constexpr = BN // 2
-            gl.warp_specialize([
-                (_mma_partition, (x_bufs, w_bufs, a_bufs, sc_bufs, mn_bufs, ready, empty, y_ptr, ws_ptr, cnt_ptr,
-                                  xs_ptr, m0, n0, M, N, num_k, 0, half, 2, F16, A_SMEM, SPLIT_K, TOKEN_SCALES,
-                                  num_warps)),
-                (_mma_partition, (x_bufs, w_bufs, a_bufs, sc_bufs, mn_bufs, ready, empty, y_ptr, ws_ptr, cnt_ptr,
-                                  xs_ptr, m0, n0, M, N, num_k, half, half, 2, F16, A_SMEM, SPLIT_K, TOKEN_SCALES,
-                                  num_warps)),
-                (_load_partition, (x_desc, w_desc, x_bufs, w_bufs, sc_bufs, mn_bufs, ready, empty, s_ptr, mn_ptr, m0,
-                                   n0, t0, num_k, K, G, BLOCKS)),
-            ], [num_warps, 1], [232, 40])
+        if STREAM_K:
+            KT = K // BKX
+            MT = gl.cdiv(M, BM)
+            T = MT * (N // BN) * KT
+            half: gl.constexpr = BN // CONSUMERS
+            if CONSUMERS == 1:
+                gl.warp_specialize([
+                    (_mma_partition_sk, (x_bufs, w_bufs, sc_bufs, mn_bufs, ready, empty, y_ptr, ws_ptr, cnt_ptr,
+                                         xs_ptr, M, N, T, per, KT, MT, 0, BN, 1, F16, TOKEN_SCALES, num_warps, CMAX)),
+                    (_load_partition_sk, (x_desc, w_desc, x_bufs, w_bufs, sc_bufs, mn_bufs, ready, empty, s_ptr,
+                                          mn_ptr, T, per, KT, MT, K, G, BLOCKS)),
+                ], [1], [64])
+            else:
+                gl.warp_specialize([
+                    (_mma_partition_sk, (x_bufs, w_bufs, sc_bufs, mn_bufs, ready, empty, y_ptr, ws_ptr, cnt_ptr,
+                                         xs_ptr, M, N, T, per, KT, MT, 0, half, 2, F16, TOKEN_SCALES, num_warps, CMAX)),
+                    (_mma_partition_sk, (x_bufs, w_bufs, sc_bufs, mn_bufs, ready, empty, y_ptr, ws_ptr, cnt_ptr,
+                                         xs_ptr, M, N, T, per, KT, MT, half, half, 2, F16, TOKEN_SCALES,
+                                         num_warps, CMAX)),
+                    (_load_partition_sk, (x_desc, w_desc, x_bufs, w_bufs, sc_bufs, mn_bufs, ready, empty, s_ptr,
+                                          mn_ptr, T, per, KT, MT, K, G, BLOCKS)),
+                ], [num_warps, 1], [232, 40])
+        else:
+            m0 = gl.program_id(1) * BM
+            n0 = gl.program_id(0) * BN
+            t0, num_k = k_slice(K, BKX, SPLIT_K)
+            if CONSUMERS == 1:
+                gl.warp_specialize([
+                    (_mma_partition, (x_bufs, w_bufs, a_bufs, sc_bufs, mn_bufs, ready, empty, y_ptr, ws_ptr, cnt_ptr,
+                                      xs_ptr, m0, n0, M, N, num_k, 0, BN, 1, F16, A_SMEM, SPLIT_K, TOKEN_SCALES,
+                                      num_warps)),
+                    (_load_partition, (x_desc, w_desc, x_bufs, w_bufs, sc_bufs, mn_bufs, ready, empty, s_ptr, mn_ptr,
+                                       m0, n0, t0, num_k, K, G, BLOCKS)),
+                ], [1], [64])
+            else:  # two independent 4-warp consumers on the two row halves: one dequantizes while the
+                # other's wgmma runs (no CTA-wide barrier couples them; each hands slots back itself)
+                half: gl.constexpr = BN // 2
+                gl.warp_specialize([
+                    (_mma_partition, (x_bufs, w_bufs, a_bufs, sc_bufs, mn_bufs, ready, empty, y_ptr, ws_ptr, cnt_ptr,
+                                      xs_ptr, m0, n0, M, N, num_k, 0, half, 2, F16, A_SMEM, SPLIT_K, TOKEN_SCALES,
+                                      num_warps)),
+                    (_mma_partition, (x_bufs, w_bufs, a_bufs, sc_bufs, mn_bufs, ready, empty, y_ptr, ws_ptr, cnt_ptr,
+                                      xs_ptr, m0, n0, M, N, num_k, half, half, 2, F16, A_SMEM, SPLIT_K, TOKEN_SCALES,
+                                      num_warps)),
+                    (_load_partition, (x_desc, w_desc, x_bufs, w_bufs, sc_bufs, mn_bufs, ready, empty, s_ptr, mn_ptr,
+                                       m0, n0, t0, num_k, K, G, BLOCKS)),
+                ], [num_warps, 1], [232, 40])
 
     @functools.lru_cache(maxsize=None)
     def act_layout(bm: int, bk: int, dtype):
@@ -359,13 +527,25 @@ _LARGE = ((256, 128, 8, 4, False, 0, 1, 64), (256, 128, 8, 3, False, 0, 1, 64), 
           (256, 64, 4, 3, False, 0, 1, 128))
 
 
+#: stream-K tiles (stop 24): (BM, BN, warps, stages, register cap, BK, programs per SM). The
+#: one-tile-per-program grids of the winners above leave SMs idle at mid M: at M = 256 the
+#: 128 x 64 tile makes 192 programs for qkv and 128 for o, where 132 SMs hold 2-3 each, and
+#: gate_up's 256 x 128 tile makes 224 programs at one per SM (1.7 waves). A persistent grid that
+#: splits the (tile, K tile) iterations evenly keeps every SM busy to the end.
+_STREAM_K = ((128, 64, 4, 3, 128, 128, 2), (128, 64, 4, 2, 128, 128, 3), (128, 64, 4, 3, 128, 128, 1),
+             (256, 128, 8, 3, 0, 128, 1), (128, 128, 8, 4, 0, 128, 1), (128, 128, 8, 3, 0, 128, 1),
+             (64, 64, 4, 4, 80, 128, 2), (64, 64, 4, 4, 80, 128, 3), (256, 64, 4, 3, 0, 128, 1))
+
+
 def wgmma_configs(m: int) -> list[TileConfig]:
     """The tiles worth profiling at this M."""
     if m < 64:
         return []
     rows = _SMALL if m <= 128 else _SMALL + _LARGE if m <= 512 else _LARGE
-    return [TileConfig(bm, bn, bk, sk, w, st, a_smem=a, maxnreg=r) for bm, bn, w, st, a, r, sk, bk in dict.fromkeys(rows)
-            if bm <= max(64, m)]
+    tiles = [TileConfig(bm, bn, bk, sk, w, st, a_smem=a, maxnreg=r) for bm, bn, w, st, a, r, sk, bk in dict.fromkeys(rows)
+             if bm <= max(64, m)]
+    return tiles + [TileConfig(bm, bn, bk, 1, w, st, maxnreg=r, stream_k=p) for bm, bn, w, st, r, bk, p in _STREAM_K
+                    if bm <= max(64, m)]
 
 
 def smem_bytes(cfg: TileConfig, x_bytes: int = 2) -> int:
@@ -380,6 +560,8 @@ def wgmma_supports(store, cfg: TileConfig | None, x_dtype: torch.dtype | None = 
         return False
     n, k, g = store.out_features, store.in_features, store.group_size
     if cfg.bk not in BKS or cfg.split_k not in (1, 2, 4) or cfg.bm not in (64, 128, 256) or cfg.warps not in (4, 8):
+        return False
+    if cfg.stream_k and (cfg.split_k != 1 or cfg.a_smem or cfg.stream_k > 4):  # stream-K splits K itself
         return False
     if cfg.bn != 16 * cfg.warps:  # one 16-row group per warp (taller tiles: ptxas serializes the wgmmas)
         return False
@@ -424,18 +606,47 @@ def w4a16_wgmma(x2: torch.Tensor, store: Int4Weight, cfg: TileConfig,
     n, k = store.out_features, store.in_features
     y = torch.empty((m, n), device=x2.device, dtype=x2.dtype)
     x_desc, w_desc = _descriptors(x2, store, cfg.bm, cfg.bn, cfg.bk)
-    grid = (n // cfg.bn, -(-m // cfg.bm), cfg.split_k)
     consumers = 2 if _two_consumers(cfg) else 1
-    ws, cnt = splitk_buffers(y, cfg.split_k, m * n, grid[0] * grid[1] * consumers)
+    tiles = (n // cfg.bn) * -(-m // cfg.bm)
+    per = cmax = 0
+    if cfg.stream_k:
+        per, programs = stream_k_grid(tiles * (k // cfg.bk), sm_count(x2.device) * cfg.stream_k)
+        cmax = stream_k_contributors(k // cfg.bk, per)
+        grid = (programs,)
+        ws = torch.empty(grid[0] * 2 * cfg.bn * cfg.bm, device=x2.device, dtype=torch.float32)
+        cnt = counters(x2.device, tiles * consumers)
+    else:
+        grid = (n // cfg.bn, -(-m // cfg.bm), cfg.split_k)
+        ws, cnt = splitk_buffers(y, cfg.split_k, m * n, tiles * consumers)
     regs = cfg.maxnreg or (TWO_CONSUMER_REGS if consumers == 2 else 0)
     xs = y if token_scales is None else token_scales
-    w4a16_wgmma_kernel[grid](x_desc, w_desc, store.scales, store.mins, y, ws, cnt, xs, m, n, k, G=store.group_size,
-                             BN=cfg.bn, STAGES=cfg.stages, BLOCKS=store.layout == BLOCKS16,
+    w4a16_wgmma_kernel[grid](x_desc, w_desc, store.scales, store.mins, y, ws, cnt, xs, m, n, k, per,
+                             G=store.group_size, BN=cfg.bn, STAGES=cfg.stages, BLOCKS=store.layout == BLOCKS16,
                              F16=x2.dtype == torch.float16, A_SMEM=cfg.a_smem, SPLIT_K=cfg.split_k,
                              CONSUMERS=consumers, TOKEN_SCALES=token_scales is not None,
-                             num_warps=cfg.warps // consumers,
+                             STREAM_K=bool(cfg.stream_k), CMAX=cmax, num_warps=cfg.warps // consumers,
                              **({"maxnreg": regs} if regs else {}))
     return y
+
+
+def stream_k_grid(iters: int, programs: int) -> tuple[int, int]:
+    """(iterations per program, programs) of a stream-K launch over `iters` (tile, K tile)
+    iterations on at most `programs` programs: even runs, none empty. Program p runs
+    [p * per, (p + 1) * per); a tile's runs belong to programs (t * KT) // per .. ((t + 1) * KT - 1) // per,
+    and each program writes at most two partials (the tile it starts in, the tile it ends in)."""
+    per = -(-iters // programs)
+    return per, -(-iters // per)
+
+
+def stream_k_contributors(kt: int, per: int) -> int:
+    """The most programs whose runs share one output tile of kt K tiles (runs of per iterations)."""
+    return -(-(kt - 1) // per) + 1
+
+
+@functools.lru_cache(maxsize=None)
+def sm_count(device: torch.device) -> int:
+    """Streaming multiprocessors of a CUDA device (a stream-K grid is a multiple of them)."""
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def w4a8_wgmma(x2: torch.Tensor, store: Int4Weight, act, cfg: TileConfig) -> torch.Tensor:
