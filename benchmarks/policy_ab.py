@@ -44,9 +44,11 @@ def main() -> None:
     ap.add_argument("--tinygemm", action="store_true", help="also time torch's int4 kernel on converted copies")
     ap.add_argument("--layout-a", default="blocks16", choices=("rows", "blocks16"), help="int4 layout of side A")
     ap.add_argument("--layout-b", default="blocks16", choices=("rows", "blocks16"), help="int4 layout of side B")
+    ap.add_argument("--int4-prog", action="store_true",
+                    help="int4 stores with row units (--quantize int4-prog), which w4a8_progressive can run")
     a = ap.parse_args()
     shapes = PRESETS["llama3-8b"]["shapes"]
-    model = Model("int4", shapes, 32, 128, torch.bfloat16, a.layout_a)
+    model = Model("int4p" if a.int4_prog else "int4", shapes, 32, 128, torch.bfloat16, a.layout_a)
     models = {"a": model, "b": model}
     if a.layout_b != a.layout_a:
         models["b"] = copy.copy(model)
@@ -92,7 +94,7 @@ def main() -> None:
     tag = a.tag if not a.tag or a.tag.startswith("_") else "_" + a.tag
     (out / f"policy_ab_{device_slug(dev)}{tag}_{a.mode}.json").write_text(json.dumps(
         {"device": dev, "a": a.a, "b": a.b, "layout_a": a.layout_a, "layout_b": a.layout_b, "mode": a.mode,
-         "ms": res}, indent=1))
+         "int4_prog": a.int4_prog, "ms": res}, indent=1))
 
 
 if __name__ == "__main__":

@@ -84,12 +84,12 @@ def test_stream_k_schedule_covers_every_iteration_once(tiles, kt, programs):
     """The kernel's stream-K index math replayed in Python: every (tile, K tile) iteration runs in
     exactly one program, a tile's partials come from the programs the finisher sums, and no two
     partials share a workspace slot."""
-    from gearshift.kernels.w4a16_wgmma import stream_k_contributors, stream_k_grid
+    from gearshift.kernels.w4a16_wgmma import stream_k_contributors, stream_k_grid, stream_k_runs
 
     per, grid = stream_k_grid(tiles * kt, programs)
     cmax = stream_k_contributors(kt, per)
     assert grid <= programs and (grid - 1) * per < tiles * kt <= grid * per
-    seen, slots, parts = [0] * (tiles * kt), set(), {}
+    seen, slots, parts, runs_of = [0] * (tiles * kt), set(), {}, {}
     for p in range(grid):
         start, end = p * per, min(p * per + per, tiles * kt)
         first = start // kt
@@ -97,12 +97,14 @@ def test_stream_k_schedule_covers_every_iteration_once(tiles, kt, programs):
             k_lo, k_hi = max(start - t * kt, 0), min(end - t * kt, kt)
             for k in range(k_lo, k_hi):
                 seen[t * kt + k] += 1
+            runs_of.setdefault(t, []).append((k_lo, k_hi))
             if (k_lo, k_hi) != (0, kt):
                 slot = p * 2 + (t != first)
                 assert slot not in slots
                 slots.add(slot)
                 parts.setdefault(t, []).append((k_lo, slot))
     assert seen == [1] * (tiles * kt)
+    assert all(stream_k_runs(t, kt, per) == runs_of[t] for t in range(tiles))  # what the torch models slice
     for t, runs in parts.items():  # the finisher's slots, in its summation order, are these runs in K order
         c_first, c_last = (t * kt) // per, ((t + 1) * kt - 1) // per
         assert c_last - c_first < cmax  # the finisher's unrolled sum covers them all

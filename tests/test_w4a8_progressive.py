@@ -102,17 +102,17 @@ from gearshift.kernels import w4a8_progressive as P
 from gearshift.kernels import w4a8_wgmma as W
 from gearshift.kernels.w4a16_wgmma import _weight_descriptor
 
-def gluon_ptx(bm, bn, warps, stages, layout, maxnreg=None, split_k=1, consumers=1, ablate=0):
+def gluon_ptx(bm, bn, warps, stages, layout, maxnreg=None, split_k=1, consumers=1, ablate=0, stream_k=False):
     st = random_store("int4p", 4096, 4096, 128, "cpu", layout=layout)
     xd = W._code_descriptor(torch.empty(bm, 4096, dtype=torch.int8), bm, 128)
     wd = _weight_descriptor(st, bn, 128, swizzle=64)
     sd, md = W.group_descriptors(st, bn)
     sig = {"x_desc": mangle_type(xd), "w_desc": mangle_type(wd), "sc_desc": mangle_type(sd),
            "mn_desc": mangle_type(md), "units_ptr": "*fp32", "xs_ptr": "*fp32", "y_ptr": "*bf16",
-           "ws_ptr": "*fp32", "cnt_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32"}
+           "ws_ptr": "*fp32", "cnt_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32", "per": "i32"}
     attrs = {(list(sig).index(n),): [["tt.divisibility", 16]] for n in ("y_ptr", "N", "K")}
     cx = {"G": 128, "BN": bn, "STAGES": stages, "BLOCKS": layout == "blocks16", "SPLIT_K": split_k,
-          "CONSUMERS": consumers, "num_warps": warps, "ABLATE": ablate}
+          "CONSUMERS": consumers, "num_warps": warps, "ABLATE": ablate, "STREAM_K": stream_k, "CMAX": 3}
     sig.update({name: "constexpr" for name in cx})
     names = list(sig)
     src = GluonASTSource(fn=P.w4a8_progressive_kernel, signature=sig,
@@ -129,6 +129,9 @@ out["bm128_bn256"] = gluon_ptx(128, 256, 4, 3, "blocks16", None, 1, 2)
 # the timing ablations of tc_ablations/progressive_parts.py
 out["ablate3"] = gluon_ptx(128, 64, 4, 4, "blocks16", 168, ablate=3)
 out["ablate7"] = gluon_ptx(128, 64, 4, 4, "blocks16", 168, ablate=7)
+# stream-K: a persistent grid whose partial tiles meet behind acq_rel counters
+out["stream_k_bm256_bn128"] = gluon_ptx(256, 128, 4, 3, "blocks16", None, 1, 2, stream_k=True)
+out["stream_k_one_consumer"] = gluon_ptx(128, 64, 4, 4, "rows", 168, stream_k=True)
 """
 
 
@@ -230,7 +233,8 @@ def test_timing_ablations_compile_without_the_removed_parts(gluon_ptx):
     assert wgmma not in gluon_ptx["ablate7"] and "cp.async.bulk.tensor" in gluon_ptx["ablate7"]
 
 
-@pytest.mark.parametrize("name", ["one_consumer_blocks16", "two_consumers_rows_splitk"])
+@pytest.mark.parametrize("name", ["one_consumer_blocks16", "two_consumers_rows_splitk", "stream_k_bm256_bn128",
+                                  "stream_k_one_consumer"])
 def test_compiles_to_int8_wgmma_with_packed_weights(gluon_ptx, name):
     p = gluon_ptx[name]
     assert "wgmma.mma_async.sync.aligned.m64n128k32.s32.s8.s8" in p
@@ -248,9 +252,31 @@ def test_compiles_to_int8_wgmma_with_packed_weights(gluon_ptx, name):
         assert defs[t_reg] == "cvt.rzi.s32.f32", t_reg
         assert re.search(rf"mad\.lo\.s32\s+{c_reg}, %r\d+, 65537, 16777472;", p), c_reg
     # lane (g, t) always takes half t % 2 of its words: one selector register per consumer partition
-    assert len({sel for _, sel, _, _ in uses}) == (2 if name == "two_consumers_rows_splitk" else 1)
-    if name == "two_consumers_rows_splitk":
-        assert "atom.global.gpu.acq_rel.add" in p
+    two = name in ("two_consumers_rows_splitk", "stream_k_bm256_bn128")
+    assert len({sel for _, sel, _, _ in uses}) == (2 if two else 1)
+    # partial sums (split-K, stream-K) meet behind acq_rel counters; whole tiles need none
+    assert ("atom.global.gpu.acq_rel.add" in p) == (name != "one_consumer_blocks16")
+
+
+def test_stream_k_model_slices_each_tile_where_its_programs_meet(monkeypatch):
+    """The torch model of a stream-K launch (on a pretend 7-SM device) cuts each output tile's K
+    where its programs' runs meet, and only there: it equals the unsliced model up to the fp32
+    rounding of adding partials, and exactly where a tile is one run."""
+    import gearshift.kernels.w4a16_wgmma as W16
+    from gearshift.kernels.config import TileConfig
+    from gearshift.kernels.w4a8_progressive import w4a8_progressive_emulate
+
+    monkeypatch.setattr(W16, "sm_count", lambda device: 7)
+    torch.manual_seed(0)
+    st = random_store("int4p", 256, 2048, 128, "cpu")
+    codes = torch.randint(-127, 128, (100, 2048), dtype=torch.int8)
+    scales = torch.rand(100) * 0.01
+    whole = w4a8_progressive_emulate(codes, scales, st, torch.float32)
+    cfg = TileConfig(64, 64, 128, 1, 4, 4, stream_k=1)  # 2 x 4 tiles of 16 K tiles on 7 programs: per = 19
+    sk = w4a8_progressive_emulate(codes, scales, st, torch.float32, cfg=cfg)
+    assert _rel(sk, whole) < 1e-6 and not torch.equal(sk, whole)
+    assert W16.stream_k_runs(0, 16, 19) == [(0, 16)] and W16.stream_k_runs(1, 16, 19) == [(0, 3), (3, 16)]
+    assert torch.equal(sk[:64, :64], whole[:64, :64])  # tile 0 (tokens 0..63, rows 0..63) is one run
 
 
 @needs_hopper
@@ -273,7 +299,7 @@ def test_kernel_matches_its_model_bit_for_bit(layout, act_dtype):
             for cfg in progressive_configs(max(m, 64)):
                 if not progressive_supports(store, act, cfg):
                     continue
-                emu = w4a8_progressive_emulate(codes, scales, store, torch.float32, cfg.split_k).cpu()
+                emu = w4a8_progressive_emulate(codes, scales, store, torch.float32, cfg.split_k, cfg).cpu()
                 y = progressive_codes(codes, scales, store, cfg, torch.float32).cpu()
                 assert torch.equal(y, emu), (m, cfg, _rel(y, emu))
                 y2 = w4a8_progressive(x, store, act, cfg).float().cpu()

@@ -309,18 +309,19 @@ if HAS_GLUON:
                     TOKEN_SCALES)
 
     @gluon.jit
-    def _store_segment_sk(acc, mma: gl.constexpr, y_ptr, ws_ptr, cnt_ptr, xs_ptr, t, first, k_lo, k_hi, M, N, per,
-                          KT, MT, ROW0: gl.constexpr, NPART: gl.constexpr, TOKEN_SCALES: gl.constexpr,
-                          WARPS: gl.constexpr, CMAX: gl.constexpr):
+    def _store_segment_sk(acc, mma: gl.constexpr, y_ptr, ws_ptr, cnt_ptr, xs_ptr, t, first, k_lo, k_hi, m0, n0, M, N,
+                          per, KT, ROW0: gl.constexpr, NPART: gl.constexpr, HALF: gl.constexpr,
+                          NHALF: gl.constexpr, TOKEN_SCALES: gl.constexpr, WARPS: gl.constexpr,
+                          CMAX: gl.constexpr):
         """The end of one output tile's K run in a stream-K program. A run over all of K stores the
         tile; otherwise the fp32 partial goes to this program's workspace slot (one for the run it
         started in, one for the run it ended in), and the last of the tile's programs to arrive
         sums the partials in program order (= K order; fixed, so the bits are reproducible) and
-        stores. acc: this consumer's rows [ROW0, ROW0 + BN) of the [BN * NPART, BM] tile."""
+        stores. acc: rows [ROW0, ROW0 + BN) of the tile's [BN * NPART] weight rows from n0, for
+        tokens m0.. (token block HALF of NHALF that the tile's consumers keep apart)."""
         BN: gl.constexpr = acc.type.shape[0]
         BM: gl.constexpr = acc.type.shape[1]
         BNC: gl.constexpr = BN * NPART
-        m0, n0 = stream_k_tile(t, MT, BM, BNC)
         rows = gl.arange(0, BN, layout=gl.SliceLayout(1, mma))
         cols = gl.arange(0, BM, layout=gl.SliceLayout(0, mma))
         offs_m = m0 + cols
@@ -331,12 +332,13 @@ if HAS_GLUON:
             gl.store(y_ptr + offs, acc.to(y_ptr.dtype.element_ty), mask=(offs_m < M)[None, :])
         else:
             # a slot is [BM, BNC] fp32, weight rows contiguous as in y
-            slot = gl.program_id(0) * 2 + (t != first).to(gl.int32)
+            slot = (gl.program_id(0) * 2 + (t != first).to(gl.int32)) * NHALF + HALF
             gl.store(ws_ptr + slot * (BNC * BM) + cols[None, :] * BNC + (ROW0 + rows)[:, None], acc)
             _cta_barrier()  # every thread's partial is written before the counter moves
             c_first = (t * KT) // per
             c_last = ((t + 1) * KT - 1) // per
-            arrived = gl.atomic_add(cnt_ptr + t * NPART + ROW0 // BN, 1, sem="acq_rel", scope="gpu")
+            counter = cnt_ptr + (t * NHALF + HALF) * NPART + ROW0 // BN
+            arrived = gl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
             if arrived == c_last - c_first:
                 # summed TC tokens at a time in a row-contiguous layout (a whole [BN, BM] sum beside
                 # the accumulator would spill at BM = 256), over at most CMAX programs, unrolled so
@@ -350,13 +352,13 @@ if HAS_GLUON:
                     tot = gl.zeros([TC, BN], gl.float32, layout=cl)
                     for ci in gl.static_range(CMAX):
                         c = c_first + ci
-                        slot_c = c * 2 + ((c * per) // KT != t).to(gl.int32)
+                        slot_c = (c * 2 + ((c * per) // KT != t).to(gl.int32)) * NHALF + HALF
                         tot += gl.load(ws_ptr + slot_c * (BNC * BM) + local, mask=(c <= c_last) & (local >= 0),
                                        other=0.0, cache_modifier=".cg")
                     tok = m0 + c_cols
                     gl.store(y_ptr + tok[:, None] * N + (n0 + c_rows)[None, :], tot.to(y_ptr.dtype.element_ty),
                              mask=(tok < M)[:, None])
-                gl.atomic_xchg(cnt_ptr + t * NPART + ROW0 // BN, 0, sem="relaxed", scope="gpu")
+                gl.atomic_xchg(counter, 0, sem="relaxed", scope="gpu")
 
     @gluon.jit
     def _mma_partition_sk(x_bufs, w_bufs, sc_bufs, mn_bufs, ready, empty, y_ptr, ws_ptr, cnt_ptr, xs_ptr, M, N, T,
@@ -385,8 +387,9 @@ if HAS_GLUON:
                 acc = warpgroup_mma_wait(0, deps=(acc,))  # retire before the next dequant (`_mma_partition`)
                 mbarrier.arrive(empty.index(i % STAGES))
                 i += 1
-            _store_segment_sk(acc, mma, y_ptr, ws_ptr, cnt_ptr, xs_ptr, t, first, k_lo, k_hi, M, N, per, KT, MT,
-                              ROW0, NPART, TOKEN_SCALES, WARPS, CMAX)
+            m0, n0 = stream_k_tile(t, MT, BM, BN * NPART)
+            _store_segment_sk(acc, mma, y_ptr, ws_ptr, cnt_ptr, xs_ptr, t, first, k_lo, k_hi, m0, n0, M, N, per, KT,
+                              ROW0, NPART, 0, 1, TOKEN_SCALES, WARPS, CMAX)
 
     @gluon.jit
     def w4a16_wgmma_kernel(x_desc, w_desc, s_ptr, mn_ptr, y_ptr, ws_ptr, cnt_ptr, xs_ptr, M, N, K, per,
@@ -610,8 +613,7 @@ def w4a16_wgmma(x2: torch.Tensor, store: Int4Weight, cfg: TileConfig,
     tiles = (n // cfg.bn) * -(-m // cfg.bm)
     per = cmax = 0
     if cfg.stream_k:
-        per, programs = stream_k_grid(tiles * (k // cfg.bk), sm_count(x2.device) * cfg.stream_k)
-        cmax = stream_k_contributors(k // cfg.bk, per)
+        per, programs, cmax = stream_k_launch(cfg, m, n, k, x2.device)
         grid = (programs,)
         ws = torch.empty(grid[0] * 2 * cfg.bn * cfg.bm, device=x2.device, dtype=torch.float32)
         cnt = counters(x2.device, tiles * consumers)
@@ -636,6 +638,19 @@ def stream_k_grid(iters: int, programs: int) -> tuple[int, int]:
     and each program writes at most two partials (the tile it starts in, the tile it ends in)."""
     per = -(-iters // programs)
     return per, -(-iters // per)
+
+
+def stream_k_launch(cfg: TileConfig, m: int, n: int, k: int, device: torch.device) -> tuple[int, int, int]:
+    """(iterations per program, programs, most programs per tile) of a stream-K launch of `cfg`."""
+    per, programs = stream_k_grid((n // cfg.bn) * -(-m // cfg.bm) * (k // cfg.bk), sm_count(device) * cfg.stream_k)
+    return per, programs, stream_k_contributors(k // cfg.bk, per)
+
+
+def stream_k_runs(t: int, kt: int, per: int) -> list[tuple[int, int]]:
+    """The K tile ranges [lo, hi) of output tile t that separate programs run, in K order (the
+    order in which the finisher adds their partials)."""
+    cuts = [t * kt] + [c * per for c in range((t * kt) // per + 1, ((t + 1) * kt - 1) // per + 1)] + [(t + 1) * kt]
+    return [(a - t * kt, b - t * kt) for a, b in zip(cuts, cuts[1:])]
 
 
 def stream_k_contributors(kt: int, per: int) -> int:

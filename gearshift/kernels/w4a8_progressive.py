@@ -32,8 +32,8 @@ import torch
 
 from gearshift.kernels.act_quant import quantize_act_triton
 from gearshift.kernels.config import TileConfig
-from gearshift.kernels.splitk import splitk_buffers
-from gearshift.kernels.w4a16_wgmma import HAS_GLUON, TWO_CONSUMER_REGS, _weight_descriptor
+from gearshift.kernels.splitk import counters, splitk_buffers
+from gearshift.kernels.w4a16_wgmma import HAS_GLUON, TWO_CONSUMER_REGS, _weight_descriptor, stream_k_launch, stream_k_runs
 from gearshift.kernels.w4a8_wgmma import int8_tile_fits
 from gearshift.quant.int4 import BLOCKS16, Int4Weight
 
@@ -42,8 +42,10 @@ if HAS_GLUON:
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.hopper import mbarrier, warpgroup_mma, warpgroup_mma_wait
 
-    from gearshift.kernels.w4a16_wgmma import _store_tile, fragment_rows, k_slice, ring_barriers
-    from gearshift.kernels.w4a8_wgmma import _code_descriptor, _load_partition_tma, group_column, group_descriptors
+    from gearshift.kernels.w4a16_wgmma import (_store_segment_sk, _store_tile, fragment_rows, k_slice, ring_barriers,
+                                               stream_k_range, stream_k_tile)
+    from gearshift.kernels.w4a8_wgmma import (_code_descriptor, _load_partition_tma, _load_partition_tma_sk,
+                                              group_column, group_descriptors)
 
     # Triton 3.6 names it _reinterpret, later releases reinterpret
     _NEW_REINTERPRET = gl.constexpr(hasattr(gl.shared_memory_descriptor, "reinterpret"))
@@ -90,6 +92,62 @@ if HAS_GLUON:
                                          dtype=gl.int8, is_pure=True, pack=4)
 
     @gluon.jit
+    def _fragment_setup(BN: gl.constexpr, BKX: gl.constexpr, WARPS: gl.constexpr):
+        """The loop-invariant register tensors of the weight build: zero tensors in the word and
+        A-fragment layouts and each weight's half-word selector."""
+        wl3: gl.constexpr = word_layout(BN, BKX, WARPS)
+        zeros3 = gl.zeros([BN, BKX // 8, 8], gl.int32, layout=wl3)
+        # the A-fragment layout of [BN, BK] (the [BN, BK/8, 8] broadcast, reshaped)
+        zeros = gl.reshape(zeros3, [BN, BKX])
+        j8 = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(0, wl3)))  # a weight's place in its word
+        kk = gl.reshape(gl.expand_dims(gl.expand_dims(j8, 0), 0) + zeros3, [BN, BKX])
+        sel = gl.where((kk & 4) != 0, _HIGH_HALF, _LOW_HALF) + zeros
+        return zeros3, zeros, sel
+
+    @gluon.jit
+    def _k_tile_step(x_bufs, w_bufs, sc_bufs, mn_bufs, ready, empty, i, j, inv, part, part2, zeros3, zeros, sel,
+                     mma: gl.constexpr, ROW0: gl.constexpr, BN: gl.constexpr, NPART: gl.constexpr,
+                     WARPS: gl.constexpr, SW: gl.constexpr, ABLATE: gl.constexpr):
+        """Ring slot i (a K tile whose group is column j of the scale box): the int8 weights of rows
+        [ROW0, ROW0 + BN) in registers, one or two int32 wgmmas into part (part2: the second token
+        half at BM = 256), retired before the slot is handed back. ABLATE: see `_mma_partition`."""
+        STAGES: gl.constexpr = x_bufs.type.shape[0]
+        BM: gl.constexpr = x_bufs.type.shape[1]
+        BKX: gl.constexpr = x_bufs.type.shape[2]
+        BMH: gl.constexpr = 128 if BM > 128 else BM
+        dot: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=4)
+        wl: gl.constexpr = gl.SliceLayout(2, word_layout(BN, BKX, WARPS))  # the [BN, BK/8] words, each in two lanes
+        words32: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=SW, element_bitwidth=32, rank=2)
+        rows: gl.constexpr = gl.SliceLayout(1, zeros.type.layout)
+        s = i % STAGES
+        mbarrier.wait(ready.index(s), (i // STAGES) & 1)
+        if ABLATE & 1:
+            t = gl.full([BN], 1, gl.int32, layout=rows)
+            c = gl.full([BN], 256 * 65537, gl.int32, layout=rows)
+        else:
+            t = (group_column(sc_bufs.index(s).slice(ROW0, BN), j, rows, BN, WARPS) * inv).to(gl.int32)
+            ntz = (group_column(mn_bufs.index(s).slice(ROW0, BN), j, rows, BN, WARPS) * inv).to(gl.int32)
+            c = (ntz + 256) * 65537
+        if ABLATE & 2:
+            a = gl.convert_layout((t[:, None] + c[:, None] + zeros).to(gl.int8), dot)
+        else:
+            wsm = as_words(w_bufs.index(s).reshape([BN * NPART, BKX // 2]), BN * NPART, BKX // 8, words32)
+            w = wsm.slice(ROW0, BN).load(wl)
+            wb = gl.reshape(gl.expand_dims(w, 2) + zeros3, [BN, BKX])
+            a = gl.convert_layout(int8_weights(wb, sel, t[:, None], c[:, None]), dot, assert_trivial=True)
+        if ABLATE & 4:
+            part = part + gl.convert_layout(gl.sum(a.to(gl.int32), 1), gl.SliceLayout(1, mma))[:, None]
+        elif BM > 128:
+            part = warpgroup_mma(a, x_bufs.index(s).slice(0, BMH).permute((1, 0)), part, is_async=True)
+            part2 = warpgroup_mma(a, x_bufs.index(s).slice(BMH, BMH).permute((1, 0)), part2, is_async=True)
+            part, part2 = warpgroup_mma_wait(0, deps=(part, part2))
+        else:
+            part = warpgroup_mma(a, x_bufs.index(s).permute((1, 0)), part, is_async=True)
+            part = warpgroup_mma_wait(0, deps=(part,))
+        mbarrier.arrive(empty.index(s))
+        return part, part2
+
+    @gluon.jit
     def _mma_partition(x_bufs, w_bufs, sc_bufs, mn_bufs, ready, empty, units_ptr, y_ptr, ws_ptr, cnt_ptr, xs_ptr,
                        m0, n0, M, N, t0, num_k, ROW0: gl.constexpr, BN: gl.constexpr, NPART: gl.constexpr,
                        SPLIT_K: gl.constexpr, WARPS: gl.constexpr, SW: gl.constexpr, ABLATE: gl.constexpr):
@@ -99,7 +157,6 @@ if HAS_GLUON:
         ABLATE (timing experiments only, wrong results; `tc_ablations/progressive_parts.py`):
         bit 1 drops the scale / min pick (t = 1, tz = 0), bit 2 the weight build (constant A),
         bit 4 the wgmma (the A tile is summed into the accumulator instead, so it stays live)."""
-        STAGES: gl.constexpr = x_bufs.type.shape[0]
         BM: gl.constexpr = x_bufs.type.shape[1]
         BKX: gl.constexpr = x_bufs.type.shape[2]
         # BM = 256: two m64n128 wgmmas on the same A registers (Triton lowers no int8 n256), so the
@@ -108,48 +165,14 @@ if HAS_GLUON:
         TWO: gl.constexpr = BM > 128
         mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
                                                       instr_shape=[16, BMH, 32])
-        dot: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=4)
-        wl3: gl.constexpr = word_layout(BN, BKX, WARPS)
-        wl: gl.constexpr = gl.SliceLayout(2, wl3)  # the [BN, BK/8] words, each in two lanes
-        words32: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=SW, element_bitwidth=32, rank=2)
-        zeros3 = gl.zeros([BN, BKX // 8, 8], gl.int32, layout=wl3)
-        # the A-fragment layout of [BN, BK] (the [BN, BK/8, 8] broadcast, reshaped)
-        zeros = gl.reshape(zeros3, [BN, BKX])
-        j8 = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(0, wl3)))  # a weight's place in its word
-        kk = gl.reshape(gl.expand_dims(gl.expand_dims(j8, 0), 0) + zeros3, [BN, BKX])
-        sel = gl.where((kk & 4) != 0, _HIGH_HALF, _LOW_HALF) + zeros
+        zeros3, zeros, sel = _fragment_setup(BN, BKX, WARPS)
         rows: gl.constexpr = gl.SliceLayout(1, zeros.type.layout)
         inv = 1.0 / gl.load(units_ptr + n0 + ROW0 + gl.arange(0, BN, layout=rows))  # powers of two: exact
         part = gl.zeros([BN, BMH], gl.int32, layout=mma)
         part2 = gl.zeros([BN, BMH], gl.int32, layout=mma)  # the second token half (unused unless TWO)
         for i in range(num_k):
-            s = i % STAGES
-            mbarrier.wait(ready.index(s), (i // STAGES) & 1)
-            j = (t0 + i) % 8  # the tile's group among the 8 of the scale box
-            if ABLATE & 1:
-                t = gl.full([BN], 1, gl.int32, layout=rows)
-                c = gl.full([BN], 256 * 65537, gl.int32, layout=rows)
-            else:
-                t = (group_column(sc_bufs.index(s).slice(ROW0, BN), j, rows, BN, WARPS) * inv).to(gl.int32)
-                ntz = (group_column(mn_bufs.index(s).slice(ROW0, BN), j, rows, BN, WARPS) * inv).to(gl.int32)
-                c = (ntz + 256) * 65537
-            if ABLATE & 2:
-                a = gl.convert_layout((t[:, None] + c[:, None] + zeros).to(gl.int8), dot)
-            else:
-                wsm = as_words(w_bufs.index(s).reshape([BN * NPART, BKX // 2]), BN * NPART, BKX // 8, words32)
-                w = wsm.slice(ROW0, BN).load(wl)
-                wb = gl.reshape(gl.expand_dims(w, 2) + zeros3, [BN, BKX])
-                a = gl.convert_layout(int8_weights(wb, sel, t[:, None], c[:, None]), dot, assert_trivial=True)
-            if ABLATE & 4:
-                part = part + gl.convert_layout(gl.sum(a.to(gl.int32), 1), gl.SliceLayout(1, mma))[:, None]
-            elif TWO:
-                part = warpgroup_mma(a, x_bufs.index(s).slice(0, BMH).permute((1, 0)), part, is_async=True)
-                part2 = warpgroup_mma(a, x_bufs.index(s).slice(BMH, BMH).permute((1, 0)), part2, is_async=True)
-                part, part2 = warpgroup_mma_wait(0, deps=(part, part2))
-            else:
-                part = warpgroup_mma(a, x_bufs.index(s).permute((1, 0)), part, is_async=True)
-                part = warpgroup_mma_wait(0, deps=(part,))
-            mbarrier.arrive(empty.index(s))
+            part, part2 = _k_tile_step(x_bufs, w_bufs, sc_bufs, mn_bufs, ready, empty, i, (t0 + i) % 8, inv, part,
+                                       part2, zeros3, zeros, sel, mma, ROW0, BN, NPART, WARPS, SW, ABLATE)
         unit = gl.load(units_ptr + n0 + ROW0 + gl.arange(0, BN, layout=gl.SliceLayout(1, mma)))
         acc = part.to(gl.float32) * unit[:, None]
         _store_tile(acc, mma, y_ptr, ws_ptr, cnt_ptr, xs_ptr, m0, n0 + ROW0, M, N, ROW0 // BN, NPART, SPLIT_K, True)
@@ -160,39 +183,102 @@ if HAS_GLUON:
                         True)
 
     @gluon.jit
+    def _mma_partition_sk(x_bufs, w_bufs, sc_bufs, mn_bufs, ready, empty, units_ptr, y_ptr, ws_ptr, cnt_ptr, xs_ptr,
+                          M, N, T, per, KT, MT, ROW0: gl.constexpr, BN: gl.constexpr, NPART: gl.constexpr,
+                          WARPS: gl.constexpr, SW: gl.constexpr, CMAX: gl.constexpr):
+        """A stream-K consumer: the program's run of (output tile, K tile) iterations, one tile's K
+        range at a time; each range's int32 sums, times the rows' units, end in
+        `_store_segment_sk` (one per token half at BM = 256)."""
+        BM: gl.constexpr = x_bufs.type.shape[1]
+        BKX: gl.constexpr = x_bufs.type.shape[2]
+        BMH: gl.constexpr = 128 if BM > 128 else BM
+        NHALF: gl.constexpr = 2 if BM > 128 else 1
+        mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
+                                                      instr_shape=[16, BMH, 32])
+        zeros3, zeros, sel = _fragment_setup(BN, BKX, WARPS)
+        rows: gl.constexpr = gl.SliceLayout(1, zeros.type.layout)
+        start, end = stream_k_range(T, per)
+        first = start // KT
+        i = 0
+        for t in range(first, (end - 1) // KT + 1):
+            k_lo = gl.maximum(start - t * KT, 0)
+            k_hi = gl.minimum(end - t * KT, KT)
+            m0, n0 = stream_k_tile(t, MT, BM, BN * NPART)
+            inv = 1.0 / gl.load(units_ptr + n0 + ROW0 + gl.arange(0, BN, layout=rows))  # powers of two: exact
+            part = gl.zeros([BN, BMH], gl.int32, layout=mma)
+            part2 = gl.zeros([BN, BMH], gl.int32, layout=mma)
+            for g in range(k_lo, k_hi):
+                part, part2 = _k_tile_step(x_bufs, w_bufs, sc_bufs, mn_bufs, ready, empty, i, g % 8, inv, part,
+                                           part2, zeros3, zeros, sel, mma, ROW0, BN, NPART, WARPS, SW, 0)
+                i += 1
+            unit = gl.load(units_ptr + n0 + ROW0 + gl.arange(0, BN, layout=gl.SliceLayout(1, mma)))
+            _store_segment_sk(part.to(gl.float32) * unit[:, None], mma, y_ptr, ws_ptr, cnt_ptr, xs_ptr, t, first,
+                              k_lo, k_hi, m0, n0, M, N, per, KT, ROW0, NPART, 0, NHALF, True, WARPS, CMAX)
+            if NHALF == 2:
+                _store_segment_sk(part2.to(gl.float32) * unit[:, None], mma, y_ptr, ws_ptr, cnt_ptr, xs_ptr, t,
+                                  first, k_lo, k_hi, m0 + BMH, n0, M, N, per, KT, ROW0, NPART, 1, NHALF, True,
+                                  WARPS, CMAX)
+
+    @gluon.jit
     def w4a8_progressive_kernel(x_desc, w_desc, sc_desc, mn_desc, units_ptr, xs_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K,
-                                G: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, BLOCKS: gl.constexpr,
+                                per, G: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, BLOCKS: gl.constexpr,
                                 SPLIT_K: gl.constexpr, CONSUMERS: gl.constexpr, num_warps: gl.constexpr,
-                                ABLATE: gl.constexpr = 0):
+                                ABLATE: gl.constexpr = 0, STREAM_K: gl.constexpr = False, CMAX: gl.constexpr = 0):
+        """One output tile per program, or with STREAM_K a persistent grid of runs of `per`
+        (tile, K tile) iterations (`w4a16_wgmma.stream_k_range`)."""
         BM: gl.constexpr = x_desc.block_type.shape[0]
         BKX: gl.constexpr = x_desc.block_type.shape[1]
         gl.static_assert(BKX == G, "one K tile per quantization group")
-        m0 = gl.program_id(1) * BM
-        n0 = gl.program_id(0) * BN
         x_bufs = gl.allocate_shared_memory(x_desc.dtype, [STAGES] + x_desc.block_type.shape, x_desc.layout)
         SW: gl.constexpr = w_desc.layout.swizzle_byte_width
         w_bufs = gl.allocate_shared_memory(w_desc.dtype, [STAGES] + w_desc.block_type.shape, w_desc.layout)
         sc_bufs = gl.allocate_shared_memory(gl.float16, [STAGES, BN, 8], sc_desc.layout)
         mn_bufs = gl.allocate_shared_memory(gl.float16, [STAGES, BN, 8], mn_desc.layout)
         ready, empty = ring_barriers(STAGES, 1, CONSUMERS)  # ready: the TMA bytes
-        t0, num_k = k_slice(K, BKX, SPLIT_K)
-        if CONSUMERS == 1:
-            gl.warp_specialize([
-                (_mma_partition, (x_bufs, w_bufs, sc_bufs, mn_bufs, ready, empty, units_ptr, y_ptr, ws_ptr, cnt_ptr,
-                                  xs_ptr, m0, n0, M, N, t0, num_k, 0, BN, 1, SPLIT_K, num_warps, SW, ABLATE)),
-                (_load_partition_tma, (x_desc, w_desc, sc_desc, mn_desc, sc_desc, x_bufs, w_bufs, sc_bufs, mn_bufs,
-                                       sc_bufs, ready, empty, m0, n0, t0, num_k, BLOCKS, False)),
-            ], [1], [64])
+        half: gl.constexpr = BN // CONSUMERS
+        if STREAM_K:
+            KT = K // BKX
+            MT = gl.cdiv(M, BM)
+            T = MT * (N // BN) * KT
+            if CONSUMERS == 1:
+                gl.warp_specialize([
+                    (_mma_partition_sk, (x_bufs, w_bufs, sc_bufs, mn_bufs, ready, empty, units_ptr, y_ptr, ws_ptr,
+                                         cnt_ptr, xs_ptr, M, N, T, per, KT, MT, 0, BN, 1, num_warps, SW, CMAX)),
+                    (_load_partition_tma_sk, (x_desc, w_desc, sc_desc, mn_desc, sc_desc, x_bufs, w_bufs, sc_bufs,
+                                              mn_bufs, sc_bufs, ready, empty, T, per, KT, MT, BLOCKS, False)),
+                ], [1], [64])
+            else:
+                gl.warp_specialize([
+                    (_mma_partition_sk, (x_bufs, w_bufs, sc_bufs, mn_bufs, ready, empty, units_ptr, y_ptr, ws_ptr,
+                                         cnt_ptr, xs_ptr, M, N, T, per, KT, MT, 0, half, 2, num_warps, SW, CMAX)),
+                    (_mma_partition_sk, (x_bufs, w_bufs, sc_bufs, mn_bufs, ready, empty, units_ptr, y_ptr, ws_ptr,
+                                         cnt_ptr, xs_ptr, M, N, T, per, KT, MT, half, half, 2, num_warps, SW, CMAX)),
+                    (_load_partition_tma_sk, (x_desc, w_desc, sc_desc, mn_desc, sc_desc, x_bufs, w_bufs, sc_bufs,
+                                              mn_bufs, sc_bufs, ready, empty, T, per, KT, MT, BLOCKS, False)),
+                ], [num_warps, 1], [232, 40])
         else:
-            half: gl.constexpr = BN // 2
-            gl.warp_specialize([
-                (_mma_partition, (x_bufs, w_bufs, sc_bufs, mn_bufs, ready, empty, units_ptr, y_ptr, ws_ptr, cnt_ptr,
-                                  xs_ptr, m0, n0, M, N, t0, num_k, 0, half, 2, SPLIT_K, num_warps, SW, ABLATE)),
-                (_mma_partition, (x_bufs, w_bufs, sc_bufs, mn_bufs, ready, empty, units_ptr, y_ptr, ws_ptr, cnt_ptr,
-                                  xs_ptr, m0, n0, M, N, t0, num_k, half, half, 2, SPLIT_K, num_warps, SW, ABLATE)),
-                (_load_partition_tma, (x_desc, w_desc, sc_desc, mn_desc, sc_desc, x_bufs, w_bufs, sc_bufs, mn_bufs,
-                                       sc_bufs, ready, empty, m0, n0, t0, num_k, BLOCKS, False)),
-            ], [num_warps, 1], [232, 40])
+            m0 = gl.program_id(1) * BM
+            n0 = gl.program_id(0) * BN
+            t0, num_k = k_slice(K, BKX, SPLIT_K)
+            if CONSUMERS == 1:
+                gl.warp_specialize([
+                    (_mma_partition, (x_bufs, w_bufs, sc_bufs, mn_bufs, ready, empty, units_ptr, y_ptr, ws_ptr,
+                                      cnt_ptr, xs_ptr, m0, n0, M, N, t0, num_k, 0, BN, 1, SPLIT_K, num_warps, SW,
+                                      ABLATE)),
+                    (_load_partition_tma, (x_desc, w_desc, sc_desc, mn_desc, sc_desc, x_bufs, w_bufs, sc_bufs,
+                                           mn_bufs, sc_bufs, ready, empty, m0, n0, t0, num_k, BLOCKS, False)),
+                ], [1], [64])
+            else:
+                gl.warp_specialize([
+                    (_mma_partition, (x_bufs, w_bufs, sc_bufs, mn_bufs, ready, empty, units_ptr, y_ptr, ws_ptr,
+                                      cnt_ptr, xs_ptr, m0, n0, M, N, t0, num_k, 0, half, 2, SPLIT_K, num_warps, SW,
+                                      ABLATE)),
+                    (_mma_partition, (x_bufs, w_bufs, sc_bufs, mn_bufs, ready, empty, units_ptr, y_ptr, ws_ptr,
+                                      cnt_ptr, xs_ptr, m0, n0, M, N, t0, num_k, half, half, 2, SPLIT_K, num_warps, SW,
+                                      ABLATE)),
+                    (_load_partition_tma, (x_desc, w_desc, sc_desc, mn_desc, sc_desc, x_bufs, w_bufs, sc_bufs,
+                                           mn_bufs, sc_bufs, ready, empty, m0, n0, t0, num_k, BLOCKS, False)),
+                ], [num_warps, 1], [232, 40])
 
 
 #: (BM tokens, BN weight rows, warps, stages, register cap, split-K); BK is the group size. BN = 256
@@ -208,13 +294,19 @@ _CONFIGS = ((64, 64, 4, 6, 128, 1), (128, 64, 4, 4, 0, 1), (128, 64, 4, 4, 168, 
             (256, 128, 8, 3, 0, 1), (256, 128, 8, 4, 0, 1), (256, 64, 4, 4, 0, 1), (256, 64, 4, 5, 0, 1),
             (256, 64, 4, 4, 0, 2), (256, 128, 8, 3, 0, 2),
             (64, 64, 4, 6, 128, 2), (64, 64, 4, 4, 128, 4))  # o / qkv at M = 64: 64-96 CTAs unsplit
+#: stream-K tiles (stop 24; `w4a16_wgmma._STREAM_K` says why): (BM, BN, warps, stages, register cap,
+#: programs per SM)
+_STREAM_K = ((64, 64, 4, 6, 128, 2), (128, 64, 4, 4, 0, 1), (128, 64, 4, 4, 168, 1), (128, 128, 8, 4, 0, 1),
+             (128, 256, 8, 4, 0, 1), (256, 128, 8, 3, 0, 1), (256, 64, 4, 4, 0, 1))
 
 
 def progressive_configs(m: int, group: int = 128) -> list[TileConfig]:
     """The tiles worth profiling at this M."""
     if m < 64:
         return []
-    return [TileConfig(bm, bn, group, sk, w, st, maxnreg=r) for bm, bn, w, st, r, sk in _CONFIGS if bm <= max(64, m)]
+    return ([TileConfig(bm, bn, group, sk, w, st, maxnreg=r) for bm, bn, w, st, r, sk in _CONFIGS if bm <= max(64, m)]
+            + [TileConfig(bm, bn, group, 1, w, st, maxnreg=r, stream_k=p) for bm, bn, w, st, r, p in _STREAM_K
+               if bm <= max(64, m)])
 
 
 def smem_bytes(cfg: TileConfig) -> int:
@@ -249,30 +341,56 @@ def progressive_codes(codes: torch.Tensor, scales: torch.Tensor, store: Int4Weig
     w_desc = _weight_descriptor(store, cfg.bn, cfg.bk)
     sc_desc, mn_desc = group_descriptors(store, cfg.bn)
     consumers = 2 if cfg.warps == 8 else 1
-    grid = (n // cfg.bn, -(-m // cfg.bm), cfg.split_k)
-    halves = 2 if cfg.bm > 128 else 1  # BM = 256: two token halves, each with its split-K counters
-    ws, cnt = splitk_buffers(y, cfg.split_k, m * n, grid[0] * grid[1] * consumers * halves)
+    tiles = (n // cfg.bn) * -(-m // cfg.bm)
+    halves = 2 if cfg.bm > 128 else 1  # BM = 256: two token halves, each with its own counters
+    per = cmax = 0
+    if cfg.stream_k:
+        per, programs, cmax = stream_k_launch(cfg, m, n, k, codes.device)
+        grid = (programs,)
+        ws = torch.empty(programs * 2 * cfg.bn * cfg.bm, device=codes.device, dtype=torch.float32)
+        cnt = counters(codes.device, tiles * consumers * halves)
+    else:
+        grid = (n // cfg.bn, -(-m // cfg.bm), cfg.split_k)
+        ws, cnt = splitk_buffers(y, cfg.split_k, m * n, tiles * consumers * halves)
     regs = cfg.maxnreg or (TWO_CONSUMER_REGS if consumers == 2 else 0)
-    w4a8_progressive_kernel[grid](x_desc, w_desc, sc_desc, mn_desc, store.row_units, scales, y, ws, cnt, m, n, k,
+    w4a8_progressive_kernel[grid](x_desc, w_desc, sc_desc, mn_desc, store.row_units, scales, y, ws, cnt, m, n, k, per,
                                   G=store.group_size, BN=cfg.bn, STAGES=cfg.stages, BLOCKS=store.layout == BLOCKS16,
                                   SPLIT_K=cfg.split_k, CONSUMERS=consumers, num_warps=cfg.warps // consumers,
-                                  ABLATE=ablate, **({"maxnreg": regs} if regs else {}))
+                                  ABLATE=ablate, STREAM_K=bool(cfg.stream_k), CMAX=cmax,
+                                  **({"maxnreg": regs} if regs else {}))
     return y
 
 
 def w4a8_progressive_emulate(codes: torch.Tensor, scales: torch.Tensor, store: Int4Weight, out_dtype: torch.dtype,
-                             split_k: int = 1) -> torch.Tensor:
+                             split_k: int = 1, cfg: TileConfig | None = None) -> torch.Tensor:
     """The kernel's numerics in torch: exact int32 sums over each K slice, float(sum) * unit (exact),
-    times the token scale in fp32, the slices added in order."""
+    times the token scale in fp32, the slices added in order. A stream-K `cfg` (launched on this
+    device's SMs) slices each output tile's K where its programs' runs meet."""
     g = store.group_size
     w8 = store.int8_weights().to(torch.float64)
     c = codes.to(torch.float64)
     kt = store.in_features // g
-    per = -(-kt // split_k)
-    acc = None
-    for sl in range(split_k):
-        cols = slice(sl * per * g, min(kt, (sl + 1) * per) * g)
-        part = (w8[:, cols] @ c[:, cols].t()).float()  # exact integers, then one rounding to fp32
-        part = part * store.row_units.float()[:, None] * scales.float().reshape(1, -1)
-        acc = part if acc is None else acc + part
-    return acc.t().to(out_dtype)
+    units, xs = store.row_units.float()[:, None], scales.float().reshape(1, -1)
+
+    def sliced(rows, toks, runs):
+        acc = None
+        for lo, hi in runs:
+            cols = slice(lo * g, hi * g)
+            part = (w8[rows, cols] @ c[toks, cols].t()).float()  # exact integers, then one rounding to fp32
+            part = part * units[rows] * xs[:, toks]
+            acc = part if acc is None else acc + part
+        return acc
+
+    if cfg is None or not cfg.stream_k:
+        per = -(-kt // split_k)
+        runs = [(sl * per, min(kt, (sl + 1) * per)) for sl in range(split_k)]
+        return sliced(slice(None), slice(None), runs).t().to(out_dtype)
+    m, n = codes.shape[0], store.out_features
+    per, _, _ = stream_k_launch(cfg, m, n, store.in_features, codes.device)
+    out = torch.empty(n, m, dtype=torch.float32, device=codes.device)
+    mt = -(-m // cfg.bm)
+    for t in range(mt * (n // cfg.bn)):  # token tiles fastest, as the kernel numbers them
+        rows = slice((t // mt) * cfg.bn, (t // mt + 1) * cfg.bn)
+        toks = slice((t % mt) * cfg.bm, min(m, (t % mt + 1) * cfg.bm))
+        out[rows, toks] = sliced(rows, toks, stream_k_runs(t, kt, per))
+    return out.t().to(out_dtype)

@@ -49,7 +49,7 @@ if HAS_GLUON:
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     from gearshift.kernels.w4a16_wgmma import (_store_tile, _tma_load, act_layout, fragment_rows, k_slice,
-                                               ring_barriers, tma_tiles)
+                                               ring_barriers, stream_k_range, stream_k_tile, tma_tiles)
 
     _MAGIC = gl.constexpr(MAGIC)
     _MAGIC_BITS = gl.constexpr(MAGIC_BITS)
@@ -96,6 +96,24 @@ if HAS_GLUON:
         return pick_column(buf.load(group_cols_layout(BN, WARPS)), j, target)
 
     @gluon.jit
+    def _fill_tma_slot(x_desc, w_desc, sc_desc, mn_desc, sum_desc, x_bufs, w_bufs, sc_bufs, mn_bufs, sum_bufs,
+                       ready, empty, i, m0, n0, g, BLOCKS: gl.constexpr, SUMS: gl.constexpr):
+        """Ring slot of this program's i-th K tile (= group g of the tile at (m0, n0)): wait until
+        it is free, then TMA its codes, weight bytes, scale / min boxes and (SUMS) code sums."""
+        STAGES: gl.constexpr = x_bufs.type.shape[0]
+        BKX: gl.constexpr = x_desc.block_type.shape[1]
+        NB: gl.constexpr = (x_desc.block_type.nbytes + w_desc.block_type.nbytes + 2 * sc_desc.block_type.nbytes
+                            + (sum_desc.block_type.nbytes if SUMS else 0))
+        s = i % STAGES
+        mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)
+        mbarrier.expect(ready.index(s), NB)
+        tma_tiles(x_desc, w_desc, x_bufs.index(s), w_bufs.index(s), ready.index(s), m0, n0, g * BKX, BLOCKS)
+        _tma_load(sc_desc, [n0, g // 8 * 8], ready.index(s), sc_bufs.index(s))
+        _tma_load(mn_desc, [n0, g // 8 * 8], ready.index(s), mn_bufs.index(s))
+        if SUMS:
+            _tma_load(sum_desc, [g, m0], ready.index(s), sum_bufs.index(s))
+
+    @gluon.jit
     def _load_partition_tma(x_desc, w_desc, sc_desc, mn_desc, sum_desc, x_bufs, w_bufs, sc_bufs, mn_bufs, sum_bufs,
                             ready, empty, m0, n0, t0, num_k, BLOCKS: gl.constexpr, SUMS: gl.constexpr = True):
         """One warp, TMA only (no register round trip: a load warp that waits for its own global
@@ -103,20 +121,26 @@ if HAS_GLUON:
         the scales and mins of groups 8 (g / 8) .. + 7 of the BN rows, and with SUMS the BM tokens'
         code sums over group g (from the quantizer's [K / G, M] sums; without, sum_desc and
         sum_bufs are not touched)."""
-        STAGES: gl.constexpr = x_bufs.type.shape[0]
-        BKX: gl.constexpr = x_desc.block_type.shape[1]
-        NB: gl.constexpr = (x_desc.block_type.nbytes + w_desc.block_type.nbytes + 2 * sc_desc.block_type.nbytes
-                            + (sum_desc.block_type.nbytes if SUMS else 0))
         for i in range(num_k):
-            s = i % STAGES
-            mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)
-            mbarrier.expect(ready.index(s), NB)
-            g = t0 + i
-            tma_tiles(x_desc, w_desc, x_bufs.index(s), w_bufs.index(s), ready.index(s), m0, n0, g * BKX, BLOCKS)
-            _tma_load(sc_desc, [n0, g // 8 * 8], ready.index(s), sc_bufs.index(s))
-            _tma_load(mn_desc, [n0, g // 8 * 8], ready.index(s), mn_bufs.index(s))
-            if SUMS:
-                _tma_load(sum_desc, [g, m0], ready.index(s), sum_bufs.index(s))
+            _fill_tma_slot(x_desc, w_desc, sc_desc, mn_desc, sum_desc, x_bufs, w_bufs, sc_bufs, mn_bufs, sum_bufs,
+                           ready, empty, i, m0, n0, t0 + i, BLOCKS, SUMS)
+
+    @gluon.jit
+    def _load_partition_tma_sk(x_desc, w_desc, sc_desc, mn_desc, sum_desc, x_bufs, w_bufs, sc_bufs, mn_bufs,
+                               sum_bufs, ready, empty, T, per, KT, MT, BLOCKS: gl.constexpr, SUMS: gl.constexpr):
+        """The same slots for a stream-K program (`w4a16_wgmma.stream_k_range`): its run of (output
+        tile, K tile) iterations, one tile's K range at a time."""
+        BM: gl.constexpr = x_desc.block_type.shape[0]
+        BN: gl.constexpr = sc_desc.block_type.shape[0]
+        start, end = stream_k_range(T, per)
+        first = start // KT
+        i = 0
+        for t in range(first, (end - 1) // KT + 1):
+            m0, n0 = stream_k_tile(t, MT, BM, BN)
+            for g in range(gl.maximum(start - t * KT, 0), gl.minimum(end - t * KT, KT)):
+                _fill_tma_slot(x_desc, w_desc, sc_desc, mn_desc, sum_desc, x_bufs, w_bufs, sc_bufs, mn_bufs,
+                               sum_bufs, ready, empty, i, m0, n0, g, BLOCKS, SUMS)
+                i += 1
 
     # {b0, b0, b1, b1} -> {lo(b0), hi(b0), lo(b1), hi(b1)}: three ALU ops per four weights
     _SPLIT = gl.constexpr("{ .reg .b32 t; shr.b32 t, $1, 4; and.b32 t, t, 0x0F000F00; "
@@ -268,6 +292,8 @@ def int8_tile_fits(store, act, cfg: TileConfig | None, smem: int, rows_per_warp:
         return False
     if cfg.warps not in (4, 8) or cfg.bn not in [r * cfg.warps for r in rows_per_warp] or cfg.a_smem:
         return False
+    if cfg.stream_k and (cfg.split_k != 1 or cfg.stream_k > 4):  # stream-K splits K itself
+        return False
     if cfg.bm * cfg.bn // (32 * cfg.warps) > acc_regs or smem > 227 * 1024:
         return False
     if n % cfg.bn or k % g or k // g < 2 * cfg.split_k or (k // g) % 8 or store.scales.dtype != torch.float16:
@@ -276,7 +302,7 @@ def int8_tile_fits(store, act, cfg: TileConfig | None, smem: int, rows_per_warp:
 
 
 def int8_wgmma_supports(store, act, cfg: TileConfig | None) -> bool:
-    return (cfg is not None and int8_tile_fits(store, act, cfg, smem_bytes(cfg))
+    return (cfg is not None and not cfg.stream_k and int8_tile_fits(store, act, cfg, smem_bytes(cfg))
             and fused_group_sums(store.in_features, store.group_size))
 
 
