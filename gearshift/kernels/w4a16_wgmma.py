@@ -87,6 +87,11 @@ if HAS_GLUON:
             reg_bases=reg, lane_bases=[[0, 1], [0, 2], [1, 0], [2, 0], [4, 0]],
             warp_bases=warp_bases, block_bases=[], shape=[BN, BKH])
 
+    @gluon.constexpr_function
+    def acc_layout(BM, warps):
+        """The fp32 accumulator layout of a consumer's [rows, BM tokens] wgmma tile (16-bit operands)."""
+        return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[warps, 1], instr_shape=[16, BM, 16])
+
     def _dequant_ptx(cvt: str) -> str:
         return ("{ .reg .b32 l, h, t; shl.b32 l, $2, 16; lop3.b32 l, l, 0x000F0000, 0x43000000, 0xEA; "
                 "shl.b32 h, $2, 12; lop3.b32 h, h, 0x000F0000, 0x43000000, 0xEA; "
@@ -274,8 +279,7 @@ if HAS_GLUON:
         STAGES: gl.constexpr = x_bufs.type.shape[0]
         BM: gl.constexpr = x_bufs.type.shape[1]
         BKX: gl.constexpr = x_bufs.type.shape[2]
-        mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
-                                                      instr_shape=[16, BM, 16])
+        mma: gl.constexpr = acc_layout(BM, WARPS)
         dot: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
         bl: gl.constexpr = byte_layout(BN, BKX // 2, WARPS)
         acc = gl.zeros([BN, BM], gl.float32, layout=mma)
@@ -369,8 +373,7 @@ if HAS_GLUON:
         STAGES: gl.constexpr = x_bufs.type.shape[0]
         BM: gl.constexpr = x_bufs.type.shape[1]
         BKX: gl.constexpr = x_bufs.type.shape[2]
-        mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
-                                                      instr_shape=[16, BM, 16])
+        mma: gl.constexpr = acc_layout(BM, WARPS)
         dot: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
         bl: gl.constexpr = byte_layout(BN, BKX // 2, WARPS)
         start, end = stream_k_range(T, per)
