@@ -357,6 +357,7 @@ if HAS_GLUON:
                     for ci in gl.static_range(CMAX):
                         c = c_first + ci
                         slot_c = (c * 2 + ((c * per) // KT != t).to(gl.int32)) * NHALF + HALF
+                        # (local >= 0 is always true: it broadcasts the scalar condition to the chunk)
                         tot += gl.load(ws_ptr + slot_c * (BNC * BM) + local, mask=(c <= c_last) & (local >= 0),
                                        other=0.0, cache_modifier=".cg")
                     tok = m0 + c_cols
