@@ -30,6 +30,7 @@ the torch model of its numerics. The GPU tests compare the two.
 from __future__ import annotations
 
 import functools
+import os
 import weakref
 
 import torch
@@ -100,6 +101,38 @@ if HAS_GLUON:
 
     _DEQUANT_BF16 = gl.constexpr(_dequant_ptx("cvt.rn.bf16x2.f32"))
     _DEQUANT_F16 = gl.constexpr(_dequant_ptx("cvt.rn.f16x2.f32"))
+
+    def _dequant_x2_ptx(magic: int, op: str) -> str:
+        return ("{ .reg .b32 x, c; mul.lo.u32 x, $2, 4097; "
+                f"lop3.b32 x, x, 0x000F000F, {magic:#x}, 0xEA; mov.b32 c, {magic:#x}; sub.rn.{op} x, x, c; "
+                f"fma.rn.{op} x, x, $3, $4; mov.b32 {{$0, $1}}, x; }}")
+
+    _DEQUANT_X2_BF16 = gl.constexpr(_dequant_x2_ptx(0x43004300, "bf16x2"))
+    _DEQUANT_X2_F16 = gl.constexpr(_dequant_x2_ptx(0x64006400, "f16x2"))
+    _MAGIC_ONLY = gl.constexpr("{ .reg .b32 x; mul.lo.u32 x, $2, 4097; "
+                               "lop3.b32 x, x, 0x000F000F, 0x43004300, 0xEA; mov.b32 {$0, $1}, x; }")
+    #: timing experiments only (benchmarks/tc_ablations/dequant_cost.py), read once at import:
+    #: 1 = the dequantization in packed 16-bit math with the scale / min rounded to x's dtype (exact
+    #: only where they are representable there), 2 = no scaling (wrong results), 3 = no byte loads
+    #: either (wrong results). 0, the default, is the kernel.
+    _ABLATE = gl.constexpr(int(os.environ.get("GEARSHIFT_WGMMA_ABLATE", "0")))
+
+    @gluon.jit
+    def pack_pair(v, DT: gl.constexpr):
+        """A per-row value rounded to the 16-bit type DT, twice in one int32 (a packed pair)."""
+        bits = v.to(DT).to(gl.int16, bitcast=True).to(gl.int32) & 0xFFFF
+        return bits | (bits << 16)
+
+    @gluon.jit
+    def dequant_bytes_x2(b, s2, m2, F16: gl.constexpr):
+        """Code byte -> q * s + m for both nibbles in one packed 16-bit FMA (s2, m2: `pack_pair`)."""
+        if F16:
+            lo, hi = gl.inline_asm_elementwise(_DEQUANT_X2_F16, "=h,=h,r,r,r", [b, s2, m2],
+                                               dtype=(gl.float16, gl.float16), is_pure=True, pack=1)
+        else:
+            lo, hi = gl.inline_asm_elementwise(_DEQUANT_X2_BF16, "=h,=h,r,r,r", [b, s2, m2],
+                                               dtype=(gl.bfloat16, gl.bfloat16), is_pure=True, pack=1)
+        return lo, hi
 
     @gluon.jit
     def dequant_bytes(b, s, c, F16: gl.constexpr):
@@ -264,10 +297,25 @@ if HAS_GLUON:
         STAGES: gl.constexpr = w_bufs.type.shape[0]
         s = i % STAGES
         mbarrier.wait(ready.index(s), (i // STAGES) & 1)
-        b = w_bufs.index(s).reshape([BN * NPART, BKX // 2]).slice(ROW0, BN).load(bl).to(gl.int32)
-        sc = sc_bufs.index(s).slice(ROW0, BN).load(gl.SliceLayout(1, bl)).to(gl.float32)
-        c = mn_bufs.index(s).slice(ROW0, BN).load(gl.SliceLayout(1, bl)).to(gl.float32) - 128.0 * sc
-        lo, hi = dequant_bytes(b, sc[:, None], c[:, None], F16)
+        if _ABLATE == 3:
+            b = gl.full([BN, BKX // 2], 0x5A, gl.int32, layout=bl)
+        else:
+            b = w_bufs.index(s).reshape([BN * NPART, BKX // 2]).slice(ROW0, BN).load(bl).to(gl.int32)
+        if _ABLATE == 0:
+            sc = sc_bufs.index(s).slice(ROW0, BN).load(gl.SliceLayout(1, bl)).to(gl.float32)
+            c = mn_bufs.index(s).slice(ROW0, BN).load(gl.SliceLayout(1, bl)).to(gl.float32) - 128.0 * sc
+            lo, hi = dequant_bytes(b, sc[:, None], c[:, None], F16)
+        elif _ABLATE == 1:
+            DT: gl.constexpr = gl.float16 if F16 else gl.bfloat16
+            s2 = pack_pair(sc_bufs.index(s).slice(ROW0, BN).load(gl.SliceLayout(1, bl)), DT)
+            m2 = pack_pair(mn_bufs.index(s).slice(ROW0, BN).load(gl.SliceLayout(1, bl)), DT)
+            lo, hi = dequant_bytes_x2(b, s2[:, None], m2[:, None], F16)
+        else:
+            lo, hi = gl.inline_asm_elementwise(_MAGIC_ONLY, "=h,=h,r", [b], dtype=(gl.bfloat16, gl.bfloat16),
+                                               is_pure=True, pack=1)
+            if F16:
+                lo = lo.to(gl.float16, bitcast=True)
+                hi = hi.to(gl.float16, bitcast=True)
         return gl.reshape(gl.join(lo, hi), [BN, BKX])
 
     @gluon.jit
