@@ -119,7 +119,7 @@ from gearshift.dispatch.profiler import random_store
 from gearshift.kernels import w4a16_wgmma as W
 
 def gluon_ptx(bm, bn, warps, stages, a_smem, layout, f16, maxnreg=None, split_k=1, consumers=1, token_scales=False,
-              stream_k=False, bk=64):
+              stream_k=False, bk=64, packed=False):
     x = torch.empty(bm, 4096, dtype=torch.float16 if f16 else torch.bfloat16)
     st = random_store("int4", 4096, 4096, 128, "cpu", layout=layout)
     xd, wd = W._descriptors(x, st, bm, bn, bk)
@@ -129,7 +129,7 @@ def gluon_ptx(bm, bn, warps, stages, a_smem, layout, f16, maxnreg=None, split_k=
     attrs = {(list(sig).index(n),): [["tt.divisibility", 16]] for n in ("s_ptr", "mn_ptr", "y_ptr", "N", "K")}
     cx = {"G": 128, "BN": bn, "STAGES": stages, "BLOCKS": layout == "blocks16", "F16": f16, "A_SMEM": a_smem,
           "SPLIT_K": split_k, "CONSUMERS": consumers, "TOKEN_SCALES": token_scales, "STREAM_K": stream_k, "CMAX": 3,
-          "num_warps": warps}
+          "PACKED": packed, "num_warps": warps}
     sig.update({name: "constexpr" for name in cx})
     names = list(sig)
     src = GluonASTSource(fn=W.w4a16_wgmma_kernel, signature=sig,
@@ -144,6 +144,8 @@ out["two_consumers_blocks16_bf16"] = gluon_ptx(256, 128, 4, 4, False, "blocks16"
 out["stream_k_two_consumers"] = gluon_ptx(256, 128, 4, 3, False, "blocks16", False, 168, 1, 2, stream_k=True, bk=128)
 out["stream_k_codes_fp16"] = gluon_ptx(128, 64, 4, 3, False, "rows", True, 128, token_scales=True, stream_k=True,
                                        bk=128)
+out["packed_two_consumers_bf16"] = gluon_ptx(256, 128, 4, 3, False, "blocks16", False, 168, 1, 2, bk=128, packed=True)
+out["packed_stream_k_fp16"] = gluon_ptx(128, 64, 4, 3, False, "rows", True, 128, stream_k=True, bk=128, packed=True)
 """
 
 
@@ -153,14 +155,18 @@ def gluon_ptx(compile_sm90):
 
 
 @pytest.mark.parametrize("name", ["reg_rows_bf16", "smem_blocks16_bf16", "smem_rows_fp16",
-                                  "two_consumers_blocks16_bf16", "stream_k_two_consumers", "stream_k_codes_fp16"])
+                                  "two_consumers_blocks16_bf16", "stream_k_two_consumers", "stream_k_codes_fp16",
+                                  "packed_two_consumers_bf16", "packed_stream_k_fp16"])
 def test_compiles_for_sm90_with_tma_and_wgmma(gluon_ptx, name):
     p = gluon_ptx[name]
     assert "wgmma.mma_async" in p and "cp.async.bulk.tensor" in p and "mbarrier" in p
     assert "setmaxnreg" in p  # the load warp and the MMA warps run with their own register budgets
     # the byte -> weight conversion is the mantissa trick (no integer-to-float cvt in the loop)
     assert "cvt.rn.f32.u32" not in p and "cvt.rn.f32.s32" not in p
-    if name == "reg_rows_bf16" or name.startswith("stream_k"):  # partials meet behind an acq_rel counter
+    packed = name.startswith("packed")  # one packed FMA per byte instead of two fp32 FMAs and a convert
+    op = "bf16x2" if name.endswith("bf16") else "f16x2"
+    assert (f"fma.rn.{op}" in p and f"sub.rn.{op}" in p) == packed and ("0x000F0000, 0x43000000" in p) != packed
+    if name == "reg_rows_bf16" or "stream_k" in name:  # partials meet behind an acq_rel counter
         assert "atom.global.gpu.acq_rel.add" in p
     else:
         assert "atom." not in p
@@ -201,6 +207,50 @@ def test_stream_k_runs_that_cross_tiles_match_the_model(m):
         y = w4a16_wgmma(x, st, cfg)
         assert ((y.float() - emu).norm() / emu.norm()).item() < 1e-3, cfg
         assert torch.equal(y, w4a16_wgmma(x, st, cfg)), cfg
+
+
+def test_packed_dequantization_only_where_it_gives_the_same_bits():
+    """The packed path rounds q * s + m once in x's dtype; the fp32 path computes it exactly in fp32
+    and rounds once, so they agree where s and m are x-dtype values and m - 128 s is exact."""
+    import gearshift.kernels.w4a16_wgmma as W
+    from gearshift.quant.int4 import quantize_int4, quantize_int4_progressive
+
+    torch.manual_seed(0)
+    w = torch.randn(64, 512)
+    plain, prog = quantize_int4(w, 128), quantize_int4_progressive(w, 128)
+    assert W.packed_dequant(plain, torch.float16) and not W.packed_dequant(plain, torch.bfloat16)
+    assert W.packed_dequant(prog, torch.bfloat16) and W.packed_dequant(prog, torch.float16)
+    tiny = Int4Weight(plain.qweight, plain.scales, plain.scales * 2.0 ** -10, 128)  # m - 128 s inexact in fp32
+    assert not W.packed_exact(tiny.scales, tiny.mins, torch.float16)
+    zero = Int4Weight(plain.qweight, plain.scales, torch.zeros_like(plain.mins), 128)
+    assert W.packed_exact(zero.scales, zero.mins, torch.float16)
+    plain.mins.mul_(2.0 ** -10)  # changed in place: checked again
+    assert not W.packed_dequant(plain, torch.float16)
+    for mode, want in (("never", False), ("always", True)):
+        W.PACKED_DEQUANT = mode
+        try:
+            assert W.packed_dequant(plain, torch.bfloat16) is want
+        finally:
+            W.PACKED_DEQUANT = "exact"
+
+
+@needs_hopper
+@pytest.mark.parametrize("fmt,dtype", [("int4p", torch.bfloat16), ("int4", torch.float16)])
+def test_packed_dequantization_gives_the_fp32_paths_bits(fmt, dtype):
+    import gearshift.kernels.w4a16_wgmma as W
+
+    torch.manual_seed(0)
+    st = random_store(fmt, 512, 1024, 128, "cuda", layout=BLOCKS16)
+    assert W.packed_dequant(st, dtype)
+    for m in (64, 300):
+        x = torch.randn(m, 1024, device="cuda", dtype=dtype)
+        for cfg in [c for c in wgmma_configs(m) if wgmma_supports(st, c) and not c.a_smem][:6]:
+            y = w4a16_wgmma(x, st, cfg)
+            W.PACKED_DEQUANT = "never"
+            try:
+                assert torch.equal(y, w4a16_wgmma(x, st, cfg)), (m, cfg)
+            finally:
+                W.PACKED_DEQUANT = "exact"
 
 
 def test_quantized_modes_are_served_by_the_same_kernel():

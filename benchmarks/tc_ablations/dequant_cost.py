@@ -1,9 +1,10 @@
 """What the in-register dequantization costs `w4a16_wgmma` at mid and large M (GPU).
 
-The kernel's `GEARSHIFT_WGMMA_ABLATE` switch is read at import, so each variant runs in its own
-process: 0 the kernel (fp32 FMA per weight, exact), 1 one packed 16-bit FMA per weight pair with
-the scale / min rounded to x's dtype, 2 no scaling (wrong results), 3 no weight-byte loads either
-(wrong results). Every shape runs the shipped map's W4A16 tile at that M (256 x 128 where the map
+Each variant runs in its own process (the kernel's `GEARSHIFT_WGMMA_ABLATE` switch is read at
+import): 0 the fp32 path (two FMAs and a convert per byte), 1 the packed path (`dequant_bytes_x2`,
+one packed FMA per byte; on stores whose scales are not x-dtype values it rounds them, so only its
+speed counts there), 2 no scaling (wrong results), 3 no weight-byte loads either (wrong results).
+`--fmt int4p` runs int4-prog stores, on which the packed path is exact for bf16 too. Every shape runs the shipped map's W4A16 tile at that M (256 x 128 where the map
 picks dequantize + cuBLAS); cuBLAS bf16 on a dense copy runs beside variant 0. Each launch is
 checked against the reference first (variants 2 / 3 only report their error).
 
@@ -19,7 +20,7 @@ SHAPES = (("qkv", 6144, 4096), ("o", 4096, 4096), ("gate_up", 28672, 4096), ("do
 MAP = "gearshift/data/policy/NVIDIA_H100_80GB_HBM3.json"
 
 
-def one_variant(ms: list[int], ablate: int) -> dict:
+def one_variant(ms: list[int], ablate: int, fmt: str) -> dict:
     import torch
 
     import gearshift.kernels.w4a16_wgmma as W
@@ -28,6 +29,7 @@ def one_variant(ms: list[int], ablate: int) -> dict:
     from gearshift.kernels.reference import linear_reference
     from gearshift.quant.int4 import BLOCKS16
 
+    W.PACKED_DEQUANT = "always" if ablate == 1 else "never"
     entries = json.load(open(MAP))["entries"]
     out = {}
     for m in ms:
@@ -35,8 +37,8 @@ def one_variant(ms: list[int], ablate: int) -> dict:
             e = entries[f"w4a16:g128:{n}x{k}"].get(str(m)) or {}
             cfg = (TileConfig.from_dict(e["config"]) if e.get("strategy") == "w4a16_wgmma"
                    else TileConfig(256, 128, 128, 1, 8, 3))
-            probe = random_store("int4", n, k, 128, "cuda", layout=BLOCKS16)
-            stores = [probe] + [random_store("int4", n, k, 128, "cuda", layout=BLOCKS16)
+            probe = random_store(fmt, n, k, 128, "cuda", layout=BLOCKS16)
+            stores = [probe] + [random_store(fmt, n, k, 128, "cuda", layout=BLOCKS16)
                                 for _ in range(n_copies(probe) - 1)]
             x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
             ref = linear_reference(x.float(), probe, None)
@@ -53,25 +55,27 @@ def one_variant(ms: list[int], ablate: int) -> dict:
                   + (f"  cuBLAS {row['cublas_us']:.1f}" if "cublas_us" in row else ""), flush=True)
             del stores
             torch.cuda.empty_cache()
-    return dict(device=torch.cuda.get_device_name(), ablate=ablate, rows=out)
+    return dict(device=torch.cuda.get_device_name(), ablate=ablate, fmt=fmt, rows=out)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ms", default="256,512,1024")
     ap.add_argument("--variants", default="0,1,2,3")
+    ap.add_argument("--fmt", default="int4", choices=("int4", "int4p"), help="int4p: int4-prog stores (row units)")
     ap.add_argument("--one", type=int, default=None, help=argparse.SUPPRESS)  # child process: one variant
     ap.add_argument("--out", default="dequant_cost.json")
     a = ap.parse_args()
     ms = [int(v) for v in a.ms.split(",")]
     if a.one is not None:
-        json.dump(one_variant(ms, a.one), open(a.out, "w"))
+        json.dump(one_variant(ms, a.one, a.fmt), open(a.out, "w"))
         return
     results = []
     for v in (int(v) for v in a.variants.split(",")):
         part = f"{a.out}.part{v}"
-        env = dict(os.environ, GEARSHIFT_WGMMA_ABLATE=str(v))
-        subprocess.run([sys.executable, __file__, "--ms", a.ms, "--one", str(v), "--out", part], env=env, check=True)
+        env = dict(os.environ, GEARSHIFT_WGMMA_ABLATE=str(v if v >= 2 else 0))
+        subprocess.run([sys.executable, __file__, "--ms", a.ms, "--fmt", a.fmt, "--one", str(v), "--out", part],
+                       env=env, check=True)
         results.append(json.load(open(part)))
         os.remove(part)
     json.dump(dict(device=results[0]["device"], variants=results), open(a.out, "w"), indent=1)

@@ -11,7 +11,9 @@ out:
 * one or two consumer partitions read the weight bytes straight into the registers of the wgmma
   A operand and dequantize them there (one byte -> its two weights as a packed 16-bit pair:
   (128 + q) * scale + (min - 128 scale), the nibble OR-ed into the mantissa of 128.0, one FFMA
-  each, one paired convert). With A in registers each wgmma retires before the next dequant (see
+  each, one paired convert; or, where it gives the same bits (`packed_dequant`: fp16 activations,
+  or bf16 with scales and mins that are bf16 values, as in int4-prog stores), one packed 16-bit
+  FMA per byte, `dequant_bytes_x2`). With A in registers each wgmma retires before the next dequant (see
   `_mma_partition`), and the overlap comes from 2-3 CTAs per SM (a register cap) or from two
   independent 4-warp consumers; with A through shared memory (`a_smem`) one wgmma stays in
   flight while the next tile is dequantized. A slot is handed back (`empty`) once the wgmma that
@@ -112,9 +114,8 @@ if HAS_GLUON:
     _MAGIC_ONLY = gl.constexpr("{ .reg .b32 x; mul.lo.u32 x, $2, 4097; "
                                "lop3.b32 x, x, 0x000F000F, 0x43004300, 0xEA; mov.b32 {$0, $1}, x; }")
     #: timing experiments only (benchmarks/tc_ablations/dequant_cost.py), read once at import:
-    #: 1 = the dequantization in packed 16-bit math with the scale / min rounded to x's dtype (exact
-    #: only where they are representable there), 2 = no scaling (wrong results), 3 = no byte loads
-    #: either (wrong results). 0, the default, is the kernel.
+    #: 2 = no scaling (wrong results), 3 = no byte loads either (wrong results); 0, the default, is
+    #: the kernel.
     _ABLATE = gl.constexpr(int(os.environ.get("GEARSHIFT_WGMMA_ABLATE", "0")))
 
     @gluon.jit
@@ -125,7 +126,11 @@ if HAS_GLUON:
 
     @gluon.jit
     def dequant_bytes_x2(b, s2, m2, F16: gl.constexpr):
-        """Code byte -> q * s + m for both nibbles in one packed 16-bit FMA (s2, m2: `pack_pair`)."""
+        """Code byte -> q * s + m for both nibbles in packed 16-bit math (s2, m2: `pack_pair`): one
+        IMAD and one LOP3 put the nibbles into the mantissas of a pair of 128.0 (bf16; 1024.0 fp16),
+        a packed subtract leaves q exactly, one packed FMA rounds q * s + m once. 4 instructions per
+        byte against `dequant_bytes`' 7, and the same bits wherever s and m are exact in x's dtype
+        (`packed_dequant`)."""
         if F16:
             lo, hi = gl.inline_asm_elementwise(_DEQUANT_X2_F16, "=h,=h,r,r,r", [b, s2, m2],
                                                dtype=(gl.float16, gl.float16), is_pure=True, pack=1)
@@ -291,7 +296,8 @@ if HAS_GLUON:
 
     @gluon.jit
     def _slot_weights(w_bufs, sc_bufs, mn_bufs, ready, i, ROW0: gl.constexpr, BN: gl.constexpr,
-                      NPART: gl.constexpr, BKX: gl.constexpr, F16: gl.constexpr, bl: gl.constexpr):
+                      NPART: gl.constexpr, BKX: gl.constexpr, F16: gl.constexpr, bl: gl.constexpr,
+                      PACKED: gl.constexpr):
         """Waits for ring slot i and dequantizes this consumer's rows [ROW0, ROW0 + BN) of its weight
         tile into registers laid out as the wgmma A fragment ([BN, BKX] in x's dtype)."""
         STAGES: gl.constexpr = w_bufs.type.shape[0]
@@ -301,15 +307,15 @@ if HAS_GLUON:
             b = gl.full([BN, BKX // 2], 0x5A, gl.int32, layout=bl)
         else:
             b = w_bufs.index(s).reshape([BN * NPART, BKX // 2]).slice(ROW0, BN).load(bl).to(gl.int32)
-        if _ABLATE == 0:
-            sc = sc_bufs.index(s).slice(ROW0, BN).load(gl.SliceLayout(1, bl)).to(gl.float32)
-            c = mn_bufs.index(s).slice(ROW0, BN).load(gl.SliceLayout(1, bl)).to(gl.float32) - 128.0 * sc
-            lo, hi = dequant_bytes(b, sc[:, None], c[:, None], F16)
-        elif _ABLATE == 1:
+        if _ABLATE == 0 and PACKED:
             DT: gl.constexpr = gl.float16 if F16 else gl.bfloat16
             s2 = pack_pair(sc_bufs.index(s).slice(ROW0, BN).load(gl.SliceLayout(1, bl)), DT)
             m2 = pack_pair(mn_bufs.index(s).slice(ROW0, BN).load(gl.SliceLayout(1, bl)), DT)
             lo, hi = dequant_bytes_x2(b, s2[:, None], m2[:, None], F16)
+        elif _ABLATE == 0:
+            sc = sc_bufs.index(s).slice(ROW0, BN).load(gl.SliceLayout(1, bl)).to(gl.float32)
+            c = mn_bufs.index(s).slice(ROW0, BN).load(gl.SliceLayout(1, bl)).to(gl.float32) - 128.0 * sc
+            lo, hi = dequant_bytes(b, sc[:, None], c[:, None], F16)
         else:
             lo, hi = gl.inline_asm_elementwise(_MAGIC_ONLY, "=h,=h,r", [b], dtype=(gl.bfloat16, gl.bfloat16),
                                                is_pure=True, pack=1)
@@ -322,7 +328,7 @@ if HAS_GLUON:
     def _mma_partition(x_bufs, w_bufs, a_bufs, sc_bufs, mn_bufs, ready, empty, y_ptr, ws_ptr, cnt_ptr, xs_ptr, m0, n0,
                        M, N, num_k, ROW0: gl.constexpr, BN: gl.constexpr, NPART: gl.constexpr, F16: gl.constexpr,
                        A_SMEM: gl.constexpr, SPLIT_K: gl.constexpr, TOKEN_SCALES: gl.constexpr,
-                       WARPS: gl.constexpr):
+                       WARPS: gl.constexpr, PACKED: gl.constexpr):
         """Weight rows [ROW0, ROW0 + BN) of the tile (NPART consumer partitions split its rows)."""
         STAGES: gl.constexpr = x_bufs.type.shape[0]
         BM: gl.constexpr = x_bufs.type.shape[1]
@@ -333,7 +339,7 @@ if HAS_GLUON:
         acc = gl.zeros([BN, BM], gl.float32, layout=mma)
         for i in range(num_k):
             s = i % STAGES
-            w = _slot_weights(w_bufs, sc_bufs, mn_bufs, ready, i, ROW0, BN, NPART, BKX, F16, bl)
+            w = _slot_weights(w_bufs, sc_bufs, mn_bufs, ready, i, ROW0, BN, NPART, BKX, F16, bl, PACKED)
             if A_SMEM:
                 # the dequantized tile goes to one of two shared buffers and the wgmma reads it there:
                 # tile i+1 is dequantized while tile i's wgmma runs (the buffer it overwrites was read
@@ -416,7 +422,8 @@ if HAS_GLUON:
     @gluon.jit
     def _mma_partition_sk(x_bufs, w_bufs, sc_bufs, mn_bufs, ready, empty, y_ptr, ws_ptr, cnt_ptr, xs_ptr, M, N, T,
                           per, KT, MT, ROW0: gl.constexpr, BN: gl.constexpr, NPART: gl.constexpr,
-                          F16: gl.constexpr, TOKEN_SCALES: gl.constexpr, WARPS: gl.constexpr, CMAX: gl.constexpr):
+                          F16: gl.constexpr, TOKEN_SCALES: gl.constexpr, WARPS: gl.constexpr, CMAX: gl.constexpr,
+                          PACKED: gl.constexpr):
         """A stream-K consumer (A in registers): the program's run of iterations, one output tile's
         K range at a time, each ended by `_store_segment_sk`."""
         STAGES: gl.constexpr = x_bufs.type.shape[0]
@@ -433,7 +440,7 @@ if HAS_GLUON:
             k_hi = gl.minimum(end - t * KT, KT)
             acc = gl.zeros([BN, BM], gl.float32, layout=mma)
             for _ in range(k_lo, k_hi):
-                w = _slot_weights(w_bufs, sc_bufs, mn_bufs, ready, i, ROW0, BN, NPART, BKX, F16, bl)
+                w = _slot_weights(w_bufs, sc_bufs, mn_bufs, ready, i, ROW0, BN, NPART, BKX, F16, bl, PACKED)
                 a = gl.convert_layout(w, dot, assert_trivial=True)
                 acc = warpgroup_mma(a, x_bufs.index(i % STAGES).permute((1, 0)), acc, is_async=True)
                 acc = warpgroup_mma_wait(0, deps=(acc,))  # retire before the next dequant (`_mma_partition`)
@@ -448,7 +455,7 @@ if HAS_GLUON:
                            G: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, BLOCKS: gl.constexpr,
                            F16: gl.constexpr, A_SMEM: gl.constexpr, SPLIT_K: gl.constexpr, CONSUMERS: gl.constexpr,
                            TOKEN_SCALES: gl.constexpr, STREAM_K: gl.constexpr, CMAX: gl.constexpr,
-                           num_warps: gl.constexpr):
+                           PACKED: gl.constexpr, num_warps: gl.constexpr):
         """One output tile per program (grid: N tiles x M tiles x split-K slices), or with STREAM_K a
         persistent grid whose program p runs iterations [p * per, (p + 1) * per) of the
         (output tile, K tile) sequence."""
@@ -470,17 +477,19 @@ if HAS_GLUON:
             if CONSUMERS == 1:
                 gl.warp_specialize([
                     (_mma_partition_sk, (x_bufs, w_bufs, sc_bufs, mn_bufs, ready, empty, y_ptr, ws_ptr, cnt_ptr,
-                                         xs_ptr, M, N, T, per, KT, MT, 0, BN, 1, F16, TOKEN_SCALES, num_warps, CMAX)),
+                                         xs_ptr, M, N, T, per, KT, MT, 0, BN, 1, F16, TOKEN_SCALES, num_warps, CMAX,
+                                         PACKED)),
                     (_load_partition_sk, (x_desc, w_desc, x_bufs, w_bufs, sc_bufs, mn_bufs, ready, empty, s_ptr,
                                           mn_ptr, T, per, KT, MT, K, G, BLOCKS)),
                 ], [1], [64])
             else:
                 gl.warp_specialize([
                     (_mma_partition_sk, (x_bufs, w_bufs, sc_bufs, mn_bufs, ready, empty, y_ptr, ws_ptr, cnt_ptr,
-                                         xs_ptr, M, N, T, per, KT, MT, 0, half, 2, F16, TOKEN_SCALES, num_warps, CMAX)),
+                                         xs_ptr, M, N, T, per, KT, MT, 0, half, 2, F16, TOKEN_SCALES, num_warps, CMAX,
+                                         PACKED)),
                     (_mma_partition_sk, (x_bufs, w_bufs, sc_bufs, mn_bufs, ready, empty, y_ptr, ws_ptr, cnt_ptr,
                                          xs_ptr, M, N, T, per, KT, MT, half, half, 2, F16, TOKEN_SCALES,
-                                         num_warps, CMAX)),
+                                         num_warps, CMAX, PACKED)),
                     (_load_partition_sk, (x_desc, w_desc, x_bufs, w_bufs, sc_bufs, mn_bufs, ready, empty, s_ptr,
                                           mn_ptr, T, per, KT, MT, K, G, BLOCKS)),
                 ], [num_warps, 1], [232, 40])
@@ -492,7 +501,7 @@ if HAS_GLUON:
                 gl.warp_specialize([
                     (_mma_partition, (x_bufs, w_bufs, a_bufs, sc_bufs, mn_bufs, ready, empty, y_ptr, ws_ptr, cnt_ptr,
                                       xs_ptr, m0, n0, M, N, num_k, 0, BN, 1, F16, A_SMEM, SPLIT_K, TOKEN_SCALES,
-                                      num_warps)),
+                                      num_warps, PACKED)),
                     (_load_partition, (x_desc, w_desc, x_bufs, w_bufs, sc_bufs, mn_bufs, ready, empty, s_ptr, mn_ptr,
                                        m0, n0, t0, num_k, K, G, BLOCKS)),
                 ], [1], [64])
@@ -502,10 +511,10 @@ if HAS_GLUON:
                 gl.warp_specialize([
                     (_mma_partition, (x_bufs, w_bufs, a_bufs, sc_bufs, mn_bufs, ready, empty, y_ptr, ws_ptr, cnt_ptr,
                                       xs_ptr, m0, n0, M, N, num_k, 0, half, 2, F16, A_SMEM, SPLIT_K, TOKEN_SCALES,
-                                      num_warps)),
+                                      num_warps, PACKED)),
                     (_mma_partition, (x_bufs, w_bufs, a_bufs, sc_bufs, mn_bufs, ready, empty, y_ptr, ws_ptr, cnt_ptr,
                                       xs_ptr, m0, n0, M, N, num_k, half, half, 2, F16, A_SMEM, SPLIT_K, TOKEN_SCALES,
-                                      num_warps)),
+                                      num_warps, PACKED)),
                     (_load_partition, (x_desc, w_desc, x_bufs, w_bufs, sc_bufs, mn_bufs, ready, empty, s_ptr, mn_ptr,
                                        m0, n0, t0, num_k, K, G, BLOCKS)),
                 ], [num_warps, 1], [232, 40])
@@ -541,6 +550,44 @@ if HAS_GLUON:
             block = [bn, bk // 2]
         layout = gl.NVMMASharedLayout(swizzle_byte_width=swizzle, element_bitwidth=8, rank=len(block))
         return TensorDescriptor.from_tensor(qw, block, layout)
+
+
+#: when the consumers dequantize in packed 16-bit math (`dequant_bytes_x2`): "exact" (default) where
+#: that gives the fp32 path's bits (`packed_dequant`), "never", or "always" (timing experiments only:
+#: it rounds a bf16 model's fp16 scales and mins to bf16)
+PACKED_DEQUANT = "exact"
+
+_PACKED_OK: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def packed_exact(scales: torch.Tensor, mins: torch.Tensor, dtype: torch.dtype) -> bool:
+    """Whether one `dtype` FMA q * s + m (packed path) rounds to the bits of the fp32 path
+    ((128 + q) * s + (m - 128 s) in fp32, then one conversion) for every group: s and m must be
+    `dtype` values, and m zero or within 2^-6..2^12 of s, so that m - 128 s and q * s + m are
+    exact in fp32 (then both round the same exact value once). Default int4 stores pass for fp16
+    activations (m = -z s); for bf16 only stores whose fp16 scales are bf16 values pass, as
+    int4-prog stores do by construction (s = t * unit with t < 256)."""
+    s, m = scales.float(), mins.float()
+    if not all(torch.equal(t.to(dtype).float(), t.float()) for t in (scales, mins)):
+        return False
+    ratio = m.abs() / s.abs().clamp_min(torch.finfo(torch.float32).tiny)
+    return bool(((m == 0) | (s == 0) | ((ratio >= 2.0 ** -6) & (ratio <= 2.0 ** 12))).all())
+
+
+def packed_dequant(store: Int4Weight, x_dtype: torch.dtype) -> bool:
+    """Run `dequant_bytes_x2` on this store (see `PACKED_DEQUANT`)? Checked once per store and
+    activation dtype, again after its scales or mins change; inside a CUDA-graph capture an
+    unchecked store takes the fp32 path (the same bits; the check would synchronize)."""
+    if PACKED_DEQUANT != "exact":
+        return PACKED_DEQUANT == "always"
+    sc, mn = store.scales, store.mins
+    key = (x_dtype, sc.data_ptr(), mn.data_ptr(), sc._version, mn._version)
+    per = _PACKED_OK.setdefault(store, {})
+    if per.get(x_dtype, (None,))[0] != key:
+        if sc.is_cuda and torch.cuda.is_current_stream_capturing():
+            return False
+        per[x_dtype] = (key, packed_exact(sc, mn, x_dtype))
+    return per[x_dtype][1]
 
 
 _STORE_DESCRIPTORS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -678,7 +725,8 @@ def w4a16_wgmma(x2: torch.Tensor, store: Int4Weight, cfg: TileConfig,
                              G=store.group_size, BN=cfg.bn, STAGES=cfg.stages, BLOCKS=store.layout == BLOCKS16,
                              F16=x2.dtype == torch.float16, A_SMEM=cfg.a_smem, SPLIT_K=cfg.split_k,
                              CONSUMERS=consumers, TOKEN_SCALES=token_scales is not None,
-                             STREAM_K=bool(cfg.stream_k), CMAX=cmax, num_warps=cfg.warps // consumers,
+                             STREAM_K=bool(cfg.stream_k), CMAX=cmax, PACKED=packed_dequant(store, x2.dtype),
+                             num_warps=cfg.warps // consumers,
                              **({"maxnreg": regs} if regs else {}))
     return y
 
