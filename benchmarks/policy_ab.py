@@ -9,9 +9,10 @@ whole steps (PDL overlaps a kernel's start with its predecessor), so a map chang
 
 With --layout-a / --layout-b the two sides hold the same weights in different int4 layouts
 (`Int4Weight.to_layout`); with the same map on both, their outputs must then be bit-identical,
-which is checked for every shape and M before timing. --packed-a / --packed-b set the W4A16 wgmma
-kernel's `PACKED_DEQUANT` per side (same map and layout: outputs checked bit-identical too, where
-neither side is "always").
+which is checked for every shape and M before timing. --set-a / --set-b set switches of the W4A16
+wgmma kernel per side (`kernels/w4a16_wgmma.py`: `PACKED_DEQUANT=never`, `WGMMA_PDL=0`); with the
+same map and layout the two sides' outputs are then checked bit-identical too (except with
+`PACKED_DEQUANT=always`, which rounds scales).
 """
 import argparse
 import copy
@@ -48,16 +49,26 @@ def main() -> None:
     ap.add_argument("--layout-b", default="blocks16", choices=("rows", "blocks16"), help="int4 layout of side B")
     ap.add_argument("--int4-prog", action="store_true",
                     help="int4 stores with row units (--quantize int4-prog), which w4a8_progressive can run")
-    ap.add_argument("--packed-a", default="exact", choices=("exact", "never", "always"),
-                    help="w4a16_wgmma.PACKED_DEQUANT while side A runs")
-    ap.add_argument("--packed-b", default="exact", choices=("exact", "never", "always"))
+    ap.add_argument("--set-a", default="", help="NAME=VALUE[,...]: w4a16_wgmma switches while side A runs")
+    ap.add_argument("--set-b", default="", help="the same for side B")
     a = ap.parse_args()
     import gearshift.kernels.w4a16_wgmma as W
 
-    packed = {"a": a.packed_a, "b": a.packed_b}
+    def switches(spec: str) -> dict:
+        out = {}
+        for item in filter(None, spec.split(",")):
+            name, _, value = item.partition("=")
+            if not hasattr(W, name):
+                raise SystemExit(f"w4a16_wgmma has no switch {name!r}")
+            out[name] = type(getattr(W, name))(int(value)) if value.lstrip("-").isdigit() else value
+        return out
 
-    def side(name):  # switches the kernel to that side's dequantization
-        W.PACKED_DEQUANT = packed[name]
+    sets = {"a": switches(a.set_a), "b": switches(a.set_b)}
+    defaults = {name: getattr(W, name) for s in sets.values() for name in s}
+
+    def side(name):  # the kernel's switches as that side wants them
+        for k, v in (defaults | sets[name]).items():
+            setattr(W, k, v)
         return name
 
     shapes = PRESETS["llama3-8b"]["shapes"]
@@ -86,8 +97,8 @@ def main() -> None:
                 err = ((ys[name].float() - ref).norm() / ref.norm()).item()
                 if not err < tol:
                     raise SystemExit(f"map {name} M={m} shape {shapes[i][0]}: relative error {err:.2e} > {tol}")
-            exact = "always" not in packed.values()
-            if same_map and exact and (a.layout_a, a.packed_a) != (a.layout_b, a.packed_b) \
+            exact = "always" not in (sets["a"] | sets["b"]).values()
+            if same_map and exact and (a.layout_a, sets["a"]) != (a.layout_b, sets["b"]) \
                     and not torch.equal(ys["a"], ys["b"]):
                 raise SystemExit(f"M={m} shape {shapes[i][0]}: the two sides' outputs differ")
         t = {"a": [], "b": []}
@@ -109,7 +120,7 @@ def main() -> None:
     tag = a.tag if not a.tag or a.tag.startswith("_") else "_" + a.tag
     (out / f"policy_ab_{device_slug(dev)}{tag}_{a.mode}.json").write_text(json.dumps(
         {"device": dev, "a": a.a, "b": a.b, "layout_a": a.layout_a, "layout_b": a.layout_b, "mode": a.mode,
-         "int4_prog": a.int4_prog, "packed_a": a.packed_a, "packed_b": a.packed_b, "ms": res}, indent=1))
+         "int4_prog": a.int4_prog, "set_a": a.set_a, "set_b": a.set_b, "ms": res}, indent=1))
 
 
 if __name__ == "__main__":

@@ -119,7 +119,7 @@ from gearshift.dispatch.profiler import random_store
 from gearshift.kernels import w4a16_wgmma as W
 
 def gluon_ptx(bm, bn, warps, stages, a_smem, layout, f16, maxnreg=None, split_k=1, consumers=1, token_scales=False,
-              stream_k=False, bk=64, packed=False):
+              stream_k=False, bk=64, packed=False, pdl=False):
     x = torch.empty(bm, 4096, dtype=torch.float16 if f16 else torch.bfloat16)
     st = random_store("int4", 4096, 4096, 128, "cpu", layout=layout)
     xd, wd = W._descriptors(x, st, bm, bn, bk)
@@ -129,7 +129,7 @@ def gluon_ptx(bm, bn, warps, stages, a_smem, layout, f16, maxnreg=None, split_k=
     attrs = {(list(sig).index(n),): [["tt.divisibility", 16]] for n in ("s_ptr", "mn_ptr", "y_ptr", "N", "K")}
     cx = {"G": 128, "BN": bn, "STAGES": stages, "BLOCKS": layout == "blocks16", "F16": f16, "A_SMEM": a_smem,
           "SPLIT_K": split_k, "CONSUMERS": consumers, "TOKEN_SCALES": token_scales, "STREAM_K": stream_k, "CMAX": 3,
-          "PACKED": packed, "num_warps": warps}
+          "PACKED": packed, "PDL": pdl, "num_warps": warps}
     sig.update({name: "constexpr" for name in cx})
     names = list(sig)
     src = GluonASTSource(fn=W.w4a16_wgmma_kernel, signature=sig,
@@ -146,6 +146,8 @@ out["stream_k_codes_fp16"] = gluon_ptx(128, 64, 4, 3, False, "rows", True, 128, 
                                        bk=128)
 out["packed_two_consumers_bf16"] = gluon_ptx(256, 128, 4, 3, False, "blocks16", False, 168, 1, 2, bk=128, packed=True)
 out["packed_stream_k_fp16"] = gluon_ptx(128, 64, 4, 3, False, "rows", True, 128, stream_k=True, bk=128, packed=True)
+out["pdl_two_consumers"] = gluon_ptx(256, 128, 4, 3, False, "blocks16", False, 168, 1, 2, bk=128, pdl=True)
+out["pdl_stream_k"] = gluon_ptx(256, 128, 4, 3, False, "blocks16", False, 168, 1, 2, bk=128, stream_k=True, pdl=True)
 """
 
 
@@ -156,7 +158,8 @@ def gluon_ptx(compile_sm90):
 
 @pytest.mark.parametrize("name", ["reg_rows_bf16", "smem_blocks16_bf16", "smem_rows_fp16",
                                   "two_consumers_blocks16_bf16", "stream_k_two_consumers", "stream_k_codes_fp16",
-                                  "packed_two_consumers_bf16", "packed_stream_k_fp16"])
+                                  "packed_two_consumers_bf16", "packed_stream_k_fp16", "pdl_two_consumers",
+                                  "pdl_stream_k"])
 def test_compiles_for_sm90_with_tma_and_wgmma(gluon_ptx, name):
     p = gluon_ptx[name]
     assert "wgmma.mma_async" in p and "cp.async.bulk.tensor" in p and "mbarrier" in p
@@ -166,6 +169,12 @@ def test_compiles_for_sm90_with_tma_and_wgmma(gluon_ptx, name):
     packed = name.startswith("packed")  # one packed FMA per byte instead of two fp32 FMAs and a convert
     op = "bf16x2" if name.endswith("bf16") else "f16x2"
     assert (f"fma.rn.{op}" in p and f"sub.rn.{op}" in p) == packed and ("0x000F0000, 0x43000000" in p) != packed
+    assert ("griddepcontrol.wait" in p and "griddepcontrol.launch_dependents" in p) == name.startswith("pdl")
+    if name == "pdl_two_consumers":  # the first ring's weights (3-d blocks16 boxes) go out before the wait,
+        # every activation tile (2-d) after it
+        head, tail = p.split("griddepcontrol.wait", 1)
+        assert "cp.async.bulk.tensor.3d" in head and "cp.async.bulk.tensor.2d" not in head
+        assert "cp.async.bulk.tensor.2d" in tail
     if name == "reg_rows_bf16" or "stream_k" in name:  # partials meet behind an acq_rel counter
         assert "atom.global.gpu.acq_rel.add" in p
     else:
@@ -251,6 +260,43 @@ def test_packed_dequantization_gives_the_fp32_paths_bits(fmt, dtype):
                 assert torch.equal(y, w4a16_wgmma(x, st, cfg)), (m, cfg)
             finally:
                 W.PACKED_DEQUANT = "exact"
+
+
+@needs_hopper
+def test_pdl_launches_give_the_same_bits_in_a_dependent_chain():
+    """With PDL a launch may start while its predecessor still runs and must not read the
+    activations before griddepcontrol.wait: a chain whose every launch reads the previous one's
+    output gives the same bits with and without PDL, eager and replayed from a CUDA graph."""
+    import gearshift.kernels.w4a16_wgmma as W
+    from gearshift.kernels.pdl import pdl_enabled
+
+    torch.manual_seed(0)
+    s1 = random_store("int4", 2048, 2048, 128, "cuda", layout=BLOCKS16)
+    s2 = random_store("int4", 2048, 2048, 128, "cuda", layout=BLOCKS16)
+    x = 0.1 * torch.randn(256, 2048, device="cuda", dtype=torch.bfloat16)
+    assert pdl_enabled(x)
+    cfgs = (TileConfig(256, 128, 128, 1, 8, 3), TileConfig(128, 64, 128, 1, 4, 3, maxnreg=128, stream_k=2),
+            TileConfig(128, 128, 128, 2, 8, 4))
+
+    def chain():
+        y = x
+        for c in cfgs:
+            y = W.w4a16_wgmma(W.w4a16_wgmma(y, s1, c), s2, c)
+        return y
+
+    W.WGMMA_PDL = False
+    try:
+        want = chain()
+    finally:
+        W.WGMMA_PDL = True
+    assert torch.isfinite(want).all()
+    assert torch.equal(chain(), want)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = chain()
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, want)
 
 
 def test_quantized_modes_are_served_by_the_same_kernel():

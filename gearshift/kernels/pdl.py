@@ -5,7 +5,8 @@ fixed cost (launch, ramp-up of the first loads, the tail of the last wave) is a 
 decode step. A kernel launched with PDL may start while its predecessor is still running; it
 touches nothing that the predecessor writes until `grid_wait()` (griddepcontrol.wait returns once
 the predecessor has completed and its writes are visible), but it may read what nobody writes:
-its own weights. The fragment GEMV loads its first weight blocks into registers before the wait.
+its own weights. The fragment GEMV loads its first weight blocks into registers before the wait;
+the W4A16 wgmma kernel (`w4a16_wgmma.py`, its own Gluon helpers) TMAs its first ring's weight tiles.
 
 Measured on the H100 (benchmarks/pdl.py): PDL takes 3-6% off a 32-layer step of linears at
 1..8 tokens when the next kernel is let in at the right point (`pdl_trigger`); letting it in at

@@ -39,6 +39,7 @@ import torch
 
 from gearshift.kernels._triton import HAS_TRITON
 from gearshift.kernels.config import TileConfig
+from gearshift.kernels.pdl import launch_kwargs, pdl_enabled
 from gearshift.kernels.splitk import counters, splitk_buffers
 from gearshift.quant.int4 import BLOCKS16, Int4Weight
 
@@ -49,6 +50,12 @@ BKS = (64, 128)
 #: column hit 2-way (BK = 64) or 4-way (BK = 128) bank conflicts; swizzled, the same tiles ran 0-10%
 #: (BK = 64) and 15-29% (BK = 128) faster on the H100 (benchmarks/results/w16_swizzle_*.json)
 SWIZZLE_WEIGHTS = True
+
+#: launch with programmatic dependent launch where `kernels/pdl.py` allows it: the load warp lets
+#: the next kernel in at once, requests the first ring's weights, then waits for the previous
+#: kernel (benchmarks compare with False; GEARSHIFT_WGMMA_PDL=0 turns it off, GEARSHIFT_PDL=0
+#: turns off PDL everywhere). Results are identical either way.
+WGMMA_PDL = os.environ.get("GEARSHIFT_WGMMA_PDL", "1") not in ("0", "", "false", "False")
 
 HAS_GLUON = False
 if HAS_TRITON:
@@ -166,24 +173,59 @@ if HAS_GLUON:
             _tma_load(w_desc, [n0, k0 // 2], bar, w_buf)
 
     @gluon.jit
+    def grid_wait(PDL: gl.constexpr):
+        """PDL (`kernels/pdl.py`): block until the previous kernel has completed and its writes are
+        visible. Nothing that kernel writes (the activations) and no store may come before this."""
+        if PDL:
+            gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+
+    @gluon.jit
+    def launch_dependents(PDL: gl.constexpr):
+        """PDL: the next kernel may be scheduled once every program of this one has got here."""
+        if PDL:
+            gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32,
+                                      is_pure=False, pack=1)
+
+    @gluon.jit
+    def _prefill_weights(x_desc, w_desc, x_bufs, w_bufs, ready, n0, t0, npre, BLOCKS: gl.constexpr):
+        """PDL: the weight tiles of the first `npre` ring slots (their `ready` expects both tiles'
+        bytes), loaded before `grid_wait`: weights are never written by the previous kernel."""
+        BKX: gl.constexpr = x_desc.block_type.shape[1]
+        for i in range(npre):
+            mbarrier.expect(ready.index(i), x_desc.block_type.nbytes + w_desc.block_type.nbytes)
+            tma_tiles(x_desc, w_desc, x_bufs.index(i), w_bufs.index(i), ready.index(i), 0, n0, (t0 + i) * BKX,
+                      BLOCKS, LOAD_X=False)
+
+    @gluon.jit
     def _fill_slot(x_desc, w_desc, x_bufs, w_bufs, sc_bufs, mn_bufs, ready, empty, i, m0, n0, k0, sc, mn,
-                   BLOCKS: gl.constexpr):
+                   BLOCKS: gl.constexpr, PDL: gl.constexpr = False, npre=0):
         """Ring slot of the i-th tile of this program: wait until it is free, TMA the activation and
-        weight tiles at (m0, n0, k0) into it and store the tile's scale / min column beside them."""
+        weight tiles at (m0, n0, k0) into it and store the tile's scale / min column beside them
+        (with PDL, slots below npre hold their weights already: `_prefill_weights`)."""
         STAGES: gl.constexpr = x_bufs.type.shape[0]
         s = i % STAGES
-        mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)
-        mbarrier.expect(ready.index(s), x_desc.block_type.nbytes + w_desc.block_type.nbytes)
-        tma_tiles(x_desc, w_desc, x_bufs.index(s), w_bufs.index(s), ready.index(s), m0, n0, k0, BLOCKS)
+        if PDL:
+            if i < npre:
+                _tma_load(x_desc, [m0, k0], ready.index(s), x_bufs.index(s))
+            else:
+                mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)
+                mbarrier.expect(ready.index(s), x_desc.block_type.nbytes + w_desc.block_type.nbytes)
+                tma_tiles(x_desc, w_desc, x_bufs.index(s), w_bufs.index(s), ready.index(s), m0, n0, k0, BLOCKS)
+        else:
+            mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)
+            mbarrier.expect(ready.index(s), x_desc.block_type.nbytes + w_desc.block_type.nbytes)
+            tma_tiles(x_desc, w_desc, x_bufs.index(s), w_bufs.index(s), ready.index(s), m0, n0, k0, BLOCKS)
         sc_bufs.index(s).store(sc)
         mn_bufs.index(s).store(mn)
         mbarrier.arrive(ready.index(s))
 
     @gluon.jit
     def _load_partition(x_desc, w_desc, x_bufs, w_bufs, sc_bufs, mn_bufs, ready, empty, s_ptr, mn_ptr, m0, n0, t0,
-                        num_k, K, G: gl.constexpr, BLOCKS: gl.constexpr):
+                        num_k, K, G: gl.constexpr, BLOCKS: gl.constexpr, PDL: gl.constexpr):
         """One warp: TMA for the activation and weight tiles, and each tile's scale / min column
-        for the BN rows (plain loads one tile ahead, stored to the slot before its second arrive)."""
+        for the BN rows (plain loads one tile ahead, stored to the slot before its second arrive).
+        With PDL the first ring's weights and scales are requested before `grid_wait`."""
+        STAGES: gl.constexpr = x_bufs.type.shape[0]
         BKX: gl.constexpr = x_desc.block_type.shape[1]
         BN: gl.constexpr = sc_bufs.type.shape[1]
         rl: gl.constexpr = gl.BlockedLayout([BN // 32], [32], [1], [0])
@@ -193,9 +235,15 @@ if HAS_GLUON:
         g0 = (t0 * BKX) // G
         sc = gl.load(s_rows + g0)
         mn = gl.load(mn_rows + g0)
+        npre = 0
+        if PDL:
+            launch_dependents(PDL)
+            npre = gl.minimum(num_k, STAGES)
+            _prefill_weights(x_desc, w_desc, x_bufs, w_bufs, ready, n0, t0, npre, BLOCKS)
+            grid_wait(PDL)
         for i in range(num_k):
             _fill_slot(x_desc, w_desc, x_bufs, w_bufs, sc_bufs, mn_bufs, ready, empty, i, m0, n0, (t0 + i) * BKX,
-                       sc, mn, BLOCKS)
+                       sc, mn, BLOCKS, PDL, npre)
             g_next = ((t0 + gl.minimum(i + 1, num_k - 1)) * BKX) // G
             sc = gl.load(s_rows + g_next)
             mn = gl.load(mn_rows + g_next)
@@ -214,9 +262,10 @@ if HAS_GLUON:
 
     @gluon.jit
     def _load_partition_sk(x_desc, w_desc, x_bufs, w_bufs, sc_bufs, mn_bufs, ready, empty, s_ptr, mn_ptr, T, per,
-                           KT, MT, K, G: gl.constexpr, BLOCKS: gl.constexpr):
+                           KT, MT, K, G: gl.constexpr, BLOCKS: gl.constexpr, PDL: gl.constexpr):
         """The load warp of a stream-K program: the same slots, over its run of (tile, K tile)
-        iterations, one output tile's K range at a time (as the consumers walk them)."""
+        iterations, one output tile's K range at a time (as the consumers walk them). With PDL it
+        waits for the previous kernel after its first scale loads."""
         BM: gl.constexpr = x_desc.block_type.shape[0]
         BKX: gl.constexpr = x_desc.block_type.shape[1]
         BN: gl.constexpr = sc_bufs.type.shape[1]
@@ -230,6 +279,8 @@ if HAS_GLUON:
         g = (gl.maximum(start - first * KT, 0) * BKX) // G
         sc = gl.load(s_ptr + (n0 + ar) * (K // G) + g)
         mn = gl.load(mn_ptr + (n0 + ar) * (K // G) + g)
+        launch_dependents(PDL)
+        grid_wait(PDL)
         for t in range(first, last + 1):
             k_lo = gl.maximum(start - t * KT, 0)
             k_hi = gl.minimum(end - t * KT, KT)
@@ -455,7 +506,7 @@ if HAS_GLUON:
                            G: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, BLOCKS: gl.constexpr,
                            F16: gl.constexpr, A_SMEM: gl.constexpr, SPLIT_K: gl.constexpr, CONSUMERS: gl.constexpr,
                            TOKEN_SCALES: gl.constexpr, STREAM_K: gl.constexpr, CMAX: gl.constexpr,
-                           PACKED: gl.constexpr, num_warps: gl.constexpr):
+                           PACKED: gl.constexpr, PDL: gl.constexpr, num_warps: gl.constexpr):
         """One output tile per program (grid: N tiles x M tiles x split-K slices), or with STREAM_K a
         persistent grid whose program p runs iterations [p * per, (p + 1) * per) of the
         (output tile, K tile) sequence."""
@@ -480,7 +531,7 @@ if HAS_GLUON:
                                          xs_ptr, M, N, T, per, KT, MT, 0, BN, 1, F16, TOKEN_SCALES, num_warps, CMAX,
                                          PACKED)),
                     (_load_partition_sk, (x_desc, w_desc, x_bufs, w_bufs, sc_bufs, mn_bufs, ready, empty, s_ptr,
-                                          mn_ptr, T, per, KT, MT, K, G, BLOCKS)),
+                                          mn_ptr, T, per, KT, MT, K, G, BLOCKS, PDL)),
                 ], [1], [64])
             else:
                 gl.warp_specialize([
@@ -491,7 +542,7 @@ if HAS_GLUON:
                                          xs_ptr, M, N, T, per, KT, MT, half, half, 2, F16, TOKEN_SCALES,
                                          num_warps, CMAX, PACKED)),
                     (_load_partition_sk, (x_desc, w_desc, x_bufs, w_bufs, sc_bufs, mn_bufs, ready, empty, s_ptr,
-                                          mn_ptr, T, per, KT, MT, K, G, BLOCKS)),
+                                          mn_ptr, T, per, KT, MT, K, G, BLOCKS, PDL)),
                 ], [num_warps, 1], [232, 40])
         else:
             m0 = gl.program_id(1) * BM
@@ -503,7 +554,7 @@ if HAS_GLUON:
                                       xs_ptr, m0, n0, M, N, num_k, 0, BN, 1, F16, A_SMEM, SPLIT_K, TOKEN_SCALES,
                                       num_warps, PACKED)),
                     (_load_partition, (x_desc, w_desc, x_bufs, w_bufs, sc_bufs, mn_bufs, ready, empty, s_ptr, mn_ptr,
-                                       m0, n0, t0, num_k, K, G, BLOCKS)),
+                                       m0, n0, t0, num_k, K, G, BLOCKS, PDL)),
                 ], [1], [64])
             else:  # two independent 4-warp consumers on the two row halves: one dequantizes while the
                 # other's wgmma runs (no CTA-wide barrier couples them; each hands slots back itself)
@@ -516,7 +567,7 @@ if HAS_GLUON:
                                       xs_ptr, m0, n0, M, N, num_k, half, half, 2, F16, A_SMEM, SPLIT_K, TOKEN_SCALES,
                                       num_warps, PACKED)),
                     (_load_partition, (x_desc, w_desc, x_bufs, w_bufs, sc_bufs, mn_bufs, ready, empty, s_ptr, mn_ptr,
-                                       m0, n0, t0, num_k, K, G, BLOCKS)),
+                                       m0, n0, t0, num_k, K, G, BLOCKS, PDL)),
                 ], [num_warps, 1], [232, 40])
 
     @functools.lru_cache(maxsize=None)
@@ -720,14 +771,15 @@ def w4a16_wgmma(x2: torch.Tensor, store: Int4Weight, cfg: TileConfig,
         grid = (n // cfg.bn, -(-m // cfg.bm), cfg.split_k)
         ws, cnt = splitk_buffers(y, cfg.split_k, m * n, tiles * consumers)
     regs = cfg.maxnreg or (TWO_CONSUMER_REGS if consumers == 2 else 0)
+    pdl = WGMMA_PDL and pdl_enabled(y)
     xs = y if token_scales is None else token_scales
     w4a16_wgmma_kernel[grid](x_desc, w_desc, store.scales, store.mins, y, ws, cnt, xs, m, n, k, per,
                              G=store.group_size, BN=cfg.bn, STAGES=cfg.stages, BLOCKS=store.layout == BLOCKS16,
                              F16=x2.dtype == torch.float16, A_SMEM=cfg.a_smem, SPLIT_K=cfg.split_k,
                              CONSUMERS=consumers, TOKEN_SCALES=token_scales is not None,
                              STREAM_K=bool(cfg.stream_k), CMAX=cmax, PACKED=packed_dequant(store, x2.dtype),
-                             num_warps=cfg.warps // consumers,
-                             **({"maxnreg": regs} if regs else {}))
+                             PDL=pdl, num_warps=cfg.warps // consumers,
+                             **({"maxnreg": regs} if regs else {}), **launch_kwargs(pdl))
     return y
 
 
