@@ -82,21 +82,22 @@ def launch_kwargs(on: bool) -> dict:
 
 
 if HAS_TRITON:
+    #: the two griddepcontrol instructions as inline PTX with one dummy output (Triton and Gluon kernels)
+    GDC_WAIT = tl.constexpr("griddepcontrol.wait; mov.u32 $0, 0;")
+    GDC_LAUNCH = tl.constexpr("griddepcontrol.launch_dependents; mov.u32 $0, 0;")
 
     @triton.jit
     def grid_wait(PDL: tl.constexpr):
         """Block until the previous kernel in the stream has completed and its writes are visible."""
         if PDL:
-            tl.inline_asm_elementwise("griddepcontrol.wait; mov.u32 $0, 0;", "=r", [], dtype=tl.int32,
-                                      is_pure=False, pack=1)
+            tl.inline_asm_elementwise(GDC_WAIT, "=r", [], dtype=tl.int32, is_pure=False, pack=1)
 
 
     @triton.jit
     def launch_dependents(PDL: tl.constexpr):
         """Let the next PDL kernel be scheduled once every program of this one has got here."""
         if PDL:
-            tl.inline_asm_elementwise("griddepcontrol.launch_dependents; mov.u32 $0, 0;", "=r", [],
-                                      dtype=tl.int32, is_pure=False, pack=1)
+            tl.inline_asm_elementwise(GDC_LAUNCH, "=r", [], dtype=tl.int32, is_pure=False, pack=1)
 
 
     @triton.jit

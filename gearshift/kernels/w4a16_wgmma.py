@@ -71,6 +71,8 @@ if HAS_TRITON:
         HAS_GLUON = False
 
 if HAS_GLUON:
+    from gearshift.kernels.pdl import GDC_LAUNCH, GDC_WAIT
+
     # Triton 3.6 names the TMA load async_copy_global_to_shared; later releases async_load.
     _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
     # ... and the CTA barrier thread_barrier, later barrier
@@ -138,12 +140,17 @@ if HAS_GLUON:
         a packed subtract leaves q exactly, one packed FMA rounds q * s + m once. 4 instructions per
         byte against `dequant_bytes`' 7, and the same bits wherever s and m are exact in x's dtype
         (`packed_dequant`)."""
+        return _byte_pair(_DEQUANT_X2_F16 if F16 else _DEQUANT_X2_BF16, b, s2, m2, F16)
+
+    @gluon.jit
+    def _byte_pair(asm: gl.constexpr, b, s, c, F16: gl.constexpr):
+        """One PTX block per code byte with two 32-bit operands -> the byte's two 16-bit weights."""
         if F16:
-            lo, hi = gl.inline_asm_elementwise(_DEQUANT_X2_F16, "=h,=h,r,r,r", [b, s2, m2],
-                                               dtype=(gl.float16, gl.float16), is_pure=True, pack=1)
+            lo, hi = gl.inline_asm_elementwise(asm, "=h,=h,r,r,r", [b, s, c], dtype=(gl.float16, gl.float16),
+                                               is_pure=True, pack=1)
         else:
-            lo, hi = gl.inline_asm_elementwise(_DEQUANT_X2_BF16, "=h,=h,r,r,r", [b, s2, m2],
-                                               dtype=(gl.bfloat16, gl.bfloat16), is_pure=True, pack=1)
+            lo, hi = gl.inline_asm_elementwise(asm, "=h,=h,r,r,r", [b, s, c], dtype=(gl.bfloat16, gl.bfloat16),
+                                               is_pure=True, pack=1)
         return lo, hi
 
     @gluon.jit
@@ -151,13 +158,7 @@ if HAS_GLUON:
         """Code byte (int32, 0..255) -> its two weights (128 + q) * s + c (c = min - 128 s), low
         nibble first: each nibble lands in bits 16..19 of fp32 128.0 (one shift, one LOP3; reads
         as 128 + q exactly), one FFMA, and a paired convert rounds both once to fp16/bf16."""
-        if F16:
-            lo, hi = gl.inline_asm_elementwise(_DEQUANT_F16, "=h,=h,r,r,r", [b, s, c],
-                                               dtype=(gl.float16, gl.float16), is_pure=True, pack=1)
-        else:
-            lo, hi = gl.inline_asm_elementwise(_DEQUANT_BF16, "=h,=h,r,r,r", [b, s, c],
-                                               dtype=(gl.bfloat16, gl.bfloat16), is_pure=True, pack=1)
-        return lo, hi
+        return _byte_pair(_DEQUANT_F16 if F16 else _DEQUANT_BF16, b, s, c, F16)
 
     @gluon.jit
     def tma_tiles(x_desc, w_desc, x_buf, w_buf, bar, m0, n0, k0, BLOCKS: gl.constexpr, LOAD_X: gl.constexpr = True):
@@ -177,14 +178,13 @@ if HAS_GLUON:
         """PDL (`kernels/pdl.py`): block until the previous kernel has completed and its writes are
         visible. Nothing that kernel writes (the activations) and no store may come before this."""
         if PDL:
-            gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+            gl.inline_asm_elementwise(GDC_WAIT, "=r", [], dtype=gl.int32, is_pure=False, pack=1)
 
     @gluon.jit
     def launch_dependents(PDL: gl.constexpr):
         """PDL: the next kernel may be scheduled once every program of this one has got here."""
         if PDL:
-            gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32,
-                                      is_pure=False, pack=1)
+            gl.inline_asm_elementwise(GDC_LAUNCH, "=r", [], dtype=gl.int32, is_pure=False, pack=1)
 
     @gluon.jit
     def _prefill_weights(x_desc, w_desc, x_bufs, w_bufs, ready, n0, t0, npre, BLOCKS: gl.constexpr):
