@@ -204,7 +204,7 @@ if HAS_GLUON:
         (with PDL, slots below npre hold their weights already: `_prefill_weights`)."""
         STAGES: gl.constexpr = x_bufs.type.shape[0]
         s = i % STAGES
-        if PDL:
+        if PDL:  # (the plain branch repeated below: a shared runtime flag costs the non-PDL kernel a warp sync)
             if i < npre:
                 _tma_load(x_desc, [m0, k0], ready.index(s), x_bufs.index(s))
             else:
