@@ -406,6 +406,9 @@ if HAS_GLUON:
                 # Triton 3.6 does not keep the packed A registers of an in-flight wgmma alive (a
                 # dependency on the tensor covers its 16-bit halves only), so the next dequant
                 # could overwrite them (measured: wrong rows g+8 with one wgmma left pending).
+                # Two tiles per loop body (distinct A registers) fix that, but ptxas 12.8 pipelines
+                # such wgmmas only in the default partition, and where it does they did not pay
+                # (stop 26, benchmarks/tc_ablations/pipelined_a.py, results/pipelined_a.patch).
                 a = gl.convert_layout(w, dot, assert_trivial=True)
                 acc = warpgroup_mma(a, x_bufs.index(s).permute((1, 0)), acc, is_async=True)
                 acc = warpgroup_mma_wait(0, deps=(acc,))
