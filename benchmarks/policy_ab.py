@@ -9,8 +9,9 @@ whole steps (PDL overlaps a kernel's start with its predecessor), so a map chang
 
 With --layout-a / --layout-b the two sides hold the same weights in different int4 layouts
 (`Int4Weight.to_layout`); with the same map on both, their outputs must then be bit-identical,
-which is checked for every shape and M before timing. --set-a / --set-b set switches of the W4A16
-wgmma kernel per side (`kernels/w4a16_wgmma.py`: `PACKED_DEQUANT=never`, `WGMMA_PDL=0`); with the
+which is checked for every shape and M before timing. --set-a / --set-b set kernel switches per side
+(`kernels/w4a16_wgmma.py`: `PACKED_DEQUANT=never`, `WGMMA_PDL=0`; other modules by name:
+`w4a8_progressive.PROGRESSIVE_PDL=0`); with the
 same map and layout the two sides' outputs are then checked bit-identical too (except with
 `PACKED_DEQUANT=always`, which rounds scales).
 """
@@ -49,26 +50,29 @@ def main() -> None:
     ap.add_argument("--layout-b", default="blocks16", choices=("rows", "blocks16"), help="int4 layout of side B")
     ap.add_argument("--int4-prog", action="store_true",
                     help="int4 stores with row units (--quantize int4-prog), which w4a8_progressive can run")
-    ap.add_argument("--set-a", default="", help="NAME=VALUE[,...]: w4a16_wgmma switches while side A runs")
+    ap.add_argument("--set-a", default="", help="[MODULE.]NAME=VALUE[,...]: kernel switches while side A runs "
+                    "(MODULE in gearshift.kernels, default w4a16_wgmma; e.g. w4a8_progressive.PROGRESSIVE_PDL=0)")
     ap.add_argument("--set-b", default="", help="the same for side B")
     a = ap.parse_args()
-    import gearshift.kernels.w4a16_wgmma as W
+    import importlib
 
     def switches(spec: str) -> dict:
         out = {}
         for item in filter(None, spec.split(",")):
             name, _, value = item.partition("=")
-            if not hasattr(W, name):
-                raise SystemExit(f"w4a16_wgmma has no switch {name!r}")
-            out[name] = type(getattr(W, name))(int(value)) if value.lstrip("-").isdigit() else value
+            mod_name, _, attr = name.rpartition(".")
+            mod = importlib.import_module(f"gearshift.kernels.{mod_name or 'w4a16_wgmma'}")
+            if not hasattr(mod, attr):
+                raise SystemExit(f"{mod.__name__} has no switch {attr!r}")
+            out[(mod, attr)] = type(getattr(mod, attr))(int(value)) if value.lstrip("-").isdigit() else value
         return out
 
     sets = {"a": switches(a.set_a), "b": switches(a.set_b)}
-    defaults = {name: getattr(W, name) for s in sets.values() for name in s}
+    defaults = {key: getattr(*key) for s in sets.values() for key in s}
 
-    def side(name):  # the kernel's switches as that side wants them
-        for k, v in (defaults | sets[name]).items():
-            setattr(W, k, v)
+    def side(name):  # the kernels' switches as that side wants them
+        for (mod, attr), v in (defaults | sets[name]).items():
+            setattr(mod, attr, v)
         return name
 
     shapes = PRESETS["llama3-8b"]["shapes"]

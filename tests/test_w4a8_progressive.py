@@ -102,7 +102,8 @@ from gearshift.kernels import w4a8_progressive as P
 from gearshift.kernels import w4a8_wgmma as W
 from gearshift.kernels.w4a16_wgmma import _weight_descriptor
 
-def gluon_ptx(bm, bn, warps, stages, layout, maxnreg=None, split_k=1, consumers=1, ablate=0, stream_k=False):
+def gluon_ptx(bm, bn, warps, stages, layout, maxnreg=None, split_k=1, consumers=1, ablate=0, stream_k=False,
+              pdl=False):
     st = random_store("int4p", 4096, 4096, 128, "cpu", layout=layout)
     xd = W._code_descriptor(torch.empty(bm, 4096, dtype=torch.int8), bm, 128)
     wd = _weight_descriptor(st, bn, 128, swizzle=64)
@@ -112,7 +113,7 @@ def gluon_ptx(bm, bn, warps, stages, layout, maxnreg=None, split_k=1, consumers=
            "ws_ptr": "*fp32", "cnt_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32", "per": "i32"}
     attrs = {(list(sig).index(n),): [["tt.divisibility", 16]] for n in ("y_ptr", "N", "K")}
     cx = {"G": 128, "BN": bn, "STAGES": stages, "BLOCKS": layout == "blocks16", "SPLIT_K": split_k,
-          "CONSUMERS": consumers, "num_warps": warps, "ABLATE": ablate, "STREAM_K": stream_k, "CMAX": 3}
+          "CONSUMERS": consumers, "num_warps": warps, "ABLATE": ablate, "STREAM_K": stream_k, "CMAX": 3, "PDL": pdl}
     sig.update({name: "constexpr" for name in cx})
     names = list(sig)
     src = GluonASTSource(fn=P.w4a8_progressive_kernel, signature=sig,
@@ -132,6 +133,9 @@ out["ablate7"] = gluon_ptx(128, 64, 4, 4, "blocks16", 168, ablate=7)
 # stream-K: a persistent grid whose partial tiles meet behind acq_rel counters
 out["stream_k_bm256_bn128"] = gluon_ptx(256, 128, 4, 3, "blocks16", None, 1, 2, stream_k=True)
 out["stream_k_one_consumer"] = gluon_ptx(128, 64, 4, 4, "rows", 168, stream_k=True)
+# programmatic dependent launch
+out["pdl_two_consumers_splitk"] = gluon_ptx(128, 128, 4, 4, "blocks16", 168, 2, 2, pdl=True)
+out["pdl_stream_k"] = gluon_ptx(256, 128, 4, 3, "blocks16", None, 1, 2, stream_k=True, pdl=True)
 """
 
 
@@ -256,6 +260,69 @@ def test_compiles_to_int8_wgmma_with_packed_weights(gluon_ptx, name):
     assert len({sel for _, sel, _, _ in uses}) == (2 if two else 1)
     # partial sums (split-K, stream-K) meet behind acq_rel counters; whole tiles need none
     assert ("atom.global.gpu.acq_rel.add" in p) == (name != "one_consumer_blocks16")
+
+
+@pytest.mark.parametrize("name", ["pdl_two_consumers_splitk", "pdl_stream_k", "two_consumers_rows_splitk"])
+def test_pdl_loads_no_codes_before_the_wait(gluon_ptx, name):
+    """With PDL the load warp lets the next kernel in, may request weights, scales and mins (nobody
+    writes them) and waits for the previous kernel before any load of the codes (x_desc, the first
+    parameter), which that kernel wrote; without PDL there is no griddepcontrol at all."""
+    import re
+
+    p = gluon_ptx[name]
+    pdl = name.startswith("pdl")
+    assert ("griddepcontrol.wait" in p and "griddepcontrol.launch_dependents" in p) == pdl
+    if not pdl:
+        return
+    tma = r"cp\.async\.bulk\.tensor\.(\d)d\S*\s+\[%r\d+\], \[(%rd\d+),"
+    head = re.findall(tma, p.split("griddepcontrol.wait", 1)[0])
+    descs = {d for _, d in re.findall(tma, p)}
+    if name == "pdl_stream_k":  # stream-K waits before its first load
+        assert not head
+    else:  # weights (3-d blocks16 boxes), scales and mins before the wait; the codes' descriptor only after
+        assert {dim for dim, _ in head} == {"2", "3"}
+        assert len(descs - {d for _, d in head}) == 1 and len(descs) == 4
+
+
+@needs_hopper
+def test_pdl_launch_gives_the_same_bits():
+    """A chain of progressive launches, each reading the previous output's codes, with and without
+    PDL (eager and replayed from a CUDA graph): identical outputs."""
+    from gearshift.kernels import w4a8_progressive as P
+    from gearshift.kernels.act_quant import quantize_act_triton
+
+    torch.manual_seed(0)
+    act = ActQuantSpec("int8")
+    st = random_store("int4p", 1024, 1024, 128, "cuda", layout=BLOCKS16)
+    x0 = torch.randn(300, 1024, device="cuda", dtype=torch.bfloat16)
+    cfgs = [c for c in progressive_configs(300) if progressive_supports(st, act, c)][:6]
+
+    def chain(cfg):
+        x = x0
+        for _ in range(4):
+            codes, scales = quantize_act_triton(x, act)
+            x = P.progressive_codes(codes, scales, st, cfg, torch.bfloat16) * 0.05
+        return x
+
+    default = P.PROGRESSIVE_PDL
+    for cfg in cfgs:
+        outs = []
+        for on in (False, True):
+            P.PROGRESSIVE_PDL = on
+            try:
+                eager = chain(cfg)
+                g = torch.cuda.CUDAGraph()
+                chain(cfg)
+                torch.cuda.synchronize()
+                with torch.cuda.graph(g):
+                    graphed = chain(cfg)
+                g.replay()
+                torch.cuda.synchronize()
+                assert torch.equal(eager, graphed), (cfg, on)
+                outs.append(eager)
+            finally:
+                P.PROGRESSIVE_PDL = default
+        assert torch.equal(outs[0], outs[1]), cfg
 
 
 def test_stream_k_model_slices_each_tile_where_its_programs_meet(monkeypatch):

@@ -28,14 +28,24 @@ interpreter, so the tests compile for sm_90 there and compare on a Hopper GPU.
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from gearshift.kernels.act_quant import quantize_act_triton
 from gearshift.kernels.config import TileConfig
+from gearshift.kernels.pdl import launch_kwargs, pdl_enabled
 from gearshift.kernels.splitk import counters, splitk_buffers
 from gearshift.kernels.w4a16_wgmma import HAS_GLUON, TWO_CONSUMER_REGS, _weight_descriptor, stream_k_launch, stream_k_runs
 from gearshift.kernels.w4a8_wgmma import int8_tile_fits
 from gearshift.quant.int4 import BLOCKS16, Int4Weight
+
+#: launch with programmatic dependent launch (`kernels/pdl.py`): the load warp lets the next kernel
+#: in at once and requests the first ring's weights, scales and mins before waiting for the codes.
+#: Off by default: on the H100 the whole W4A8 step took 1.064 / 1.041 / 1.011 / 0.993 / 0.991 of
+#: its time without PDL at M = 64 / 128 / 256 / 512 / 1024 (stop 26, `policy_ab.py --set-a
+#: w4a8_progressive.PROGRESSIVE_PDL=0`). GEARSHIFT_PROGRESSIVE_PDL=1 turns it on; results are identical.
+PROGRESSIVE_PDL = os.environ.get("GEARSHIFT_PROGRESSIVE_PDL", "0") not in ("0", "", "false", "False")
 
 if HAS_GLUON:
     from triton.experimental import gluon
@@ -223,9 +233,11 @@ if HAS_GLUON:
     def w4a8_progressive_kernel(x_desc, w_desc, sc_desc, mn_desc, units_ptr, xs_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K,
                                 per, G: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, BLOCKS: gl.constexpr,
                                 SPLIT_K: gl.constexpr, CONSUMERS: gl.constexpr, num_warps: gl.constexpr,
-                                ABLATE: gl.constexpr = 0, STREAM_K: gl.constexpr = False, CMAX: gl.constexpr = 0):
+                                ABLATE: gl.constexpr = 0, STREAM_K: gl.constexpr = False, CMAX: gl.constexpr = 0,
+                                PDL: gl.constexpr = False):
         """One output tile per program, or with STREAM_K a persistent grid of runs of `per`
-        (tile, K tile) iterations (`w4a16_wgmma.stream_k_range`)."""
+        (tile, K tile) iterations (`w4a16_wgmma.stream_k_range`). PDL: the load warp lets the next
+        kernel in at once and requests the first ring's weights before waiting for the codes."""
         BM: gl.constexpr = x_desc.block_type.shape[0]
         BKX: gl.constexpr = x_desc.block_type.shape[1]
         gl.static_assert(BKX == G, "one K tile per quantization group")
@@ -245,7 +257,7 @@ if HAS_GLUON:
                     (_mma_partition_sk, (x_bufs, w_bufs, sc_bufs, mn_bufs, ready, empty, units_ptr, y_ptr, ws_ptr,
                                          cnt_ptr, xs_ptr, M, N, T, per, KT, MT, 0, BN, 1, num_warps, SW, CMAX)),
                     (_load_partition_tma_sk, (x_desc, w_desc, sc_desc, mn_desc, sc_desc, x_bufs, w_bufs, sc_bufs,
-                                              mn_bufs, sc_bufs, ready, empty, T, per, KT, MT, BLOCKS, False)),
+                                              mn_bufs, sc_bufs, ready, empty, T, per, KT, MT, BLOCKS, False, PDL)),
                 ], [1], [64])
             else:
                 gl.warp_specialize([
@@ -254,7 +266,7 @@ if HAS_GLUON:
                     (_mma_partition_sk, (x_bufs, w_bufs, sc_bufs, mn_bufs, ready, empty, units_ptr, y_ptr, ws_ptr,
                                          cnt_ptr, xs_ptr, M, N, T, per, KT, MT, half, half, 2, num_warps, SW, CMAX)),
                     (_load_partition_tma_sk, (x_desc, w_desc, sc_desc, mn_desc, sc_desc, x_bufs, w_bufs, sc_bufs,
-                                              mn_bufs, sc_bufs, ready, empty, T, per, KT, MT, BLOCKS, False)),
+                                              mn_bufs, sc_bufs, ready, empty, T, per, KT, MT, BLOCKS, False, PDL)),
                 ], [num_warps, 1], [232, 40])
         else:
             m0 = gl.program_id(1) * BM
@@ -266,7 +278,7 @@ if HAS_GLUON:
                                       cnt_ptr, xs_ptr, m0, n0, M, N, t0, num_k, 0, BN, 1, SPLIT_K, num_warps, SW,
                                       ABLATE)),
                     (_load_partition_tma, (x_desc, w_desc, sc_desc, mn_desc, sc_desc, x_bufs, w_bufs, sc_bufs,
-                                           mn_bufs, sc_bufs, ready, empty, m0, n0, t0, num_k, BLOCKS, False)),
+                                           mn_bufs, sc_bufs, ready, empty, m0, n0, t0, num_k, BLOCKS, False, PDL)),
                 ], [1], [64])
             else:
                 gl.warp_specialize([
@@ -277,7 +289,7 @@ if HAS_GLUON:
                                       cnt_ptr, xs_ptr, m0, n0, M, N, t0, num_k, half, half, 2, SPLIT_K, num_warps, SW,
                                       ABLATE)),
                     (_load_partition_tma, (x_desc, w_desc, sc_desc, mn_desc, sc_desc, x_bufs, w_bufs, sc_bufs,
-                                           mn_bufs, sc_bufs, ready, empty, m0, n0, t0, num_k, BLOCKS, False)),
+                                           mn_bufs, sc_bufs, ready, empty, m0, n0, t0, num_k, BLOCKS, False, PDL)),
                 ], [num_warps, 1], [232, 40])
 
 
@@ -353,11 +365,12 @@ def progressive_codes(codes: torch.Tensor, scales: torch.Tensor, store: Int4Weig
         grid = (n // cfg.bn, -(-m // cfg.bm), cfg.split_k)
         ws, cnt = splitk_buffers(y, cfg.split_k, m * n, tiles * consumers * halves)
     regs = cfg.maxnreg or (TWO_CONSUMER_REGS if consumers == 2 else 0)
+    pdl = PROGRESSIVE_PDL and pdl_enabled(y)
     w4a8_progressive_kernel[grid](x_desc, w_desc, sc_desc, mn_desc, store.row_units, scales, y, ws, cnt, m, n, k, per,
                                   G=store.group_size, BN=cfg.bn, STAGES=cfg.stages, BLOCKS=store.layout == BLOCKS16,
                                   SPLIT_K=cfg.split_k, CONSUMERS=consumers, num_warps=cfg.warps // consumers,
-                                  ABLATE=ablate, STREAM_K=bool(cfg.stream_k), CMAX=cmax,
-                                  **({"maxnreg": regs} if regs else {}))
+                                  ABLATE=ablate, STREAM_K=bool(cfg.stream_k), CMAX=cmax, PDL=pdl,
+                                  **({"maxnreg": regs} if regs else {}), **launch_kwargs(pdl))
     return y
 
 

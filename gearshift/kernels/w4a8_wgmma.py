@@ -48,8 +48,9 @@ if HAS_GLUON:
     from triton.experimental.gluon.language.nvidia.hopper import mbarrier, warpgroup_mma, warpgroup_mma_wait
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    from gearshift.kernels.w4a16_wgmma import (_store_tile, _tma_load, act_layout, fragment_rows, k_slice,
-                                               ring_barriers, stream_k_range, stream_k_tile, tma_tiles)
+    from gearshift.kernels.w4a16_wgmma import (_store_tile, _tma_load, act_layout, fragment_rows, grid_wait, k_slice,
+                                               launch_dependents, ring_barriers, stream_k_range, stream_k_tile,
+                                               tma_tiles)
 
     _MAGIC = gl.constexpr(MAGIC)
     _MAGIC_BITS = gl.constexpr(MAGIC_BITS)
@@ -97,9 +98,30 @@ if HAS_GLUON:
 
     @gluon.jit
     def _fill_tma_slot(x_desc, w_desc, sc_desc, mn_desc, sum_desc, x_bufs, w_bufs, sc_bufs, mn_bufs, sum_bufs,
-                       ready, empty, i, m0, n0, g, BLOCKS: gl.constexpr, SUMS: gl.constexpr):
+                       ready, empty, i, m0, n0, g, BLOCKS: gl.constexpr, SUMS: gl.constexpr, PDL: gl.constexpr = False,
+                       npre=0):
         """Ring slot of this program's i-th K tile (= group g of the tile at (m0, n0)): wait until
-        it is free, then TMA its codes, weight bytes, scale / min boxes and (SUMS) code sums."""
+        it is free, then TMA its codes, weight bytes, scale / min boxes and (SUMS) code sums. With
+        PDL, slots below npre hold their weights, scales and mins already (`_prefill_group_weights`):
+        only the codes (and sums) are left."""
+        BKX: gl.constexpr = x_desc.block_type.shape[1]
+        STAGES: gl.constexpr = x_bufs.type.shape[0]
+        s = i % STAGES
+        if PDL:  # (the plain call repeated below: a shared runtime flag costs the non-PDL kernel a warp sync)
+            if i < npre:
+                _tma_load(x_desc, [m0, g * BKX], ready.index(s), x_bufs.index(s))
+                if SUMS:
+                    _tma_load(sum_desc, [g, m0], ready.index(s), sum_bufs.index(s))
+            else:
+                _fill_whole_slot(x_desc, w_desc, sc_desc, mn_desc, sum_desc, x_bufs, w_bufs, sc_bufs, mn_bufs,
+                                 sum_bufs, ready, empty, i, m0, n0, g, BLOCKS, SUMS)
+        else:
+            _fill_whole_slot(x_desc, w_desc, sc_desc, mn_desc, sum_desc, x_bufs, w_bufs, sc_bufs, mn_bufs, sum_bufs,
+                             ready, empty, i, m0, n0, g, BLOCKS, SUMS)
+
+    @gluon.jit
+    def _fill_whole_slot(x_desc, w_desc, sc_desc, mn_desc, sum_desc, x_bufs, w_bufs, sc_bufs, mn_bufs, sum_bufs,
+                         ready, empty, i, m0, n0, g, BLOCKS: gl.constexpr, SUMS: gl.constexpr):
         STAGES: gl.constexpr = x_bufs.type.shape[0]
         BKX: gl.constexpr = x_desc.block_type.shape[1]
         NB: gl.constexpr = (x_desc.block_type.nbytes + w_desc.block_type.nbytes + 2 * sc_desc.block_type.nbytes
@@ -114,24 +136,54 @@ if HAS_GLUON:
             _tma_load(sum_desc, [g, m0], ready.index(s), sum_bufs.index(s))
 
     @gluon.jit
+    def _prefill_group_weights(x_desc, w_desc, sc_desc, mn_desc, sum_desc, x_bufs, w_bufs, sc_bufs, mn_bufs, ready,
+                               n0, t0, npre, BLOCKS: gl.constexpr, SUMS: gl.constexpr):
+        """PDL: the weight bytes, scales and mins of the first `npre` ring slots (their `ready`
+        expects the whole slot), requested before `grid_wait`: nobody writes them."""
+        BKX: gl.constexpr = x_desc.block_type.shape[1]
+        NB: gl.constexpr = (x_desc.block_type.nbytes + w_desc.block_type.nbytes + 2 * sc_desc.block_type.nbytes
+                            + (sum_desc.block_type.nbytes if SUMS else 0))
+        for i in range(npre):
+            g = t0 + i
+            mbarrier.expect(ready.index(i), NB)
+            tma_tiles(x_desc, w_desc, x_bufs.index(i), w_bufs.index(i), ready.index(i), 0, n0, g * BKX, BLOCKS,
+                      LOAD_X=False)
+            _tma_load(sc_desc, [n0, g // 8 * 8], ready.index(i), sc_bufs.index(i))
+            _tma_load(mn_desc, [n0, g // 8 * 8], ready.index(i), mn_bufs.index(i))
+
+    @gluon.jit
     def _load_partition_tma(x_desc, w_desc, sc_desc, mn_desc, sum_desc, x_bufs, w_bufs, sc_bufs, mn_bufs, sum_bufs,
-                            ready, empty, m0, n0, t0, num_k, BLOCKS: gl.constexpr, SUMS: gl.constexpr = True):
+                            ready, empty, m0, n0, t0, num_k, BLOCKS: gl.constexpr, SUMS: gl.constexpr = True,
+                            PDL: gl.constexpr = False):
         """One warp, TMA only (no register round trip: a load warp that waits for its own global
         loads each tile paced the whole kernel): per K tile (= group g) the codes and weight bytes,
         the scales and mins of groups 8 (g / 8) .. + 7 of the BN rows, and with SUMS the BM tokens'
         code sums over group g (from the quantizer's [K / G, M] sums; without, sum_desc and
-        sum_bufs are not touched)."""
+        sum_bufs are not touched). With PDL the first ring's weights, scales and mins are requested
+        before `grid_wait`, the codes after it."""
+        STAGES: gl.constexpr = x_bufs.type.shape[0]
+        npre = 0
+        if PDL:
+            launch_dependents(PDL)
+            npre = gl.minimum(num_k, STAGES)
+            _prefill_group_weights(x_desc, w_desc, sc_desc, mn_desc, sum_desc, x_bufs, w_bufs, sc_bufs, mn_bufs,
+                                   ready, n0, t0, npre, BLOCKS, SUMS)
+            grid_wait(PDL)
         for i in range(num_k):
             _fill_tma_slot(x_desc, w_desc, sc_desc, mn_desc, sum_desc, x_bufs, w_bufs, sc_bufs, mn_bufs, sum_bufs,
-                           ready, empty, i, m0, n0, t0 + i, BLOCKS, SUMS)
+                           ready, empty, i, m0, n0, t0 + i, BLOCKS, SUMS, PDL, npre)
 
     @gluon.jit
     def _load_partition_tma_sk(x_desc, w_desc, sc_desc, mn_desc, sum_desc, x_bufs, w_bufs, sc_bufs, mn_bufs,
-                               sum_bufs, ready, empty, T, per, KT, MT, BLOCKS: gl.constexpr, SUMS: gl.constexpr):
+                               sum_bufs, ready, empty, T, per, KT, MT, BLOCKS: gl.constexpr, SUMS: gl.constexpr,
+                               PDL: gl.constexpr = False):
         """The same slots for a stream-K program (`w4a16_wgmma.stream_k_range`): its run of (output
-        tile, K tile) iterations, one tile's K range at a time."""
+        tile, K tile) iterations, one tile's K range at a time. With PDL it lets the next kernel in
+        and waits for the previous one before its first load."""
         BM: gl.constexpr = x_desc.block_type.shape[0]
         BN: gl.constexpr = sc_desc.block_type.shape[0]
+        launch_dependents(PDL)
+        grid_wait(PDL)
         start, end = stream_k_range(T, per)
         first = start // KT
         i = 0
