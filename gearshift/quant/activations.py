@@ -47,7 +47,10 @@ def quantize_activations(x: torch.Tensor, spec: ActQuantSpec) -> tuple[torch.Ten
     """Codes [..., K] (int8 for int8/int4, float8_e4m3fn for fp8) and fp32 scales [..., K//g]."""
     xg = _grouped(x.float(), spec.group_size)
     qmax = _QMAX[spec.dtype]
-    scale = (xg.abs().amax(-1, keepdim=True) / qmax).clamp_min(1e-8)
+    amax = xg.abs().amax(-1, keepdim=True)
+    # a correctly rounded division on every device (torch divides a CUDA tensor by a Python scalar
+    # as a multiplication by its reciprocal), so the Triton quantizer can give the same bits
+    scale = (amax / torch.full_like(amax, qmax)).clamp_min(1e-8)
     if spec.dtype == "fp8":
         q = (xg / scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
     else:
