@@ -318,10 +318,11 @@ if HAS_GLUON:
 
     @gluon.jit
     def _store_tile(acc, mma: gl.constexpr, y_ptr, ws_ptr, cnt_ptr, xs_ptr, m0, n0, M, N, part, NPART: gl.constexpr,
-                    SPLIT_K: gl.constexpr, TOKEN_SCALES: gl.constexpr):
+                    SPLIT_K: gl.constexpr, TOKEN_SCALES: gl.constexpr, WARPS: gl.constexpr):
         """Writes the fp32 tile acc [BN weight rows from n0, BM tokens from m0] (layout `mma`) to y
         [M, N]: times each token's scale with TOKEN_SCALES; with SPLIT_K > 1 through splitk.py's
-        deterministic one-launch reduction (`part`: this consumer's row block of the CTA)."""
+        deterministic one-launch reduction (`part`: this consumer's row block of the CTA; WARPS:
+        the consumer's warps)."""
         BN: gl.constexpr = acc.type.shape[0]
         BM: gl.constexpr = acc.type.shape[1]
         offs_n = n0 + gl.arange(0, BN, layout=gl.SliceLayout(1, mma))
@@ -339,10 +340,20 @@ if HAS_GLUON:
             tile = (gl.program_id(1) * gl.num_programs(0) + gl.program_id(0)) * NPART + part
             arrived = gl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel", scope="gpu")
             if arrived == SPLIT_K - 1:
-                tot = gl.zeros([BN, BM], gl.float32, layout=mma)
-                for sl in gl.static_range(SPLIT_K):
-                    tot += gl.load(ws_ptr + sl * n_out + offs, mask=mask, other=0.0, cache_modifier=".cg")
-                gl.store(y_ptr + offs, tot.to(y_ptr.dtype.element_ty), mask=mask)
+                # TC tokens at a time in a row-contiguous layout, the loads of all slices unrolled:
+                # a whole [BN, BM] sum beside SPLIT_K tiles in flight spilled (up to 900 bytes per
+                # thread, ptxas 12.8; stop 26). Same slice order, so the same bits.
+                TC: gl.constexpr = 32 if BM > 32 else BM
+                cl: gl.constexpr = gl.BlockedLayout([1, 4], [32 // (BN // 4), BN // 4], [WARPS, 1], [1, 0])
+                c_rows = n0 + gl.arange(0, BN, layout=gl.SliceLayout(0, cl))
+                for j in gl.static_range(BM // TC):
+                    tok = m0 + j * TC + gl.arange(0, TC, layout=gl.SliceLayout(1, cl))
+                    c_offs = tok[:, None] * N + c_rows[None, :]
+                    c_mask = (tok < M)[:, None]
+                    tot = gl.zeros([TC, BN], gl.float32, layout=cl)
+                    for sl in gl.static_range(SPLIT_K):
+                        tot += gl.load(ws_ptr + sl * n_out + c_offs, mask=c_mask, other=0.0, cache_modifier=".cg")
+                    gl.store(y_ptr + c_offs, tot.to(y_ptr.dtype.element_ty), mask=c_mask)
                 gl.atomic_xchg(cnt_ptr + tile, 0, sem="relaxed", scope="gpu")
 
     @gluon.jit
@@ -418,7 +429,7 @@ if HAS_GLUON:
             mbarrier.arrive(empty.index((done + STAGES) % STAGES), pred=done >= 0)
         acc = warpgroup_mma_wait(0, deps=(acc,))
         _store_tile(acc, mma, y_ptr, ws_ptr, cnt_ptr, xs_ptr, m0, n0 + ROW0, M, N, ROW0 // BN, NPART, SPLIT_K,
-                    TOKEN_SCALES)
+                    TOKEN_SCALES, WARPS)
 
     @gluon.jit
     def _store_segment_sk(acc, mma: gl.constexpr, y_ptr, ws_ptr, cnt_ptr, xs_ptr, t, first, k_lo, k_hi, m0, n0, M, N,

@@ -165,7 +165,7 @@ if HAS_GLUON:
                     acc = gl.fma(xsum, (mn - _OFFSET * sc)[:, None], acc)
             mbarrier.arrive(empty.index(s))
         _store_tile(acc, mma, y_ptr, ws_ptr, cnt_ptr, xs_ptr, m0, n0 + ROW0, M, N, ROW0 // BN, NPART, SPLIT_K,
-                    TOKEN_SCALES)
+                    TOKEN_SCALES, WARPS)
 
     @gluon.jit
     def w4a16_wgmma_small_kernel(x_desc, w_desc, sc_desc, mn_desc, xs_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K,

@@ -185,12 +185,13 @@ if HAS_GLUON:
                                        part2, zeros3, zeros, sel, mma, ROW0, BN, NPART, WARPS, SW, ABLATE)
         unit = gl.load(units_ptr + n0 + ROW0 + gl.arange(0, BN, layout=gl.SliceLayout(1, mma)))
         acc = part.to(gl.float32) * unit[:, None]
-        _store_tile(acc, mma, y_ptr, ws_ptr, cnt_ptr, xs_ptr, m0, n0 + ROW0, M, N, ROW0 // BN, NPART, SPLIT_K, True)
+        _store_tile(acc, mma, y_ptr, ws_ptr, cnt_ptr, xs_ptr, m0, n0 + ROW0, M, N, ROW0 // BN, NPART, SPLIT_K, True,
+                    WARPS)
         if TWO:  # the second token half has its own split-K counters, after the first half's
             acc = part2.to(gl.float32) * unit[:, None]
             cnt2 = cnt_ptr + gl.num_programs(0) * gl.num_programs(1) * NPART
             _store_tile(acc, mma, y_ptr, ws_ptr, cnt2, xs_ptr, m0 + BMH, n0 + ROW0, M, N, ROW0 // BN, NPART, SPLIT_K,
-                        True)
+                        True, WARPS)
 
     @gluon.jit
     def _mma_partition_sk(x_bufs, w_bufs, sc_bufs, mn_bufs, ready, empty, units_ptr, y_ptr, ws_ptr, cnt_ptr, xs_ptr,

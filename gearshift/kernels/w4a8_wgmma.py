@@ -252,7 +252,8 @@ if HAS_GLUON:
                 # into a multiply and an add (round(MAGIC * s) loses about s / 2 per group)
                 acc += gl.fma(f, sc[:, None], (-_MAGIC * sc)[:, None])  # round(partial * s)
                 acc = gl.fma(mn[:, None], xsum[None, :], acc)
-        _store_tile(acc, mma, y_ptr, ws_ptr, cnt_ptr, xs_ptr, m0, n0 + ROW0, M, N, ROW0 // BN, NPART, SPLIT_K, True)
+        _store_tile(acc, mma, y_ptr, ws_ptr, cnt_ptr, xs_ptr, m0, n0 + ROW0, M, N, ROW0 // BN, NPART, SPLIT_K, True,
+                    WARPS)
 
     @gluon.jit
     def w4a8_int8_wgmma_kernel(x_desc, w_desc, sc_desc, mn_desc, sum_desc, xs_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K,
