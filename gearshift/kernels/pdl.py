@@ -6,7 +6,8 @@ decode step. A kernel launched with PDL may start while its predecessor is still
 touches nothing that the predecessor writes until `grid_wait()` (griddepcontrol.wait returns once
 the predecessor has completed and its writes are visible), but it may read what nobody writes:
 its own weights. The fragment GEMV loads its first weight blocks into registers before the wait;
-the W4A16 wgmma kernel (`w4a16_wgmma.py`, its own Gluon helpers) TMAs its first ring's weight tiles.
+the W4A16 wgmma kernel (`w4a16_wgmma.py`, its own Gluon helpers) TMAs its first ring's weight tiles
+(`w4a8_progressive` can do the same, off by default: it measured slower at M = 64 / 128).
 
 Measured on the H100 (benchmarks/pdl.py): PDL takes 3-6% off a 32-layer step of linears at
 1..8 tokens when the next kernel is let in at the right point (`pdl_trigger`); letting it in at
