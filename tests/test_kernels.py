@@ -149,6 +149,30 @@ def test_act_quant_matches_reference(dtype):
         assert torch.equal(s, s2.reshape(-1))
 
 
+@pytest.mark.parametrize("k,one_pass", [(1000, 16384), (14336, 16384), (14336, 0), (20000, 16384)],
+                         ids=["one-pass", "one-pass-wide", "two-pass", "two-pass-wider-than-one-pass"])
+def test_act_quant_one_and_two_pass(k, one_pass, monkeypatch):
+    """Rows up to ONE_PASS_COLUMNS take one read from registers, wider rows (or the switch at 0)
+    the two-pass loop: both give the torch quantizer's integer codes and scales bit for bit, and
+    the same fp8 codes as each other (Triton's e4m3 conversion is not torch's bit for bit)."""
+    from gearshift.kernels import act_quant
+
+    torch.manual_seed(1)
+    x = (torch.randn(3, k, device=DEV) * torch.tensor([[0.1], [1.0], [30.0]], device=DEV)).to(torch.bfloat16)
+    fp8 = ActQuantSpec("fp8")
+    monkeypatch.setattr(act_quant, "ONE_PASS_COLUMNS", 0)
+    q8_two, s8_two = act_quant.quantize_act_triton(x, fp8)
+    monkeypatch.setattr(act_quant, "ONE_PASS_COLUMNS", one_pass)
+    assert (act_quant.act_block(k) >= k) == (k <= one_pass)
+    for spec in (ActQuantSpec("int8"), ActQuantSpec("int4")):
+        q, s = act_quant.quantize_act_triton(x, spec)
+        q2, s2 = quantize_activations(x, spec)
+        assert torch.equal(s, s2.reshape(-1)), spec
+        assert torch.equal(q, q2), (spec, (q != q2).sum().item())
+    q8, s8 = act_quant.quantize_act_triton(x, fp8)
+    assert torch.equal(s8, s8_two) and torch.equal(q8.view(torch.int8), q8_two.view(torch.int8))
+
+
 @pytest.mark.parametrize("spec", [ActQuantSpec("int8"), ActQuantSpec("fp8")], ids=["int8", "fp8"])
 def test_act_quant_group_sums(spec):
     """The sums the W4A8 GEMM takes for the weight mins are the sums of the codes it multiplies."""

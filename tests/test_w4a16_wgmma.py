@@ -8,6 +8,8 @@ the kernel asserts that conversion is free). On a Hopper GPU: the kernel against
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -119,7 +121,7 @@ from gearshift.dispatch.profiler import random_store
 from gearshift.kernels import w4a16_wgmma as W
 
 def gluon_ptx(bm, bn, warps, stages, a_smem, layout, f16, maxnreg=None, split_k=1, consumers=1, token_scales=False,
-              stream_k=False, bk=64, packed=False, pdl=False):
+              stream_k=False, bk=64, packed=False, pdl=False, vec=False):
     x = torch.empty(bm, 4096, dtype=torch.float16 if f16 else torch.bfloat16)
     st = random_store("int4", 4096, 4096, 128, "cpu", layout=layout)
     xd, wd = W._descriptors(x, st, bm, bn, bk)
@@ -129,7 +131,7 @@ def gluon_ptx(bm, bn, warps, stages, a_smem, layout, f16, maxnreg=None, split_k=
     attrs = {(list(sig).index(n),): [["tt.divisibility", 16]] for n in ("s_ptr", "mn_ptr", "y_ptr", "N", "K")}
     cx = {"G": 128, "BN": bn, "STAGES": stages, "BLOCKS": layout == "blocks16", "F16": f16, "A_SMEM": a_smem,
           "SPLIT_K": split_k, "CONSUMERS": consumers, "TOKEN_SCALES": token_scales, "STREAM_K": stream_k, "CMAX": 3,
-          "PACKED": packed, "PDL": pdl, "num_warps": warps}
+          "PACKED": packed, "PDL": pdl, "num_warps": warps, "VEC_STORE": vec}
     sig.update({name: "constexpr" for name in cx})
     names = list(sig)
     src = GluonASTSource(fn=W.w4a16_wgmma_kernel, signature=sig,
@@ -148,6 +150,9 @@ out["packed_two_consumers_bf16"] = gluon_ptx(256, 128, 4, 3, False, "blocks16", 
 out["packed_stream_k_fp16"] = gluon_ptx(128, 64, 4, 3, False, "rows", True, 128, stream_k=True, bk=128, packed=True)
 out["pdl_two_consumers"] = gluon_ptx(256, 128, 4, 3, False, "blocks16", False, 168, 1, 2, bk=128, pdl=True)
 out["pdl_stream_k"] = gluon_ptx(256, 128, 4, 3, False, "blocks16", False, 168, 1, 2, bk=128, stream_k=True, pdl=True)
+out["vec_two_consumers_bf16"] = gluon_ptx(256, 128, 4, 3, False, "blocks16", False, 168, 1, 2, bk=128, vec=True)
+out["vec_stream_k_codes_fp16"] = gluon_ptx(128, 64, 4, 3, False, "rows", True, 128, token_scales=True, stream_k=True,
+                                           bk=128, vec=True)
 """
 
 
@@ -159,7 +164,7 @@ def gluon_ptx(compile_sm90):
 @pytest.mark.parametrize("name", ["reg_rows_bf16", "smem_blocks16_bf16", "smem_rows_fp16",
                                   "two_consumers_blocks16_bf16", "stream_k_two_consumers", "stream_k_codes_fp16",
                                   "packed_two_consumers_bf16", "packed_stream_k_fp16", "pdl_two_consumers",
-                                  "pdl_stream_k"])
+                                  "pdl_stream_k", "vec_two_consumers_bf16", "vec_stream_k_codes_fp16"])
 def test_compiles_for_sm90_with_tma_and_wgmma(gluon_ptx, name):
     p = gluon_ptx[name]
     assert "wgmma.mma_async" in p and "cp.async.bulk.tensor" in p and "mbarrier" in p
@@ -175,6 +180,10 @@ def test_compiles_for_sm90_with_tma_and_wgmma(gluon_ptx, name):
         head, tail = p.split("griddepcontrol.wait", 1)
         assert "cp.async.bulk.tensor.3d" in head and "cp.async.bulk.tensor.2d" not in head
         assert "cp.async.bulk.tensor.2d" in tail
+    # the finished tile: 16-byte stores of 8 weight rows (`store_rows`), else 2-byte stores from the
+    # wgmma layout
+    stores = set(re.findall(r"st\.global(?:\.v\d)?\.b\d+", p))
+    assert ("st.global.v4.b32" in stores) == name.startswith("vec"), stores
     if name == "reg_rows_bf16" or "stream_k" in name:  # partials meet behind an acq_rel counter
         assert "atom.global.gpu.acq_rel.add" in p
     else:

@@ -103,7 +103,7 @@ from gearshift.kernels import w4a8_wgmma as W
 from gearshift.kernels.w4a16_wgmma import _weight_descriptor
 
 def gluon_ptx(bm, bn, warps, stages, layout, maxnreg=None, split_k=1, consumers=1, ablate=0, stream_k=False,
-              pdl=False):
+              pdl=False, vec=False):
     st = random_store("int4p", 4096, 4096, 128, "cpu", layout=layout)
     xd = W._code_descriptor(torch.empty(bm, 4096, dtype=torch.int8), bm, 128)
     wd = _weight_descriptor(st, bn, 128, swizzle=64)
@@ -113,7 +113,8 @@ def gluon_ptx(bm, bn, warps, stages, layout, maxnreg=None, split_k=1, consumers=
            "ws_ptr": "*fp32", "cnt_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32", "per": "i32"}
     attrs = {(list(sig).index(n),): [["tt.divisibility", 16]] for n in ("y_ptr", "N", "K")}
     cx = {"G": 128, "BN": bn, "STAGES": stages, "BLOCKS": layout == "blocks16", "SPLIT_K": split_k,
-          "CONSUMERS": consumers, "num_warps": warps, "ABLATE": ablate, "STREAM_K": stream_k, "CMAX": 3, "PDL": pdl}
+          "CONSUMERS": consumers, "num_warps": warps, "ABLATE": ablate, "STREAM_K": stream_k, "CMAX": 3, "PDL": pdl,
+          "VEC_STORE": vec}
     sig.update({name: "constexpr" for name in cx})
     names = list(sig)
     src = GluonASTSource(fn=P.w4a8_progressive_kernel, signature=sig,
@@ -136,6 +137,9 @@ out["stream_k_one_consumer"] = gluon_ptx(128, 64, 4, 4, "rows", 168, stream_k=Tr
 # programmatic dependent launch
 out["pdl_two_consumers_splitk"] = gluon_ptx(128, 128, 4, 4, "blocks16", 168, 2, 2, pdl=True)
 out["pdl_stream_k"] = gluon_ptx(256, 128, 4, 3, "blocks16", None, 1, 2, stream_k=True, pdl=True)
+# the finished tiles through store_rows (16-byte stores), two token halves and one
+out["vec_bm256_bn128"] = gluon_ptx(256, 128, 4, 3, "blocks16", 168, 1, 2, vec=True)
+out["vec_bm128_bn256"] = gluon_ptx(128, 256, 4, 3, "blocks16", 168, 1, 2, vec=True)
 """
 
 
@@ -260,6 +264,16 @@ def test_compiles_to_int8_wgmma_with_packed_weights(gluon_ptx, name):
     assert len({sel for _, sel, _, _ in uses}) == (2 if two else 1)
     # partial sums (split-K, stream-K) meet behind acq_rel counters; whole tiles need none
     assert ("atom.global.gpu.acq_rel.add" in p) == (name != "one_consumer_blocks16")
+
+
+@pytest.mark.parametrize("name", ["vec_bm256_bn128", "vec_bm128_bn256", "bm128_bn256"])
+def test_row_stores_of_the_finished_tile(gluon_ptx, name):
+    """store_rows: 16-byte stores of 8 weight rows, none of the wgmma layout's 2-byte stores."""
+    import re
+
+    stores = set(re.findall(r"st\.global(?:\.v\d)?\.b\d+", gluon_ptx[name]))
+    vec = name.startswith("vec")
+    assert ("st.global.v4.b32" in stores) == vec and ("st.global.b16" in stores) != vec, stores
 
 
 @pytest.mark.parametrize("name", ["pdl_two_consumers_splitk", "pdl_stream_k", "two_consumers_rows_splitk"])

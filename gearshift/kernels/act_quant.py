@@ -71,11 +71,25 @@ if HAS_TRITON:
     @triton.jit
     def _act_quant_kernel(x_ptr, q_ptr, s_ptr, sum_ptr, K, stride_x, stride_q, sum_row, sum_group,
                           QMAX: tl.constexpr, FP8: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr,
-                          GROUP: tl.constexpr):
+                          GROUP: tl.constexpr, ONE_PASS: tl.constexpr):
         launch_dependents(PDL)  # the GEMM after this may start prefetching its weights
         grid_wait(PDL)
         row = tl.program_id(0)
         offs = tl.arange(0, BLOCK)
+        if ONE_PASS:  # the whole row (BLOCK >= K) in registers: one read of x, no loop
+            m = offs < K
+            x = tl.load(x_ptr + row * stride_x + offs, mask=m, other=0.0).to(tl.float32)
+            scale = token_scale(tl.max(tl.abs(x), 0), QMAX)
+            tl.store(q_ptr + row * stride_q + offs, token_codes(x, scale, QMAX, FP8), mask=m)
+        else:
+            scale = _two_pass_row(x_ptr, q_ptr, sum_ptr, row, offs, K, stride_x, stride_q, sum_row, sum_group,
+                                  QMAX, FP8, BLOCK, GROUP)
+        tl.store(s_ptr + row, scale)
+
+    @triton.jit
+    def _two_pass_row(x_ptr, q_ptr, sum_ptr, row, offs, K, stride_x, stride_q, sum_row, sum_group,
+                      QMAX: tl.constexpr, FP8: tl.constexpr, BLOCK: tl.constexpr, GROUP: tl.constexpr):
+        """A row wider than one block: its amax over the blocks, then the codes (and group sums)."""
         amax = tl.zeros([BLOCK], tl.float32)
         for k0 in range(0, K, BLOCK):
             x = tl.load(x_ptr + row * stride_x + k0 + offs, mask=k0 + offs < K, other=0.0).to(tl.float32)
@@ -90,18 +104,25 @@ if HAS_TRITON:
                 gs = tl.sum(tl.reshape(q.to(tl.float32), (BLOCK // GROUP, GROUP)), 1)
                 go = k0 // GROUP + tl.arange(0, BLOCK // GROUP)
                 tl.store(sum_ptr + row * sum_row + go * sum_group, gs, mask=go < K // GROUP)
-        tl.store(s_ptr + row, scale)
+        return scale
 
 
-def act_block(k: int) -> int:
-    """Columns per step of the quantizer's loop over a row."""
+#: rows up to this many columns are quantized from registers in one read (stop 27: the two-pass
+#: loop's dependent loads made K = 14336 the slowest quantizer launch at small M)
+ONE_PASS_COLUMNS = 16384
+
+
+def act_block(k: int, group_sums: int = 0) -> int:
+    """Columns per step of the quantizer's loop over a row (the whole row where it takes one pass)."""
+    if not group_sums and next_pow2(k) <= ONE_PASS_COLUMNS:
+        return next_pow2(k)
     return min(4096, next_pow2(k))
 
 
 def fused_group_sums(k: int, group: int) -> bool:
     """Whether `quantize_act_triton` can emit sums over `group` columns (a group may not straddle a
     block of its loop; per-row stores of a wide K cannot)."""
-    return k % group == 0 and act_block(k) % group == 0
+    return k % group == 0 and act_block(k, group) % group == 0
 
 
 def quantize_act_triton(x2: torch.Tensor, spec: ActQuantSpec, codes_dtype: torch.dtype | None = None,
@@ -121,7 +142,7 @@ def quantize_act_triton(x2: torch.Tensor, spec: ActQuantSpec, codes_dtype: torch
     q = torch.empty((m, k), device=x2.device,
                     dtype=codes_dtype or (torch.float8_e4m3fn if fp8 else torch.int8))
     s = torch.empty((m,), device=x2.device, dtype=torch.float32)
-    block = act_block(k)
+    block = act_block(k, group_sums)
     if group_sums and not fused_group_sums(k, group_sums):
         raise ValueError(f"group sums need K ({k}) and the block ({block}) to be multiples of {group_sums}")
     # without group sums the kernel never touches sum_ptr: s stands in for it (no allocation)
@@ -138,7 +159,8 @@ def quantize_act_triton(x2: torch.Tensor, spec: ActQuantSpec, codes_dtype: torch
         sum_row, sum_group = (sums.stride(1), sums.stride(0)) if sums_by_group else sums.stride()
     _act_quant_kernel[(m,)](x2, q, s, sums, k, x2.stride(0), q.stride(0), sum_row, sum_group,
                             QMAX=_QMAX[spec.dtype], FP8=fp8, BLOCK=block, PDL=pdl, GROUP=group_sums,
-                            num_warps=8 if block >= 2048 else 4, **launch_kwargs(pdl))
+                            ONE_PASS=block >= k and not group_sums,
+                            num_warps=16 if block >= 8192 else 8 if block >= 2048 else 4, **launch_kwargs(pdl))
     return (q, s, sums) if group_sums else (q, s)
 
 

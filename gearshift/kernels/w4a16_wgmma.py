@@ -57,6 +57,11 @@ SWIZZLE_WEIGHTS = True
 #: turns off PDL everywhere). Results are identical either way.
 WGMMA_PDL = os.environ.get("GEARSHIFT_WGMMA_PDL", "1") not in ("0", "", "false", "False")
 
+#: store each finished tile through a row-contiguous layout (`store_rows`: 16-byte stores of 8
+#: weight rows instead of the wgmma layout's 2-byte stores; stop 27). Results are identical either
+#: way; GEARSHIFT_WGMMA_VEC_STORE=0 turns it off (benchmarks compare with False).
+WGMMA_VEC_STORE = os.environ.get("GEARSHIFT_WGMMA_VEC_STORE", "1") not in ("0", "", "false", "False")
+
 HAS_GLUON = False
 if HAS_TRITON:
     try:
@@ -317,8 +322,43 @@ if HAS_GLUON:
         return t0, gl.minimum(per, kt - t0)
 
     @gluon.jit
+    def token_scaled(acc, mma: gl.constexpr, xs_ptr, m0, M):
+        """acc [BN weight rows, BM tokens from m0] (layout `mma`) times each token's activation scale:
+        the activations were integer / fp8 codes."""
+        offs_m = m0 + gl.arange(0, acc.type.shape[1], layout=gl.SliceLayout(0, mma))
+        return acc * gl.load(xs_ptr + offs_m, mask=offs_m < M, other=0.0)[None, :]
+
+    @gluon.jit
+    def store_out(out, mma: gl.constexpr, y_ptr, m0, n0, M, N):
+        """Stores the final tile out [BN weight rows from n0, BM tokens from m0] to y [M, N]."""
+        offs_n = n0 + gl.arange(0, out.type.shape[0], layout=gl.SliceLayout(1, mma))
+        offs_m = m0 + gl.arange(0, out.type.shape[1], layout=gl.SliceLayout(0, mma))
+        gl.store(y_ptr + offs_m[None, :] * N + offs_n[:, None], out, mask=(offs_m < M)[None, :])
+
+    @gluon.constexpr_function
+    def row_store_layout(BN, warps):
+        """[BN, BM] layout whose lanes hold 8 consecutive weight rows of one token: 16-byte stores,
+        8 lanes per 128-byte line of y. None where BN does not fit it."""
+        if BN < 8 or BN // 8 > 32:
+            return None
+        return gl.BlockedLayout([8, 1], [BN // 8, 32 // (BN // 8)], [1, warps], [0, 1])
+
+    @gluon.jit
+    def store_rows(out, mma: gl.constexpr, y_ptr, m0, n0, M, N, WARPS: gl.constexpr):
+        """store_out of the final tile (layout `mma`) through `row_store_layout` (one shared-memory
+        round trip). From the wgmma layout, where a lane holds two tokens of a row, every element is
+        a 2-byte store with its own 64-bit address, which spilled beside a live second accumulator
+        (stop 27)."""
+        cl: gl.constexpr = row_store_layout(out.type.shape[0], WARPS)
+        if cl is not None:
+            store_out(gl.convert_layout(out, cl), cl, y_ptr, m0, n0, M, N)
+        else:
+            store_out(out, mma, y_ptr, m0, n0, M, N)
+
+    @gluon.jit
     def _store_tile(acc, mma: gl.constexpr, y_ptr, ws_ptr, cnt_ptr, xs_ptr, m0, n0, M, N, part, NPART: gl.constexpr,
-                    SPLIT_K: gl.constexpr, TOKEN_SCALES: gl.constexpr, WARPS: gl.constexpr):
+                    SPLIT_K: gl.constexpr, TOKEN_SCALES: gl.constexpr, WARPS: gl.constexpr,
+                    VEC: gl.constexpr = False):
         """Writes the fp32 tile acc [BN weight rows from n0, BM tokens from m0] (layout `mma`) to y
         [M, N]: times each token's scale with TOKEN_SCALES; with SPLIT_K > 1 through splitk.py's
         deterministic one-launch reduction (`part`: this consumer's row block of the CTA; WARPS:
@@ -331,7 +371,9 @@ if HAS_GLUON:
         mask = (offs_m < M)[None, :]
         if TOKEN_SCALES:  # the activations were integer / fp8 codes: each token's scale multiplies its column
             acc = acc * gl.load(xs_ptr + offs_m, mask=offs_m < M, other=0.0)[None, :]
-        if SPLIT_K == 1:
+        if SPLIT_K == 1 and VEC:
+            store_rows(acc.to(y_ptr.dtype.element_ty), mma, y_ptr, m0, n0, M, N, WARPS)
+        elif SPLIT_K == 1:
             gl.store(y_ptr + offs, acc.to(y_ptr.dtype.element_ty), mask=mask)
         else:  # the deterministic one-launch reduction of splitk.py: the last slice sums in slice order
             n_out = M * N
@@ -390,7 +432,7 @@ if HAS_GLUON:
     def _mma_partition(x_bufs, w_bufs, a_bufs, sc_bufs, mn_bufs, ready, empty, y_ptr, ws_ptr, cnt_ptr, xs_ptr, m0, n0,
                        M, N, num_k, ROW0: gl.constexpr, BN: gl.constexpr, NPART: gl.constexpr, F16: gl.constexpr,
                        A_SMEM: gl.constexpr, SPLIT_K: gl.constexpr, TOKEN_SCALES: gl.constexpr,
-                       WARPS: gl.constexpr, PACKED: gl.constexpr):
+                       WARPS: gl.constexpr, PACKED: gl.constexpr, VEC: gl.constexpr):
         """Weight rows [ROW0, ROW0 + BN) of the tile (NPART consumer partitions split its rows)."""
         STAGES: gl.constexpr = x_bufs.type.shape[0]
         BM: gl.constexpr = x_bufs.type.shape[1]
@@ -429,13 +471,13 @@ if HAS_GLUON:
             mbarrier.arrive(empty.index((done + STAGES) % STAGES), pred=done >= 0)
         acc = warpgroup_mma_wait(0, deps=(acc,))
         _store_tile(acc, mma, y_ptr, ws_ptr, cnt_ptr, xs_ptr, m0, n0 + ROW0, M, N, ROW0 // BN, NPART, SPLIT_K,
-                    TOKEN_SCALES, WARPS)
+                    TOKEN_SCALES, WARPS, VEC)
 
     @gluon.jit
     def _store_segment_sk(acc, mma: gl.constexpr, y_ptr, ws_ptr, cnt_ptr, xs_ptr, t, first, k_lo, k_hi, m0, n0, M, N,
                           per, KT, ROW0: gl.constexpr, NPART: gl.constexpr, HALF: gl.constexpr,
                           NHALF: gl.constexpr, TOKEN_SCALES: gl.constexpr, WARPS: gl.constexpr,
-                          CMAX: gl.constexpr):
+                          CMAX: gl.constexpr, VEC: gl.constexpr = False):
         """The end of one output tile's K run in a stream-K program. A run over all of K stores the
         tile; otherwise the fp32 partial goes to this program's workspace slot (one for the run it
         started in, one for the run it ended in), and the last of the tile's programs to arrive
@@ -451,8 +493,11 @@ if HAS_GLUON:
         if TOKEN_SCALES:  # the activations were integer / fp8 codes: each token's scale multiplies its column
             acc = acc * gl.load(xs_ptr + offs_m, mask=offs_m < M, other=0.0)[None, :]
         if (k_lo == 0) & (k_hi == KT):
-            offs = offs_m[None, :] * N + (n0 + ROW0 + rows)[:, None]
-            gl.store(y_ptr + offs, acc.to(y_ptr.dtype.element_ty), mask=(offs_m < M)[None, :])
+            if VEC:
+                store_rows(acc.to(y_ptr.dtype.element_ty), mma, y_ptr, m0, n0 + ROW0, M, N, WARPS)
+            else:
+                offs = offs_m[None, :] * N + (n0 + ROW0 + rows)[:, None]
+                gl.store(y_ptr + offs, acc.to(y_ptr.dtype.element_ty), mask=(offs_m < M)[None, :])
         else:
             # a slot is [BM, BNC] fp32, weight rows contiguous as in y
             slot = (gl.program_id(0) * 2 + (t != first).to(gl.int32)) * NHALF + HALF
@@ -488,7 +533,7 @@ if HAS_GLUON:
     def _mma_partition_sk(x_bufs, w_bufs, sc_bufs, mn_bufs, ready, empty, y_ptr, ws_ptr, cnt_ptr, xs_ptr, M, N, T,
                           per, KT, MT, ROW0: gl.constexpr, BN: gl.constexpr, NPART: gl.constexpr,
                           F16: gl.constexpr, TOKEN_SCALES: gl.constexpr, WARPS: gl.constexpr, CMAX: gl.constexpr,
-                          PACKED: gl.constexpr):
+                          PACKED: gl.constexpr, VEC: gl.constexpr):
         """A stream-K consumer (A in registers): the program's run of iterations, one output tile's
         K range at a time, each ended by `_store_segment_sk`."""
         STAGES: gl.constexpr = x_bufs.type.shape[0]
@@ -513,14 +558,15 @@ if HAS_GLUON:
                 i += 1
             m0, n0 = stream_k_tile(t, MT, BM, BN * NPART)
             _store_segment_sk(acc, mma, y_ptr, ws_ptr, cnt_ptr, xs_ptr, t, first, k_lo, k_hi, m0, n0, M, N, per, KT,
-                              ROW0, NPART, 0, 1, TOKEN_SCALES, WARPS, CMAX)
+                              ROW0, NPART, 0, 1, TOKEN_SCALES, WARPS, CMAX, VEC)
 
     @gluon.jit
     def w4a16_wgmma_kernel(x_desc, w_desc, s_ptr, mn_ptr, y_ptr, ws_ptr, cnt_ptr, xs_ptr, M, N, K, per,
                            G: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, BLOCKS: gl.constexpr,
                            F16: gl.constexpr, A_SMEM: gl.constexpr, SPLIT_K: gl.constexpr, CONSUMERS: gl.constexpr,
                            TOKEN_SCALES: gl.constexpr, STREAM_K: gl.constexpr, CMAX: gl.constexpr,
-                           PACKED: gl.constexpr, PDL: gl.constexpr, num_warps: gl.constexpr):
+                           PACKED: gl.constexpr, PDL: gl.constexpr, num_warps: gl.constexpr,
+                           VEC_STORE: gl.constexpr = False):
         """One output tile per program (grid: N tiles x M tiles x split-K slices), or with STREAM_K a
         persistent grid whose program p runs iterations [p * per, (p + 1) * per) of the
         (output tile, K tile) sequence."""
@@ -543,7 +589,7 @@ if HAS_GLUON:
                 gl.warp_specialize([
                     (_mma_partition_sk, (x_bufs, w_bufs, sc_bufs, mn_bufs, ready, empty, y_ptr, ws_ptr, cnt_ptr,
                                          xs_ptr, M, N, T, per, KT, MT, 0, BN, 1, F16, TOKEN_SCALES, num_warps, CMAX,
-                                         PACKED)),
+                                         PACKED, VEC_STORE)),
                     (_load_partition_sk, (x_desc, w_desc, x_bufs, w_bufs, sc_bufs, mn_bufs, ready, empty, s_ptr,
                                           mn_ptr, T, per, KT, MT, K, G, BLOCKS, PDL)),
                 ], [1], [64])
@@ -551,10 +597,10 @@ if HAS_GLUON:
                 gl.warp_specialize([
                     (_mma_partition_sk, (x_bufs, w_bufs, sc_bufs, mn_bufs, ready, empty, y_ptr, ws_ptr, cnt_ptr,
                                          xs_ptr, M, N, T, per, KT, MT, 0, half, 2, F16, TOKEN_SCALES, num_warps, CMAX,
-                                         PACKED)),
+                                         PACKED, VEC_STORE)),
                     (_mma_partition_sk, (x_bufs, w_bufs, sc_bufs, mn_bufs, ready, empty, y_ptr, ws_ptr, cnt_ptr,
                                          xs_ptr, M, N, T, per, KT, MT, half, half, 2, F16, TOKEN_SCALES,
-                                         num_warps, CMAX, PACKED)),
+                                         num_warps, CMAX, PACKED, VEC_STORE)),
                     (_load_partition_sk, (x_desc, w_desc, x_bufs, w_bufs, sc_bufs, mn_bufs, ready, empty, s_ptr,
                                           mn_ptr, T, per, KT, MT, K, G, BLOCKS, PDL)),
                 ], [num_warps, 1], [232, 40])
@@ -566,7 +612,7 @@ if HAS_GLUON:
                 gl.warp_specialize([
                     (_mma_partition, (x_bufs, w_bufs, a_bufs, sc_bufs, mn_bufs, ready, empty, y_ptr, ws_ptr, cnt_ptr,
                                       xs_ptr, m0, n0, M, N, num_k, 0, BN, 1, F16, A_SMEM, SPLIT_K, TOKEN_SCALES,
-                                      num_warps, PACKED)),
+                                      num_warps, PACKED, VEC_STORE)),
                     (_load_partition, (x_desc, w_desc, x_bufs, w_bufs, sc_bufs, mn_bufs, ready, empty, s_ptr, mn_ptr,
                                        m0, n0, t0, num_k, K, G, BLOCKS, PDL)),
                 ], [1], [64])
@@ -576,10 +622,10 @@ if HAS_GLUON:
                 gl.warp_specialize([
                     (_mma_partition, (x_bufs, w_bufs, a_bufs, sc_bufs, mn_bufs, ready, empty, y_ptr, ws_ptr, cnt_ptr,
                                       xs_ptr, m0, n0, M, N, num_k, 0, half, 2, F16, A_SMEM, SPLIT_K, TOKEN_SCALES,
-                                      num_warps, PACKED)),
+                                      num_warps, PACKED, VEC_STORE)),
                     (_mma_partition, (x_bufs, w_bufs, a_bufs, sc_bufs, mn_bufs, ready, empty, y_ptr, ws_ptr, cnt_ptr,
                                       xs_ptr, m0, n0, M, N, num_k, half, half, 2, F16, A_SMEM, SPLIT_K, TOKEN_SCALES,
-                                      num_warps, PACKED)),
+                                      num_warps, PACKED, VEC_STORE)),
                     (_load_partition, (x_desc, w_desc, x_bufs, w_bufs, sc_bufs, mn_bufs, ready, empty, s_ptr, mn_ptr,
                                        m0, n0, t0, num_k, K, G, BLOCKS, PDL)),
                 ], [num_warps, 1], [232, 40])
@@ -792,7 +838,7 @@ def w4a16_wgmma(x2: torch.Tensor, store: Int4Weight, cfg: TileConfig,
                              F16=x2.dtype == torch.float16, A_SMEM=cfg.a_smem, SPLIT_K=cfg.split_k,
                              CONSUMERS=consumers, TOKEN_SCALES=token_scales is not None,
                              STREAM_K=bool(cfg.stream_k), CMAX=cmax, PACKED=packed_dequant(store, x2.dtype),
-                             PDL=pdl, num_warps=cfg.warps // consumers,
+                             PDL=pdl, num_warps=cfg.warps // consumers, VEC_STORE=WGMMA_VEC_STORE,
                              **({"maxnreg": regs} if regs else {}), **launch_kwargs(pdl))
     return y
 

@@ -47,13 +47,18 @@ from gearshift.quant.int4 import BLOCKS16, Int4Weight
 #: w4a8_progressive.PROGRESSIVE_PDL=0`). GEARSHIFT_PROGRESSIVE_PDL=1 turns it on; results are identical.
 PROGRESSIVE_PDL = os.environ.get("GEARSHIFT_PROGRESSIVE_PDL", "0") not in ("0", "", "false", "False")
 
+#: finished tiles stored through `w4a16_wgmma.store_rows`' row-contiguous layout (16-byte stores; at
+#: BM = 256 both token halves rounded before either store, which removes the 244-byte spill of the
+#: 256 x 128 tile). Identical results; GEARSHIFT_PROGRESSIVE_VEC_STORE=0 turns it off.
+PROGRESSIVE_VEC_STORE = os.environ.get("GEARSHIFT_PROGRESSIVE_VEC_STORE", "1") not in ("0", "", "false", "False")
+
 if HAS_GLUON:
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.hopper import mbarrier, warpgroup_mma, warpgroup_mma_wait
 
     from gearshift.kernels.w4a16_wgmma import (_store_segment_sk, _store_tile, fragment_rows, k_slice, ring_barriers,
-                                               stream_k_range, stream_k_tile)
+                                               store_rows, stream_k_range, stream_k_tile, token_scaled)
     from gearshift.kernels.w4a8_wgmma import (_code_descriptor, _load_partition_tma, _load_partition_tma_sk,
                                               group_column, group_descriptors)
 
@@ -160,7 +165,8 @@ if HAS_GLUON:
     @gluon.jit
     def _mma_partition(x_bufs, w_bufs, sc_bufs, mn_bufs, ready, empty, units_ptr, y_ptr, ws_ptr, cnt_ptr, xs_ptr,
                        m0, n0, M, N, t0, num_k, ROW0: gl.constexpr, BN: gl.constexpr, NPART: gl.constexpr,
-                       SPLIT_K: gl.constexpr, WARPS: gl.constexpr, SW: gl.constexpr, ABLATE: gl.constexpr):
+                       SPLIT_K: gl.constexpr, WARPS: gl.constexpr, SW: gl.constexpr, ABLATE: gl.constexpr,
+                       VEC: gl.constexpr):
         """Weight rows [ROW0, ROW0 + BN) of the tile: per K tile the int8 weights in registers and
         one int32 wgmma into the running accumulator (retired before the next tile's A registers
         are built: see `w4a16_wgmma`'s register-A note); unit * float(acc) once at the end.
@@ -184,19 +190,29 @@ if HAS_GLUON:
             part, part2 = _k_tile_step(x_bufs, w_bufs, sc_bufs, mn_bufs, ready, empty, i, (t0 + i) % 8, inv, part,
                                        part2, zeros3, zeros, sel, mma, ROW0, BN, NPART, WARPS, SW, ABLATE)
         unit = gl.load(units_ptr + n0 + ROW0 + gl.arange(0, BN, layout=gl.SliceLayout(1, mma)))
+        if TWO and SPLIT_K == 1 and VEC:
+            # both halves rounded to y's dtype before either store (the same operations, so the same
+            # bits): storing the first half from the wgmma layout while the second's int32 sums
+            # were live spilled 244 bytes per thread (ptxas 12.8; stop 27)
+            DT: gl.constexpr = y_ptr.dtype.element_ty
+            out = token_scaled(part.to(gl.float32) * unit[:, None], mma, xs_ptr, m0, M).to(DT)
+            out2 = token_scaled(part2.to(gl.float32) * unit[:, None], mma, xs_ptr, m0 + BMH, M).to(DT)
+            store_rows(out, mma, y_ptr, m0, n0 + ROW0, M, N, WARPS)
+            store_rows(out2, mma, y_ptr, m0 + BMH, n0 + ROW0, M, N, WARPS)
+            return
         acc = part.to(gl.float32) * unit[:, None]
         _store_tile(acc, mma, y_ptr, ws_ptr, cnt_ptr, xs_ptr, m0, n0 + ROW0, M, N, ROW0 // BN, NPART, SPLIT_K, True,
-                    WARPS)
+                    WARPS, VEC)
         if TWO:  # the second token half has its own split-K counters, after the first half's
             acc = part2.to(gl.float32) * unit[:, None]
             cnt2 = cnt_ptr + gl.num_programs(0) * gl.num_programs(1) * NPART
             _store_tile(acc, mma, y_ptr, ws_ptr, cnt2, xs_ptr, m0 + BMH, n0 + ROW0, M, N, ROW0 // BN, NPART, SPLIT_K,
-                        True, WARPS)
+                        True, WARPS, VEC)
 
     @gluon.jit
     def _mma_partition_sk(x_bufs, w_bufs, sc_bufs, mn_bufs, ready, empty, units_ptr, y_ptr, ws_ptr, cnt_ptr, xs_ptr,
                           M, N, T, per, KT, MT, ROW0: gl.constexpr, BN: gl.constexpr, NPART: gl.constexpr,
-                          WARPS: gl.constexpr, SW: gl.constexpr, CMAX: gl.constexpr):
+                          WARPS: gl.constexpr, SW: gl.constexpr, CMAX: gl.constexpr, VEC: gl.constexpr):
         """A stream-K consumer: the program's run of (output tile, K tile) iterations, one tile's K
         range at a time; each range's int32 sums, times the rows' units, end in
         `_store_segment_sk` (one per token half at BM = 256)."""
@@ -224,18 +240,18 @@ if HAS_GLUON:
                 i += 1
             unit = gl.load(units_ptr + n0 + ROW0 + gl.arange(0, BN, layout=gl.SliceLayout(1, mma)))
             _store_segment_sk(part.to(gl.float32) * unit[:, None], mma, y_ptr, ws_ptr, cnt_ptr, xs_ptr, t, first,
-                              k_lo, k_hi, m0, n0, M, N, per, KT, ROW0, NPART, 0, NHALF, True, WARPS, CMAX)
+                              k_lo, k_hi, m0, n0, M, N, per, KT, ROW0, NPART, 0, NHALF, True, WARPS, CMAX, VEC)
             if NHALF == 2:
                 _store_segment_sk(part2.to(gl.float32) * unit[:, None], mma, y_ptr, ws_ptr, cnt_ptr, xs_ptr, t,
                                   first, k_lo, k_hi, m0 + BMH, n0, M, N, per, KT, ROW0, NPART, 1, NHALF, True,
-                                  WARPS, CMAX)
+                                  WARPS, CMAX, VEC)
 
     @gluon.jit
     def w4a8_progressive_kernel(x_desc, w_desc, sc_desc, mn_desc, units_ptr, xs_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K,
                                 per, G: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, BLOCKS: gl.constexpr,
                                 SPLIT_K: gl.constexpr, CONSUMERS: gl.constexpr, num_warps: gl.constexpr,
                                 ABLATE: gl.constexpr = 0, STREAM_K: gl.constexpr = False, CMAX: gl.constexpr = 0,
-                                PDL: gl.constexpr = False):
+                                PDL: gl.constexpr = False, VEC_STORE: gl.constexpr = False):
         """One output tile per program, or with STREAM_K a persistent grid of runs of `per`
         (tile, K tile) iterations (`w4a16_wgmma.stream_k_range`). PDL: the load warp lets the next
         kernel in at once and requests the first ring's weights before waiting for the codes."""
@@ -256,16 +272,16 @@ if HAS_GLUON:
             if CONSUMERS == 1:
                 gl.warp_specialize([
                     (_mma_partition_sk, (x_bufs, w_bufs, sc_bufs, mn_bufs, ready, empty, units_ptr, y_ptr, ws_ptr,
-                                         cnt_ptr, xs_ptr, M, N, T, per, KT, MT, 0, BN, 1, num_warps, SW, CMAX)),
+                                         cnt_ptr, xs_ptr, M, N, T, per, KT, MT, 0, BN, 1, num_warps, SW, CMAX, VEC_STORE)),
                     (_load_partition_tma_sk, (x_desc, w_desc, sc_desc, mn_desc, sc_desc, x_bufs, w_bufs, sc_bufs,
                                               mn_bufs, sc_bufs, ready, empty, T, per, KT, MT, BLOCKS, False, PDL)),
                 ], [1], [64])
             else:
                 gl.warp_specialize([
                     (_mma_partition_sk, (x_bufs, w_bufs, sc_bufs, mn_bufs, ready, empty, units_ptr, y_ptr, ws_ptr,
-                                         cnt_ptr, xs_ptr, M, N, T, per, KT, MT, 0, half, 2, num_warps, SW, CMAX)),
+                                         cnt_ptr, xs_ptr, M, N, T, per, KT, MT, 0, half, 2, num_warps, SW, CMAX, VEC_STORE)),
                     (_mma_partition_sk, (x_bufs, w_bufs, sc_bufs, mn_bufs, ready, empty, units_ptr, y_ptr, ws_ptr,
-                                         cnt_ptr, xs_ptr, M, N, T, per, KT, MT, half, half, 2, num_warps, SW, CMAX)),
+                                         cnt_ptr, xs_ptr, M, N, T, per, KT, MT, half, half, 2, num_warps, SW, CMAX, VEC_STORE)),
                     (_load_partition_tma_sk, (x_desc, w_desc, sc_desc, mn_desc, sc_desc, x_bufs, w_bufs, sc_bufs,
                                               mn_bufs, sc_bufs, ready, empty, T, per, KT, MT, BLOCKS, False, PDL)),
                 ], [num_warps, 1], [232, 40])
@@ -277,7 +293,7 @@ if HAS_GLUON:
                 gl.warp_specialize([
                     (_mma_partition, (x_bufs, w_bufs, sc_bufs, mn_bufs, ready, empty, units_ptr, y_ptr, ws_ptr,
                                       cnt_ptr, xs_ptr, m0, n0, M, N, t0, num_k, 0, BN, 1, SPLIT_K, num_warps, SW,
-                                      ABLATE)),
+                                      ABLATE, VEC_STORE)),
                     (_load_partition_tma, (x_desc, w_desc, sc_desc, mn_desc, sc_desc, x_bufs, w_bufs, sc_bufs,
                                            mn_bufs, sc_bufs, ready, empty, m0, n0, t0, num_k, BLOCKS, False, PDL)),
                 ], [1], [64])
@@ -285,10 +301,10 @@ if HAS_GLUON:
                 gl.warp_specialize([
                     (_mma_partition, (x_bufs, w_bufs, sc_bufs, mn_bufs, ready, empty, units_ptr, y_ptr, ws_ptr,
                                       cnt_ptr, xs_ptr, m0, n0, M, N, t0, num_k, 0, half, 2, SPLIT_K, num_warps, SW,
-                                      ABLATE)),
+                                      ABLATE, VEC_STORE)),
                     (_mma_partition, (x_bufs, w_bufs, sc_bufs, mn_bufs, ready, empty, units_ptr, y_ptr, ws_ptr,
                                       cnt_ptr, xs_ptr, m0, n0, M, N, t0, num_k, half, half, 2, SPLIT_K, num_warps, SW,
-                                      ABLATE)),
+                                      ABLATE, VEC_STORE)),
                     (_load_partition_tma, (x_desc, w_desc, sc_desc, mn_desc, sc_desc, x_bufs, w_bufs, sc_bufs,
                                            mn_bufs, sc_bufs, ready, empty, m0, n0, t0, num_k, BLOCKS, False, PDL)),
                 ], [num_warps, 1], [232, 40])
@@ -371,6 +387,7 @@ def progressive_codes(codes: torch.Tensor, scales: torch.Tensor, store: Int4Weig
                                   G=store.group_size, BN=cfg.bn, STAGES=cfg.stages, BLOCKS=store.layout == BLOCKS16,
                                   SPLIT_K=cfg.split_k, CONSUMERS=consumers, num_warps=cfg.warps // consumers,
                                   ABLATE=ablate, STREAM_K=bool(cfg.stream_k), CMAX=cmax, PDL=pdl,
+                                  VEC_STORE=PROGRESSIVE_VEC_STORE,
                                   **({"maxnreg": regs} if regs else {}), **launch_kwargs(pdl))
     return y
 
