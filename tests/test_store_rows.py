@@ -67,3 +67,35 @@ def test_w4a8_progressive_store_rows(out_dtype, monkeypatch):
             if out_dtype == torch.float32:  # the torch model's bits (fp32 out: no final rounding to hide in)
                 emu = P.w4a8_progressive_emulate(codes, scales, st, torch.float32, cfg.split_k, cfg)
                 assert torch.equal(y, emu), (m, cfg)
+
+
+@needs_hopper
+def test_small_and_int8_wgmma_store_rows(monkeypatch):
+    """The few-token kernel (16 / 32 tokens) and the int8 kernel of plain int4 stores share the
+    switch (`WGMMA_VEC_STORE`) and must not change a bit either."""
+    from gearshift.kernels import w4a16_wgmma as W
+    from gearshift.kernels.w4a16_wgmma_small import small_configs, small_supports, w4a16_wgmma_small
+    from gearshift.kernels.w4a8_wgmma import int8_wgmma_configs, int8_wgmma_supports, w4a8_int8_wgmma
+
+    torch.manual_seed(0)
+    st = random_store("int4", 512, 2048, 128, "cuda", layout=BLOCKS16)
+    act = ActQuantSpec("int8")
+
+    def same(run, cfg):
+        monkeypatch.setattr(W, "WGMMA_VEC_STORE", False)
+        ref = run(cfg)
+        monkeypatch.setattr(W, "WGMMA_VEC_STORE", True)
+        assert torch.equal(run(cfg), ref), cfg
+
+    for m in (13, 30):
+        x = torch.randn(m, 2048, device="cuda", dtype=torch.bfloat16)
+        cfgs = [c for c in small_configs(m) if small_supports(st, c, x.dtype)][:6]
+        assert cfgs
+        for cfg in cfgs:
+            same(lambda c: w4a16_wgmma_small(x, st, c), cfg)
+    for m in (77, 300):
+        x = torch.randn(m, 2048, device="cuda", dtype=torch.bfloat16)
+        cfgs = [c for c in int8_wgmma_configs(m) if int8_wgmma_supports(st, act, c)][:6]
+        assert cfgs
+        for cfg in cfgs:
+            same(lambda c: w4a8_int8_wgmma(x, st, act, c), cfg)

@@ -79,6 +79,7 @@ from triton.runtime.jit import mangle_type
 from triton.experimental.gluon._runtime import GluonASTSource
 from gearshift.dispatch.profiler import random_store
 from gearshift.kernels import w4a16_wgmma_small as W
+from gearshift.kernels import w4a16_wgmma as W16
 from gearshift.kernels.config import TileConfig
 from gearshift.kernels.w4a16_wgmma import _weight_descriptor
 from gearshift.kernels.w4a8_wgmma import group_descriptors
@@ -97,7 +98,8 @@ def gluon_ptx(cfg, layout, f16=False, token_scales=False):
     cap, cregs, lregs = W.consumer_regs(cfg)
     cx = {"G": 128, "BN": cfg.bn, "STAGES": cfg.stages, "BLOCKS": layout == "blocks16", "F16": f16,
           "SPLIT_K": cfg.split_k, "CONSUMERS": consumers, "TOKEN_SCALES": token_scales, "GPS": cfg.bk // 128,
-          "CREGS": cregs, "LREGS": lregs, "num_warps": cfg.warps // consumers, "ABLATE": 0}
+          "CREGS": cregs, "LREGS": lregs, "num_warps": cfg.warps // consumers, "ABLATE": 0,
+          "VEC_STORE": W16.WGMMA_VEC_STORE}
     sig.update({name: "constexpr" for name in cx})
     names = list(sig)
     src = GluonASTSource(fn=W.w4a16_wgmma_small_kernel, signature=sig,

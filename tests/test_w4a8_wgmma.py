@@ -61,6 +61,7 @@ from triton.runtime.jit import mangle_type
 from triton.experimental.gluon._runtime import GluonASTSource
 from gearshift.dispatch.profiler import random_store
 from gearshift.kernels import w4a8_wgmma as W
+from gearshift.kernels import w4a16_wgmma as W16
 from gearshift.kernels.w4a16_wgmma import _weight_descriptor
 
 def gluon_ptx(bm, bn, warps, stages, layout, maxnreg=None, split_k=1, consumers=1):
@@ -75,7 +76,7 @@ def gluon_ptx(bm, bn, warps, stages, layout, maxnreg=None, split_k=1, consumers=
            "M": "i32", "N": "i32", "K": "i32"}
     attrs = {(list(sig).index(n),): [["tt.divisibility", 16]] for n in ("y_ptr", "N", "K")}
     cx = {"G": 128, "BN": bn, "STAGES": stages, "BLOCKS": layout == "blocks16", "SPLIT_K": split_k,
-          "CONSUMERS": consumers, "num_warps": warps, "ABLATE": 0}
+          "CONSUMERS": consumers, "num_warps": warps, "ABLATE": 0, "VEC_STORE": W16.WGMMA_VEC_STORE}
     sig.update({name: "constexpr" for name in cx})
     names = list(sig)
     src = GluonASTSource(fn=W.w4a8_int8_wgmma_kernel, signature=sig,

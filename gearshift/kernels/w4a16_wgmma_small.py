@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import torch
 
+from gearshift.kernels import w4a16_wgmma as W16  # (its store switch, read at launch)
 from gearshift.kernels.config import TileConfig
 from gearshift.kernels.splitk import splitk_buffers
 from gearshift.kernels.w4a16_wgmma import HAS_GLUON, TWO_CONSUMER_REGS, _is_sm90_or_cpu, _weight_descriptor
@@ -111,7 +112,7 @@ if HAS_GLUON:
     def _sa_mma_partition(x_bufs, w_bufs, sc_bufs, mn_bufs, ready, empty, s_ready, s_empty, y_ptr, ws_ptr, cnt_ptr,
                           xs_ptr, m0, n0, M, N, t0, num_k, ROW0: gl.constexpr, BN: gl.constexpr, NPART: gl.constexpr,
                           F16: gl.constexpr, SPLIT_K: gl.constexpr, TOKEN_SCALES: gl.constexpr, WARPS: gl.constexpr,
-                          ABLATE: gl.constexpr):
+                          ABLATE: gl.constexpr, VEC: gl.constexpr):
         """Weight rows [ROW0, ROW0 + BN) of the tile. Everything a tile needs from shared memory is
         read before its wgmmas and the slot goes back right after them (each mbarrier arrive and
         the first shared read after one cost a warpgroup barrier; w4a8_wgmma, stop 16)."""
@@ -165,14 +166,15 @@ if HAS_GLUON:
                     acc = gl.fma(xsum, (mn - _OFFSET * sc)[:, None], acc)
             mbarrier.arrive(empty.index(s))
         _store_tile(acc, mma, y_ptr, ws_ptr, cnt_ptr, xs_ptr, m0, n0 + ROW0, M, N, ROW0 // BN, NPART, SPLIT_K,
-                    TOKEN_SCALES, WARPS)
+                    TOKEN_SCALES, WARPS, VEC)
 
     @gluon.jit
     def w4a16_wgmma_small_kernel(x_desc, w_desc, sc_desc, mn_desc, xs_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K,
                                  G: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, BLOCKS: gl.constexpr,
                                  F16: gl.constexpr, SPLIT_K: gl.constexpr, CONSUMERS: gl.constexpr,
                                  TOKEN_SCALES: gl.constexpr, GPS: gl.constexpr, CREGS: gl.constexpr,
-                                 LREGS: gl.constexpr, num_warps: gl.constexpr, ABLATE: gl.constexpr = 0):
+                                 LREGS: gl.constexpr, num_warps: gl.constexpr, ABLATE: gl.constexpr = 0,
+                                 VEC_STORE: gl.constexpr = False):
         BM: gl.constexpr = x_desc.block_type.shape[0]
         BKX: gl.constexpr = x_desc.block_type.shape[1]
         gl.static_assert(BKX == G, "one K tile per quantization group")
@@ -191,7 +193,7 @@ if HAS_GLUON:
                 (_sa_mma_partition, (x_bufs, w_bufs, sc_bufs, mn_bufs, ready, empty, s_ready, s_empty, y_ptr, ws_ptr,
                                      cnt_ptr,
                                      xs_ptr, m0, n0, M, N, t0, num_k, 0, BN, 1, F16, SPLIT_K, TOKEN_SCALES,
-                                     num_warps, ABLATE)),
+                                     num_warps, ABLATE, VEC_STORE)),
                 (_load_partition_blocks, (x_desc, w_desc, sc_desc, mn_desc, x_bufs, w_bufs, sc_bufs, mn_bufs, ready,
                                           empty, s_ready, s_empty, m0, n0, t0, num_k, GPS, BLOCKS, ABLATE)),
             ], [1], [LREGS])
@@ -201,11 +203,11 @@ if HAS_GLUON:
                 (_sa_mma_partition, (x_bufs, w_bufs, sc_bufs, mn_bufs, ready, empty, s_ready, s_empty, y_ptr, ws_ptr,
                                      cnt_ptr,
                                      xs_ptr, m0, n0, M, N, t0, num_k, 0, half, 2, F16, SPLIT_K, TOKEN_SCALES,
-                                     num_warps, ABLATE)),
+                                     num_warps, ABLATE, VEC_STORE)),
                 (_sa_mma_partition, (x_bufs, w_bufs, sc_bufs, mn_bufs, ready, empty, s_ready, s_empty, y_ptr, ws_ptr,
                                      cnt_ptr,
                                      xs_ptr, m0, n0, M, N, t0, num_k, half, half, 2, F16, SPLIT_K, TOKEN_SCALES,
-                                     num_warps, ABLATE)),
+                                     num_warps, ABLATE, VEC_STORE)),
                 (_load_partition_blocks, (x_desc, w_desc, sc_desc, mn_desc, x_bufs, w_bufs, sc_bufs, mn_bufs, ready,
                                           empty, s_ready, s_empty, m0, n0, t0, num_k, GPS, BLOCKS, ABLATE)),
             ], [num_warps, 1], [CREGS, LREGS])
@@ -296,7 +298,7 @@ def w4a16_wgmma_small(x2: torch.Tensor, store: Int4Weight, cfg: TileConfig,
                                    STAGES=cfg.stages, BLOCKS=store.layout == BLOCKS16, F16=x2.dtype == torch.float16,
                                    SPLIT_K=cfg.split_k, CONSUMERS=consumers, TOKEN_SCALES=token_scales is not None,
                                    GPS=cfg.bk // g, CREGS=cregs, LREGS=lregs, num_warps=cfg.warps // consumers,
-                                   ABLATE=ablate,
+                                   ABLATE=ablate, VEC_STORE=W16.WGMMA_VEC_STORE,
                                    **({"maxnreg": cap} if cap else {}))
     return y
 

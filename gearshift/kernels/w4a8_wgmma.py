@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import torch
 
+from gearshift.kernels import w4a16_wgmma as W16  # (its store switch, read at launch)
 from gearshift.kernels.act_quant import fused_group_sums, quantize_act_triton
 from gearshift.kernels.config import TileConfig
 from gearshift.kernels.splitk import splitk_buffers
@@ -207,7 +208,7 @@ if HAS_GLUON:
     @gluon.jit
     def _i8_mma_partition(x_bufs, w_bufs, sc_bufs, mn_bufs, sum_bufs, ready, empty, y_ptr, ws_ptr, cnt_ptr,
                           xs_ptr, m0, n0, M, N, t0, num_k, ROW0: gl.constexpr, BN: gl.constexpr, NPART: gl.constexpr,
-                          SPLIT_K: gl.constexpr, WARPS: gl.constexpr, ABLATE: gl.constexpr):
+                          SPLIT_K: gl.constexpr, WARPS: gl.constexpr, ABLATE: gl.constexpr, VEC: gl.constexpr):
         """Weight rows [ROW0, ROW0 + BN) of the tile: per K tile (= group) an int32 wgmma, then
         acc += s * partial + min * codesum in fp32. Everything a tile needs from shared memory
         is read before its wgmma, so the slot goes back right after it: each `mbarrier.arrive` and
@@ -253,13 +254,13 @@ if HAS_GLUON:
                 acc += gl.fma(f, sc[:, None], (-_MAGIC * sc)[:, None])  # round(partial * s)
                 acc = gl.fma(mn[:, None], xsum[None, :], acc)
         _store_tile(acc, mma, y_ptr, ws_ptr, cnt_ptr, xs_ptr, m0, n0 + ROW0, M, N, ROW0 // BN, NPART, SPLIT_K, True,
-                    WARPS)
+                    WARPS, VEC)
 
     @gluon.jit
     def w4a8_int8_wgmma_kernel(x_desc, w_desc, sc_desc, mn_desc, sum_desc, xs_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K,
                                G: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, BLOCKS: gl.constexpr,
                                SPLIT_K: gl.constexpr, CONSUMERS: gl.constexpr, num_warps: gl.constexpr,
-                               ABLATE: gl.constexpr = 0):
+                               ABLATE: gl.constexpr = 0, VEC_STORE: gl.constexpr = False):
         BM: gl.constexpr = x_desc.block_type.shape[0]
         BKX: gl.constexpr = x_desc.block_type.shape[1]
         gl.static_assert(BKX == G, "one K tile per quantization group")
@@ -276,7 +277,7 @@ if HAS_GLUON:
             gl.warp_specialize([
                 (_i8_mma_partition, (x_bufs, w_bufs, sc_bufs, mn_bufs, sum_bufs, ready, empty, y_ptr, ws_ptr,
                                      cnt_ptr, xs_ptr, m0, n0, M, N, t0, num_k, 0, BN, 1, SPLIT_K, num_warps,
-                                     ABLATE)),
+                                     ABLATE, VEC_STORE)),
                 (_load_partition_tma, (x_desc, w_desc, sc_desc, mn_desc, sum_desc, x_bufs, w_bufs, sc_bufs, mn_bufs,
                                        sum_bufs, ready, empty, m0, n0, t0, num_k, BLOCKS)),
             ], [1], [64])
@@ -285,10 +286,10 @@ if HAS_GLUON:
             gl.warp_specialize([
                 (_i8_mma_partition, (x_bufs, w_bufs, sc_bufs, mn_bufs, sum_bufs, ready, empty, y_ptr, ws_ptr,
                                      cnt_ptr, xs_ptr, m0, n0, M, N, t0, num_k, 0, half, 2, SPLIT_K, num_warps,
-                                     ABLATE)),
+                                     ABLATE, VEC_STORE)),
                 (_i8_mma_partition, (x_bufs, w_bufs, sc_bufs, mn_bufs, sum_bufs, ready, empty, y_ptr, ws_ptr,
                                      cnt_ptr, xs_ptr, m0, n0, M, N, t0, num_k, half, half, 2, SPLIT_K, num_warps,
-                                     ABLATE)),
+                                     ABLATE, VEC_STORE)),
                 (_load_partition_tma, (x_desc, w_desc, sc_desc, mn_desc, sum_desc, x_bufs, w_bufs, sc_bufs, mn_bufs,
                                        sum_bufs, ready, empty, m0, n0, t0, num_k, BLOCKS)),
             ], [num_warps, 1], [232, 40])
@@ -392,7 +393,7 @@ def int8_wgmma_codes(codes: torch.Tensor, scales: torch.Tensor, sums: torch.Tens
     w4a8_int8_wgmma_kernel[grid](x_desc, w_desc, sc_desc, mn_desc, sum_desc, scales, y, ws, cnt, m, n, k,
                                  G=store.group_size, BN=cfg.bn, STAGES=cfg.stages, BLOCKS=store.layout == BLOCKS16,
                                  SPLIT_K=cfg.split_k, CONSUMERS=consumers, num_warps=cfg.warps // consumers,
-                                 ABLATE=ablate, **({"maxnreg": regs} if regs else {}))
+                                 ABLATE=ablate, VEC_STORE=W16.WGMMA_VEC_STORE, **({"maxnreg": regs} if regs else {}))
     return y
 
 
