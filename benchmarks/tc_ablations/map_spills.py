@@ -50,7 +50,7 @@ def wgmma_ptx(cfg: TileConfig) -> str:
     cx = {"G": 128, "BN": cfg.bn, "STAGES": cfg.stages, "BLOCKS": True, "F16": False, "A_SMEM": cfg.a_smem,
           "SPLIT_K": cfg.split_k, "CONSUMERS": 2 if two else 1, "TOKEN_SCALES": False,
           "STREAM_K": bool(cfg.stream_k), "CMAX": 3, "PACKED": False, "PDL": W.WGMMA_PDL,
-          "num_warps": cfg.warps // (2 if two else 1), "VEC_STORE": W.store_vec(W.smem_bytes(cfg))}  # (kernel parameter order)
+          "num_warps": cfg.warps // (2 if two else 1), "VEC_STORE": W.WGMMA_VEC_STORE}  # (kernel parameter order)
     return _compile(W.w4a16_wgmma_kernel, sig, cx, ("s_ptr", "mn_ptr", "y_ptr", "N", "K"), cx["num_warps"],
                     cfg.maxnreg or (TWO_REGS if cfg.warps == 8 and not cfg.a_smem else 0))
 
@@ -68,7 +68,7 @@ def progressive_ptx(cfg: TileConfig) -> str:
     cx = {"G": 128, "BN": cfg.bn, "STAGES": cfg.stages, "BLOCKS": True, "SPLIT_K": cfg.split_k,
           "CONSUMERS": 2 if two else 1, "num_warps": cfg.warps // (2 if two else 1), "ABLATE": 0,
           "STREAM_K": bool(cfg.stream_k), "CMAX": 3, "PDL": P.PROGRESSIVE_PDL,
-          "VEC_STORE": P.progressive_store_vec(cfg)}
+          "VEC_STORE": P.PROGRESSIVE_VEC_STORE}
     return _compile(P.w4a8_progressive_kernel, sig, cx, ("y_ptr", "N", "K"), cx["num_warps"],
                     cfg.maxnreg or (TWO_REGS if two else 0))
 

@@ -358,12 +358,11 @@ if HAS_GLUON:
     @gluon.jit
     def _store_tile(acc, mma: gl.constexpr, y_ptr, ws_ptr, cnt_ptr, xs_ptr, m0, n0, M, N, part, NPART: gl.constexpr,
                     SPLIT_K: gl.constexpr, TOKEN_SCALES: gl.constexpr, WARPS: gl.constexpr,
-                    VEC: gl.constexpr = 0):
+                    VEC: gl.constexpr = False):
         """Writes the fp32 tile acc [BN weight rows from n0, BM tokens from m0] (layout `mma`) to y
         [M, N]: times each token's scale with TOKEN_SCALES; with SPLIT_K > 1 through splitk.py's
         deterministic one-launch reduction (`part`: this consumer's row block of the CTA; WARPS:
-        the consumer's warps). VEC (`store_vec`): 1 stores the final tile through `store_rows`,
-        2 the fp32 partials too."""
+        the consumer's warps)."""
         BN: gl.constexpr = acc.type.shape[0]
         BM: gl.constexpr = acc.type.shape[1]
         offs_n = n0 + gl.arange(0, BN, layout=gl.SliceLayout(1, mma))
@@ -378,10 +377,7 @@ if HAS_GLUON:
             gl.store(y_ptr + offs, acc.to(y_ptr.dtype.element_ty), mask=mask)
         else:  # the deterministic one-launch reduction of splitk.py: the last slice sums in slice order
             n_out = M * N
-            if VEC == 2:  # 32 contiguous bytes per lane instead of 4-byte stores (where the shared memory fits)
-                store_rows(acc, mma, ws_ptr + gl.program_id(2) * n_out, m0, n0, M, N, WARPS)
-            else:
-                gl.store(ws_ptr + gl.program_id(2) * n_out + offs, acc, mask=mask)
+            gl.store(ws_ptr + gl.program_id(2) * n_out + offs, acc, mask=mask)
             _cta_barrier()  # every thread's partial is written before the counter moves
             tile = (gl.program_id(1) * gl.num_programs(0) + gl.program_id(0)) * NPART + part
             arrived = gl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel", scope="gpu")
@@ -481,7 +477,7 @@ if HAS_GLUON:
     def _store_segment_sk(acc, mma: gl.constexpr, y_ptr, ws_ptr, cnt_ptr, xs_ptr, t, first, k_lo, k_hi, m0, n0, M, N,
                           per, KT, ROW0: gl.constexpr, NPART: gl.constexpr, HALF: gl.constexpr,
                           NHALF: gl.constexpr, TOKEN_SCALES: gl.constexpr, WARPS: gl.constexpr,
-                          CMAX: gl.constexpr, VEC: gl.constexpr = 0):
+                          CMAX: gl.constexpr, VEC: gl.constexpr = False):
         """The end of one output tile's K run in a stream-K program. A run over all of K stores the
         tile; otherwise the fp32 partial goes to this program's workspace slot (one for the run it
         started in, one for the run it ended in), and the last of the tile's programs to arrive
@@ -505,10 +501,7 @@ if HAS_GLUON:
         else:
             # a slot is [BM, BNC] fp32, weight rows contiguous as in y
             slot = (gl.program_id(0) * 2 + (t != first).to(gl.int32)) * NHALF + HALF
-            if VEC == 2:  # (as above; the slot as a [BM, BNC] "y" whose tokens all exist)
-                store_rows(acc, mma, ws_ptr + slot * (BNC * BM), 0, ROW0, BM, BNC, WARPS)
-            else:
-                gl.store(ws_ptr + slot * (BNC * BM) + cols[None, :] * BNC + (ROW0 + rows)[:, None], acc)
+            gl.store(ws_ptr + slot * (BNC * BM) + cols[None, :] * BNC + (ROW0 + rows)[:, None], acc)
             _cta_barrier()  # every thread's partial is written before the counter moves
             c_first = (t * KT) // per
             c_last = ((t + 1) * KT - 1) // per
@@ -573,7 +566,7 @@ if HAS_GLUON:
                            F16: gl.constexpr, A_SMEM: gl.constexpr, SPLIT_K: gl.constexpr, CONSUMERS: gl.constexpr,
                            TOKEN_SCALES: gl.constexpr, STREAM_K: gl.constexpr, CMAX: gl.constexpr,
                            PACKED: gl.constexpr, PDL: gl.constexpr, num_warps: gl.constexpr,
-                           VEC_STORE: gl.constexpr = 0):
+                           VEC_STORE: gl.constexpr = False):
         """One output tile per program (grid: N tiles x M tiles x split-K slices), or with STREAM_K a
         persistent grid whose program p runs iterations [p * per, (p + 1) * per) of the
         (output tile, K tile) sequence."""
@@ -839,31 +832,15 @@ def w4a16_wgmma(x2: torch.Tensor, store: Int4Weight, cfg: TileConfig,
         ws, cnt = splitk_buffers(y, cfg.split_k, m * n, tiles * consumers)
     regs = cfg.maxnreg or (TWO_CONSUMER_REGS if consumers == 2 else 0)
     pdl = WGMMA_PDL and pdl_enabled(y)
-    vec = store_vec(smem_bytes(cfg, x2.element_size()))
     xs = y if token_scales is None else token_scales
     w4a16_wgmma_kernel[grid](x_desc, w_desc, store.scales, store.mins, y, ws, cnt, xs, m, n, k, per,
                              G=store.group_size, BN=cfg.bn, STAGES=cfg.stages, BLOCKS=store.layout == BLOCKS16,
                              F16=x2.dtype == torch.float16, A_SMEM=cfg.a_smem, SPLIT_K=cfg.split_k,
                              CONSUMERS=consumers, TOKEN_SCALES=token_scales is not None,
                              STREAM_K=bool(cfg.stream_k), CMAX=cmax, PACKED=packed_dequant(store, x2.dtype),
-                             PDL=pdl, num_warps=cfg.warps // consumers, VEC_STORE=vec,
+                             PDL=pdl, num_warps=cfg.warps // consumers, VEC_STORE=WGMMA_VEC_STORE,
                              **({"maxnreg": regs} if regs else {}), **launch_kwargs(pdl))
     return y
-
-
-#: shared memory that `store_rows` of an fp32 partial tile adds at most (Triton's conversion scratch;
-#: 11-32 KB measured on the map's split-K / stream-K tiles with Triton 3.6), and the sm_90 limit
-PARTIAL_STORE_SCRATCH = 40 * 1024
-SM90_SMEM = 232448
-
-
-def store_vec(smem: int) -> int:
-    """The VEC_STORE constexpr of a launch whose ring takes `smem` bytes: 0 = stores from the wgmma
-    layout, 1 = the final tile through `store_rows`, 2 = split-K / stream-K partials too, where their
-    conversion scratch fits beside the ring (the 256 x 128 W4A16 tiles' does not: 255552 bytes)."""
-    if not WGMMA_VEC_STORE:
-        return 0
-    return 2 if smem + PARTIAL_STORE_SCRATCH <= SM90_SMEM else 1
 
 
 def stream_k_grid(iters: int, programs: int) -> tuple[int, int]:

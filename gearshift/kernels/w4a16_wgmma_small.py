@@ -174,7 +174,7 @@ if HAS_GLUON:
                                  F16: gl.constexpr, SPLIT_K: gl.constexpr, CONSUMERS: gl.constexpr,
                                  TOKEN_SCALES: gl.constexpr, GPS: gl.constexpr, CREGS: gl.constexpr,
                                  LREGS: gl.constexpr, num_warps: gl.constexpr, ABLATE: gl.constexpr = 0,
-                                 VEC_STORE: gl.constexpr = 0):
+                                 VEC_STORE: gl.constexpr = False):
         BM: gl.constexpr = x_desc.block_type.shape[0]
         BKX: gl.constexpr = x_desc.block_type.shape[1]
         gl.static_assert(BKX == G, "one K tile per quantization group")
@@ -298,7 +298,7 @@ def w4a16_wgmma_small(x2: torch.Tensor, store: Int4Weight, cfg: TileConfig,
                                    STAGES=cfg.stages, BLOCKS=store.layout == BLOCKS16, F16=x2.dtype == torch.float16,
                                    SPLIT_K=cfg.split_k, CONSUMERS=consumers, TOKEN_SCALES=token_scales is not None,
                                    GPS=cfg.bk // g, CREGS=cregs, LREGS=lregs, num_warps=cfg.warps // consumers,
-                                   ABLATE=ablate, VEC_STORE=int(W16.WGMMA_VEC_STORE),
+                                   ABLATE=ablate, VEC_STORE=W16.WGMMA_VEC_STORE,
                                    **({"maxnreg": cap} if cap else {}))
     return y
 

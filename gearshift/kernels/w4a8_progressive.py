@@ -36,8 +36,7 @@ from gearshift.kernels.act_quant import quantize_act_triton
 from gearshift.kernels.config import TileConfig
 from gearshift.kernels.pdl import launch_kwargs, pdl_enabled
 from gearshift.kernels.splitk import counters, splitk_buffers
-from gearshift.kernels.w4a16_wgmma import (HAS_GLUON, PARTIAL_STORE_SCRATCH, SM90_SMEM, TWO_CONSUMER_REGS,
-                                           _weight_descriptor, stream_k_launch, stream_k_runs)
+from gearshift.kernels.w4a16_wgmma import HAS_GLUON, TWO_CONSUMER_REGS, _weight_descriptor, stream_k_launch, stream_k_runs
 from gearshift.kernels.w4a8_wgmma import int8_tile_fits
 from gearshift.quant.int4 import BLOCKS16, Int4Weight
 
@@ -252,7 +251,7 @@ if HAS_GLUON:
                                 per, G: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, BLOCKS: gl.constexpr,
                                 SPLIT_K: gl.constexpr, CONSUMERS: gl.constexpr, num_warps: gl.constexpr,
                                 ABLATE: gl.constexpr = 0, STREAM_K: gl.constexpr = False, CMAX: gl.constexpr = 0,
-                                PDL: gl.constexpr = False, VEC_STORE: gl.constexpr = 0):
+                                PDL: gl.constexpr = False, VEC_STORE: gl.constexpr = False):
         """One output tile per program, or with STREAM_K a persistent grid of runs of `per`
         (tile, K tile) iterations (`w4a16_wgmma.stream_k_range`). PDL: the load warp lets the next
         kernel in at once and requests the first ring's weights before waiting for the codes."""
@@ -388,16 +387,9 @@ def progressive_codes(codes: torch.Tensor, scales: torch.Tensor, store: Int4Weig
                                   G=store.group_size, BN=cfg.bn, STAGES=cfg.stages, BLOCKS=store.layout == BLOCKS16,
                                   SPLIT_K=cfg.split_k, CONSUMERS=consumers, num_warps=cfg.warps // consumers,
                                   ABLATE=ablate, STREAM_K=bool(cfg.stream_k), CMAX=cmax, PDL=pdl,
-                                  VEC_STORE=progressive_store_vec(cfg),
+                                  VEC_STORE=PROGRESSIVE_VEC_STORE,
                                   **({"maxnreg": regs} if regs else {}), **launch_kwargs(pdl))
     return y
-
-
-def progressive_store_vec(cfg: TileConfig) -> int:
-    """`w4a16_wgmma.store_vec` for this kernel's ring (PROGRESSIVE_VEC_STORE switches it)."""
-    if not PROGRESSIVE_VEC_STORE:
-        return 0
-    return 2 if smem_bytes(cfg) + PARTIAL_STORE_SCRATCH <= SM90_SMEM else 1
 
 
 def w4a8_progressive_emulate(codes: torch.Tensor, scales: torch.Tensor, store: Int4Weight, out_dtype: torch.dtype,

@@ -260,7 +260,7 @@ if HAS_GLUON:
     def w4a8_int8_wgmma_kernel(x_desc, w_desc, sc_desc, mn_desc, sum_desc, xs_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K,
                                G: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, BLOCKS: gl.constexpr,
                                SPLIT_K: gl.constexpr, CONSUMERS: gl.constexpr, num_warps: gl.constexpr,
-                               ABLATE: gl.constexpr = 0, VEC_STORE: gl.constexpr = 0):
+                               ABLATE: gl.constexpr = 0, VEC_STORE: gl.constexpr = False):
         BM: gl.constexpr = x_desc.block_type.shape[0]
         BKX: gl.constexpr = x_desc.block_type.shape[1]
         gl.static_assert(BKX == G, "one K tile per quantization group")
@@ -393,7 +393,7 @@ def int8_wgmma_codes(codes: torch.Tensor, scales: torch.Tensor, sums: torch.Tens
     w4a8_int8_wgmma_kernel[grid](x_desc, w_desc, sc_desc, mn_desc, sum_desc, scales, y, ws, cnt, m, n, k,
                                  G=store.group_size, BN=cfg.bn, STAGES=cfg.stages, BLOCKS=store.layout == BLOCKS16,
                                  SPLIT_K=cfg.split_k, CONSUMERS=consumers, num_warps=cfg.warps // consumers,
-                                 ABLATE=ablate, VEC_STORE=int(W16.WGMMA_VEC_STORE), **({"maxnreg": regs} if regs else {}))
+                                 ABLATE=ablate, VEC_STORE=W16.WGMMA_VEC_STORE, **({"maxnreg": regs} if regs else {}))
     return y
 
 
