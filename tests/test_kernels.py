@@ -149,12 +149,15 @@ def test_act_quant_matches_reference(dtype):
         assert torch.equal(s, s2.reshape(-1))
 
 
-@pytest.mark.parametrize("k,one_pass", [(1000, 16384), (14336, 16384), (14336, 0), (20000, 16384)],
-                         ids=["one-pass", "one-pass-wide", "two-pass", "two-pass-wider-than-one-pass"])
-def test_act_quant_one_and_two_pass(k, one_pass, monkeypatch):
-    """Rows up to ONE_PASS_COLUMNS take one read from registers, wider rows (or the switch at 0)
-    the two-pass loop: both give the torch quantizer's integer codes and scales bit for bit, and
-    the same fp8 codes as each other (Triton's e4m3 conversion is not torch's bit for bit)."""
+@pytest.mark.parametrize("k,one_pass,rows", [(1000, 16384, 256), (14336, 16384, 256), (14336, 0, 256),
+                                             (20000, 16384, 256), (14336, 16384, 2)],
+                         ids=["one-pass", "one-pass-wide", "two-pass", "two-pass-wider-than-one-pass",
+                              "two-pass-many-rows"])
+def test_act_quant_one_and_two_pass(k, one_pass, rows, monkeypatch):
+    """Rows up to ONE_PASS_COLUMNS take one read from registers (at most ONE_PASS_ROWS of them),
+    wider rows, more rows or the switch at 0 the two-pass loop: both give the torch quantizer's
+    integer codes and scales bit for bit, and the same fp8 codes as each other (Triton's e4m3
+    conversion is not torch's bit for bit)."""
     from gearshift.kernels import act_quant
 
     torch.manual_seed(1)
@@ -163,7 +166,8 @@ def test_act_quant_one_and_two_pass(k, one_pass, monkeypatch):
     monkeypatch.setattr(act_quant, "ONE_PASS_COLUMNS", 0)
     q8_two, s8_two = act_quant.quantize_act_triton(x, fp8)
     monkeypatch.setattr(act_quant, "ONE_PASS_COLUMNS", one_pass)
-    assert (act_quant.act_block(k) >= k) == (k <= one_pass)
+    monkeypatch.setattr(act_quant, "ONE_PASS_ROWS", rows)
+    assert (act_quant.act_block(k, rows=3) >= k) == (k <= one_pass and rows >= 3)
     for spec in (ActQuantSpec("int8"), ActQuantSpec("int4")):
         q, s = act_quant.quantize_act_triton(x, spec)
         q2, s2 = quantize_activations(x, spec)

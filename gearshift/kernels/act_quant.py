@@ -107,14 +107,17 @@ if HAS_TRITON:
         return scale
 
 
-#: rows up to this many columns are quantized from registers in one read (stop 27: the two-pass
-#: loop's dependent loads made K = 14336 the slowest quantizer launch at small M)
+#: rows up to this many columns are quantized from registers in one read when there are at most
+#: ONE_PASS_ROWS of them (stop 27: at few tokens the two-pass loop's dependent loads are the
+#: launch's critical path, W4A8 step 0.95-0.99 at M = 1..256; with many rows the 8-warp loop keeps
+#: more rows in flight, the one-pass launch measured 1.018 / 1.025 at M = 1024 / 4096)
 ONE_PASS_COLUMNS = 16384
+ONE_PASS_ROWS = 256
 
 
-def act_block(k: int, group_sums: int = 0) -> int:
+def act_block(k: int, group_sums: int = 0, rows: int = 1) -> int:
     """Columns per step of the quantizer's loop over a row (the whole row where it takes one pass)."""
-    if not group_sums and next_pow2(k) <= ONE_PASS_COLUMNS:
+    if not group_sums and next_pow2(k) <= ONE_PASS_COLUMNS and rows <= ONE_PASS_ROWS:
         return next_pow2(k)
     return min(4096, next_pow2(k))
 
@@ -142,7 +145,7 @@ def quantize_act_triton(x2: torch.Tensor, spec: ActQuantSpec, codes_dtype: torch
     q = torch.empty((m, k), device=x2.device,
                     dtype=codes_dtype or (torch.float8_e4m3fn if fp8 else torch.int8))
     s = torch.empty((m,), device=x2.device, dtype=torch.float32)
-    block = act_block(k, group_sums)
+    block = act_block(k, group_sums, m)
     if group_sums and not fused_group_sums(k, group_sums):
         raise ValueError(f"group sums need K ({k}) and the block ({block}) to be multiples of {group_sums}")
     # without group sums the kernel never touches sum_ptr: s stands in for it (no allocation)
