@@ -115,11 +115,14 @@ ONE_PASS_COLUMNS = 16384
 ONE_PASS_ROWS = 256
 
 
+def one_pass(k: int, group_sums: int = 0, rows: int = 1) -> bool:
+    """Whether a launch of `rows` rows of k columns quantizes each row from registers in one read."""
+    return not group_sums and next_pow2(k) <= ONE_PASS_COLUMNS and rows <= ONE_PASS_ROWS
+
+
 def act_block(k: int, group_sums: int = 0, rows: int = 1) -> int:
     """Columns per step of the quantizer's loop over a row (the whole row where it takes one pass)."""
-    if not group_sums and next_pow2(k) <= ONE_PASS_COLUMNS and rows <= ONE_PASS_ROWS:
-        return next_pow2(k)
-    return min(4096, next_pow2(k))
+    return next_pow2(k) if one_pass(k, group_sums, rows) else min(4096, next_pow2(k))
 
 
 def fused_group_sums(k: int, group: int) -> bool:
@@ -162,7 +165,7 @@ def quantize_act_triton(x2: torch.Tensor, spec: ActQuantSpec, codes_dtype: torch
         sum_row, sum_group = (sums.stride(1), sums.stride(0)) if sums_by_group else sums.stride()
     _act_quant_kernel[(m,)](x2, q, s, sums, k, x2.stride(0), q.stride(0), sum_row, sum_group,
                             QMAX=_QMAX[spec.dtype], FP8=fp8, BLOCK=block, PDL=pdl, GROUP=group_sums,
-                            ONE_PASS=block >= k and not group_sums,
+                            ONE_PASS=one_pass(k, group_sums, m),
                             num_warps=16 if block >= 8192 else 8 if block >= 2048 else 4, **launch_kwargs(pdl))
     return (q, s, sums) if group_sums else (q, s)
 

@@ -369,8 +369,8 @@ if HAS_GLUON:
         offs_m = m0 + gl.arange(0, BM, layout=gl.SliceLayout(0, mma))
         offs = offs_m[None, :] * N + offs_n[:, None]
         mask = (offs_m < M)[None, :]
-        if TOKEN_SCALES:  # the activations were integer / fp8 codes: each token's scale multiplies its column
-            acc = acc * gl.load(xs_ptr + offs_m, mask=offs_m < M, other=0.0)[None, :]
+        if TOKEN_SCALES:
+            acc = token_scaled(acc, mma, xs_ptr, m0, M)
         if SPLIT_K == 1 and VEC:
             store_rows(acc.to(y_ptr.dtype.element_ty), mma, y_ptr, m0, n0, M, N, WARPS)
         elif SPLIT_K == 1:
@@ -490,8 +490,8 @@ if HAS_GLUON:
         rows = gl.arange(0, BN, layout=gl.SliceLayout(1, mma))
         cols = gl.arange(0, BM, layout=gl.SliceLayout(0, mma))
         offs_m = m0 + cols
-        if TOKEN_SCALES:  # the activations were integer / fp8 codes: each token's scale multiplies its column
-            acc = acc * gl.load(xs_ptr + offs_m, mask=offs_m < M, other=0.0)[None, :]
+        if TOKEN_SCALES:
+            acc = token_scaled(acc, mma, xs_ptr, m0, M)
         if (k_lo == 0) & (k_hi == KT):
             if VEC:
                 store_rows(acc.to(y_ptr.dtype.element_ty), mma, y_ptr, m0, n0 + ROW0, M, N, WARPS)
