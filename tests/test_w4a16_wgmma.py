@@ -80,37 +80,51 @@ def test_weight_descriptors_are_built_once_per_store_and_follow_moved_tensors():
     assert _weight_descriptor(other, 64, 128).base.data_ptr() == other.qweight.data_ptr()
 
 
+@pytest.mark.parametrize("hybrid", [False, True])
 @pytest.mark.parametrize("tiles,kt,programs", [(192, 32, 264), (128, 32, 396), (448, 32, 132), (18, 8, 264),
-                                               (200, 7, 132), (1, 4, 132), (896, 32, 132)])
-def test_stream_k_schedule_covers_every_iteration_once(tiles, kt, programs):
-    """The kernel's stream-K index math replayed in Python: every (tile, K tile) iteration runs in
-    exactly one program, a tile's partials come from the programs the finisher sums, and no two
-    partials share a workspace slot."""
-    from gearshift.kernels.w4a16_wgmma import stream_k_contributors, stream_k_grid, stream_k_runs
+                                               (200, 7, 132), (1, 4, 132), (896, 32, 132), (192, 32, 132),
+                                               (264, 32, 132)])
+def test_stream_k_schedule_covers_every_iteration_once(tiles, kt, programs, hybrid):
+    """The kernel's stream-K index math (`stream_k_segment`, `_store_segment_sk`) replayed in
+    Python: every (tile, K tile) iteration runs in exactly one program, a tile's partials come from
+    the programs the finisher sums, no two partials share a workspace slot, and a hybrid's whole
+    tiles leave no partials."""
+    from gearshift.kernels.w4a16_wgmma import stream_k_plan, stream_k_runs
 
-    per, grid = stream_k_grid(tiles * kt, programs)
-    cmax = stream_k_contributors(kt, per)
-    assert grid <= programs and (grid - 1) * per < tiles * kt <= grid * per
+    per, grid, cmax, dpt = stream_k_plan(tiles, kt, programs, hybrid)
+    base = grid * dpt
+    assert grid <= programs and base + grid * per >= tiles * kt
+    assert dpt == (kt * (tiles // programs) if hybrid else 0)
     seen, slots, parts, runs_of = [0] * (tiles * kt), set(), {}, {}
     for p in range(grid):
-        start, end = p * per, min(p * per + per, tiles * kt)
-        first = start // kt
-        for t in range(first, (end - 1) // kt + 1):
-            k_lo, k_hi = max(start - t * kt, 0), min(end - t * kt, kt)
-            for k in range(k_lo, k_hi):
-                seen[t * kt + k] += 1
-            runs_of.setdefault(t, []).append((k_lo, k_hi))
-            if (k_lo, k_hi) != (0, kt):
-                slot = p * 2 + (t != first)
-                assert slot not in slots
-                slots.add(slot)
-                parts.setdefault(t, []).append((k_lo, slot))
+        for seg in (0, 1):
+            if seg == 0:  # whole tiles: tile p of each full wave
+                start, end, first, last, step = 0, tiles * kt, p, p + (dpt // kt - 1) * grid, grid
+            else:
+                start = grid * dpt + p * per
+                end = min(start + per, tiles * kt)
+                first = start // kt
+                last, step = (end - 1) // kt if end > start else first - 1, 1
+            for t in range(first, last + 1, step):
+                k_lo, k_hi = max(start - t * kt, 0), min(end - t * kt, kt)
+                for k in range(k_lo, k_hi):
+                    seen[t * kt + k] += 1
+                runs_of.setdefault(t, []).append((k_lo, k_hi))
+                if (k_lo, k_hi) != (0, kt):
+                    assert seg == 1
+                    slot = p * 2 + (t != first)
+                    assert slot not in slots
+                    slots.add(slot)
+                    parts.setdefault(t, []).append((k_lo, slot))
     assert seen == [1] * (tiles * kt)
-    assert all(stream_k_runs(t, kt, per) == runs_of[t] for t in range(tiles))  # what the torch models slice
+    assert all(stream_k_runs(t, kt, per, base) == runs_of[t] for t in range(tiles))  # what the torch models slice
     for t, runs in parts.items():  # the finisher's slots, in its summation order, are these runs in K order
-        c_first, c_last = (t * kt) // per, ((t + 1) * kt - 1) // per
+        c_first, c_last = (t * kt - base) // per, ((t + 1) * kt - 1 - base) // per
         assert c_last - c_first < cmax  # the finisher's unrolled sum covers them all
-        assert [c * 2 + ((c * per) // kt != t) for c in range(c_first, c_last + 1)] == [s for _, s in sorted(runs)]
+        slots_c = [c * 2 + ((base + c * per) // kt != t) for c in range(c_first, c_last + 1)]
+        assert slots_c == [s for _, s in sorted(runs)]
+    if hybrid and tiles >= programs:
+        assert len(parts) <= tiles - (tiles // programs) * programs
 
 
 _COMPILE = r"""
@@ -127,7 +141,7 @@ def gluon_ptx(bm, bn, warps, stages, a_smem, layout, f16, maxnreg=None, split_k=
     xd, wd = W._descriptors(x, st, bm, bn, bk)
     sig = {"x_desc": mangle_type(xd), "w_desc": mangle_type(wd), "s_ptr": "*fp16", "mn_ptr": "*fp16",
            "y_ptr": "*fp16" if f16 else "*bf16", "ws_ptr": "*fp32", "cnt_ptr": "*i32", "xs_ptr": "*fp32", "M": "i32", "N": "i32", "K": "i32",
-           "per": "i32"}
+           "per": "i32", "dpt": "i32"}
     attrs = {(list(sig).index(n),): [["tt.divisibility", 16]] for n in ("s_ptr", "mn_ptr", "y_ptr", "N", "K")}
     cx = {"G": 128, "BN": bn, "STAGES": stages, "BLOCKS": layout == "blocks16", "F16": f16, "A_SMEM": a_smem,
           "SPLIT_K": split_k, "CONSUMERS": consumers, "TOKEN_SCALES": token_scales, "STREAM_K": stream_k, "CMAX": 3,

@@ -8,11 +8,14 @@ layout is the int8 wgmma A fragment). On a Hopper GPU: the kernel against its mo
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
 from gearshift.dispatch.profiler import random_store
 from gearshift.kernels.act_quant import quantize_act_reference
+from gearshift.kernels.config import TileConfig
 from gearshift.kernels.reference import linear_reference
 from gearshift.kernels.w4a8_progressive import (HAS_GLUON, progressive_configs, progressive_supports,
                                                 w4a8_progressive_emulate)
@@ -110,7 +113,8 @@ def gluon_ptx(bm, bn, warps, stages, layout, maxnreg=None, split_k=1, consumers=
     sd, md = W.group_descriptors(st, bn)
     sig = {"x_desc": mangle_type(xd), "w_desc": mangle_type(wd), "sc_desc": mangle_type(sd),
            "mn_desc": mangle_type(md), "units_ptr": "*fp32", "xs_ptr": "*fp32", "y_ptr": "*bf16",
-           "ws_ptr": "*fp32", "cnt_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32", "per": "i32"}
+           "ws_ptr": "*fp32", "cnt_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32", "per": "i32",
+           "dpt": "i32"}
     attrs = {(list(sig).index(n),): [["tt.divisibility", 16]] for n in ("y_ptr", "N", "K")}
     cx = {"G": 128, "BN": bn, "STAGES": stages, "BLOCKS": layout == "blocks16", "SPLIT_K": split_k,
           "CONSUMERS": consumers, "num_warps": warps, "ABLATE": ablate, "STREAM_K": stream_k, "CMAX": 3, "PDL": pdl,
@@ -344,7 +348,6 @@ def test_stream_k_model_slices_each_tile_where_its_programs_meet(monkeypatch):
     where its programs' runs meet, and only there: it equals the unsliced model up to the fp32
     rounding of adding partials, and exactly where a tile is one run."""
     import gearshift.kernels.w4a16_wgmma as W16
-    from gearshift.kernels.config import TileConfig
     from gearshift.kernels.w4a8_progressive import w4a8_progressive_emulate
 
     monkeypatch.setattr(W16, "sm_count", lambda device: 7)
@@ -358,6 +361,11 @@ def test_stream_k_model_slices_each_tile_where_its_programs_meet(monkeypatch):
     assert _rel(sk, whole) < 1e-6 and not torch.equal(sk, whole)
     assert W16.stream_k_runs(0, 16, 19) == [(0, 16)] and W16.stream_k_runs(1, 16, 19) == [(0, 3), (3, 16)]
     assert torch.equal(sk[:64, :64], whole[:64, :64])  # tile 0 (tokens 0..63, rows 0..63) is one run
+    # hybrid: 8 tiles on 7 programs: tiles 0..6 whole (exact), tile 7 (tokens 64.., rows 192..) in runs of 3
+    hy = w4a8_progressive_emulate(codes, scales, st, torch.float32, cfg=replace(cfg, hybrid=True))
+    assert W16.stream_k_runs(7, 16, 3, 7 * 16) == [(0, 3), (3, 6), (6, 9), (9, 12), (12, 15), (15, 16)]
+    assert torch.equal(hy[:, :192], whole[:, :192]) and torch.equal(hy[:64], whole[:64])
+    assert _rel(hy, whole) < 1e-6 and not torch.equal(hy, whole)
 
 
 @needs_hopper
@@ -385,6 +393,32 @@ def test_kernel_matches_its_model_bit_for_bit(layout, act_dtype):
                 assert torch.equal(y, emu), (m, cfg, _rel(y, emu))
                 y2 = w4a8_progressive(x, store, act, cfg).float().cpu()
                 assert _rel(y2, ref) < bound, (m, cfg)
+
+
+def test_fp32_outputs_store_rows_only_where_the_scratch_fits():
+    from gearshift.kernels.w4a8_progressive import PROGRESSIVE_VEC_STORE, vec_store
+
+    wide = TileConfig(128, 256, 128, 1, 8, 5)  # 205824 bytes of ring: + 32 KB of fp32 scratch is over
+    assert not vec_store(wide, torch.float32)
+    assert vec_store(wide, torch.bfloat16) == PROGRESSIVE_VEC_STORE
+    assert vec_store(TileConfig(256, 128, 128, 1, 8, 3), torch.float32) == PROGRESSIVE_VEC_STORE
+
+
+@needs_hopper
+def test_hybrid_stream_k_matches_its_model_bit_for_bit():
+    """200 tiles on 132 SMs: one wave of whole tiles, then 68 tiles split over every program."""
+    from gearshift.kernels.act_quant import quantize_act_triton
+    from gearshift.kernels.w4a8_progressive import progressive_codes
+
+    torch.manual_seed(0)
+    act = ActQuantSpec("int8")
+    st = random_store("int4p", 12800, 1024, 128, "cuda", layout=BLOCKS16)
+    codes, scales = quantize_act_triton(torch.randn(300, 1024, device="cuda", dtype=torch.bfloat16), act)
+    cfgs = [c for c in progressive_configs(300) if c.hybrid and progressive_supports(st, act, c)]
+    assert cfgs
+    for cfg in cfgs:
+        y = progressive_codes(codes, scales, st, cfg, torch.float32)
+        assert torch.equal(y, w4a8_progressive_emulate(codes, scales, st, torch.float32, cfg=cfg)), cfg
 
 
 def _run_ptx(asm: str, operands: dict) -> int:

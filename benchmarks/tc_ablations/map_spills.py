@@ -46,7 +46,7 @@ def wgmma_ptx(cfg: TileConfig) -> str:
     xd, wd = W._descriptors(torch.empty(cfg.bm, 4096, dtype=torch.bfloat16), st, cfg.bm, cfg.bn, cfg.bk)
     sig = {"x_desc": mangle_type(xd), "w_desc": mangle_type(wd), "s_ptr": "*fp16", "mn_ptr": "*fp16",
            "y_ptr": "*bf16", "ws_ptr": "*fp32", "cnt_ptr": "*i32", "xs_ptr": "*fp32", "M": "i32", "N": "i32",
-           "K": "i32", "per": "i32"}
+           "K": "i32", "per": "i32", "dpt": "i32"}
     cx = {"G": 128, "BN": cfg.bn, "STAGES": cfg.stages, "BLOCKS": True, "F16": False, "A_SMEM": cfg.a_smem,
           "SPLIT_K": cfg.split_k, "CONSUMERS": 2 if two else 1, "TOKEN_SCALES": False,
           "STREAM_K": bool(cfg.stream_k), "CMAX": 3, "PACKED": False, "PDL": W.WGMMA_PDL,
@@ -64,7 +64,7 @@ def progressive_ptx(cfg: TileConfig) -> str:
     sd, md = W8.group_descriptors(st, cfg.bn)
     sig = {"x_desc": mangle_type(xd), "w_desc": mangle_type(wd), "sc_desc": mangle_type(sd),
            "mn_desc": mangle_type(md), "units_ptr": "*fp32", "xs_ptr": "*fp32", "y_ptr": "*bf16",
-           "ws_ptr": "*fp32", "cnt_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32", "per": "i32"}
+           "ws_ptr": "*fp32", "cnt_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32", "per": "i32", "dpt": "i32"}
     cx = {"G": 128, "BN": cfg.bn, "STAGES": cfg.stages, "BLOCKS": True, "SPLIT_K": cfg.split_k,
           "CONSUMERS": 2 if two else 1, "num_warps": cfg.warps // (2 if two else 1), "ABLATE": 0,
           "STREAM_K": bool(cfg.stream_k), "CMAX": 3, "PDL": P.PROGRESSIVE_PDL,

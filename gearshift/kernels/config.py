@@ -24,12 +24,15 @@ class TileConfig:
     kwarps: int = 1  # fragment kernel: warps of a CTA that share its rows, each over a K slice (summed in the CTA)
     stream_k: int = 0  # wgmma kernel: >0: a persistent grid of this many programs per SM, splitting the
     # (output tile, K tile) iterations evenly (stream-K: no partly filled last wave)
+    hybrid: bool = False  # stream-K: each program first runs whole tiles, one per full wave of the
+    # grid, and only the iterations of the tiles left over are split evenly
 
     def key(self) -> str:
         return (f"m{self.bm}n{self.bn}k{self.bk}s{self.split_k}w{self.warps}p{self.stages}"
                 f"{'a' if self.scale_after else 'b'}{'j' if self.join else 's'}{'f' if self.prefetch else ''}"
                 f"{'S' if self.a_smem else ''}{f'r{self.maxnreg}' if self.maxnreg else ''}"
-                f"{f'q{self.kwarps}' if self.kwarps > 1 else ''}{f'z{self.stream_k}' if self.stream_k else ''}")
+                f"{f'q{self.kwarps}' if self.kwarps > 1 else ''}{f'z{self.stream_k}' if self.stream_k else ''}"
+                f"{'h' if self.hybrid else ''}")
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -37,6 +40,8 @@ class TileConfig:
             del d["kwarps"]
         if not d["stream_k"]:  # likewise
             del d["stream_k"]
+        if not d["hybrid"]:  # likewise
+            del d["hybrid"]
         return d
 
     @classmethod

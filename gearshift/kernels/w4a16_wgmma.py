@@ -254,10 +254,28 @@ if HAS_GLUON:
             mn = gl.load(mn_rows + g_next)
 
     @gluon.jit
-    def stream_k_range(T, per):
-        """Stream-K: this program's run [start, end) of the T = tiles x K-tiles iterations."""
-        start = gl.program_id(0) * per
-        return start, gl.minimum(start + per, T)
+    def stream_k_segment(T, per, dpt, KT, seg):
+        """Stream-K: segment `seg` of this program's (tile, K tile) iterations [start, end), over
+        tiles first, first + step, .., last (none when last < first). Segment 0: whole tiles, one
+        per full wave of the grid (`TileConfig.hybrid`; dpt = their iterations per program, 0:
+        none), tile p of each wave so that neighbouring programs share operands in L2 as a plain
+        grid's do; segment 1: its run of `per` of the iterations after all whole tiles (all of
+        them when dpt = 0)."""
+        p = gl.program_id(0)
+        P = gl.num_programs(0)
+        if seg == 0:
+            start = p * 0
+            end = T
+            first = p
+            last = p + (dpt // KT - 1) * P
+            step = P
+        else:
+            start = P * dpt + p * per
+            end = gl.minimum(start + per, T)
+            first = start // KT
+            last = gl.where(end > start, (end - 1) // KT, first - 1)
+            step = 1
+        return start, end, first, last, step
 
     @gluon.jit
     def stream_k_tile(t, MT, BM: gl.constexpr, BN: gl.constexpr):
@@ -267,7 +285,7 @@ if HAS_GLUON:
 
     @gluon.jit
     def _load_partition_sk(x_desc, w_desc, x_bufs, w_bufs, sc_bufs, mn_bufs, ready, empty, s_ptr, mn_ptr, T, per,
-                           KT, MT, K, G: gl.constexpr, BLOCKS: gl.constexpr, PDL: gl.constexpr):
+                           dpt, KT, MT, K, G: gl.constexpr, BLOCKS: gl.constexpr, PDL: gl.constexpr):
         """The load warp of a stream-K program: the same slots, over its run of (tile, K tile)
         iterations, one output tile's K range at a time (as the consumers walk them). With PDL it
         waits for the previous kernel after its first scale loads."""
@@ -276,30 +294,39 @@ if HAS_GLUON:
         BN: gl.constexpr = sc_bufs.type.shape[1]
         rl: gl.constexpr = gl.BlockedLayout([BN // 32], [32], [1], [0])
         ar = gl.arange(0, BN, layout=rl)
-        start, end = stream_k_range(T, per)
-        first = start // KT
-        last = (end - 1) // KT
         i = 0
-        m0, n0 = stream_k_tile(first, MT, BM, BN)
-        g = (gl.maximum(start - first * KT, 0) * BKX) // G
-        sc = gl.load(s_ptr + (n0 + ar) * (K // G) + g)
-        mn = gl.load(mn_ptr + (n0 + ar) * (K // G) + g)
+        sc, mn = _segment_scales(s_ptr, mn_ptr, ar, T, per, dpt, KT, MT, K, G, BM, BN, BKX, (dpt == 0).to(gl.int32))
         launch_dependents(PDL)
         grid_wait(PDL)
-        for t in range(first, last + 1):
-            k_lo = gl.maximum(start - t * KT, 0)
-            k_hi = gl.minimum(end - t * KT, KT)
-            m0, n0 = stream_k_tile(t, MT, BM, BN)
-            _, n_next = stream_k_tile(gl.minimum(t + 1, last), MT, BM, BN)
-            rows = (n0 + ar) * (K // G)
-            rows_next = (n_next + ar) * (K // G)  # the next tile starts at group 0
-            for kk in range(k_lo, k_hi):
-                _fill_slot(x_desc, w_desc, x_bufs, w_bufs, sc_bufs, mn_bufs, ready, empty, i, m0, n0, kk * BKX,
-                           sc, mn, BLOCKS)
-                nxt = gl.where(kk + 1 < k_hi, rows + ((kk + 1) * BKX) // G, rows_next)  # loaded one tile ahead
-                sc = gl.load(s_ptr + nxt)
-                mn = gl.load(mn_ptr + nxt)
-                i += 1
+        for seg in range(2):
+            start, end, first, last, step = stream_k_segment(T, per, dpt, KT, seg)
+            if (seg == 1) & (dpt > 0):  # the whole tiles came first; scales of this run's first tile
+                sc, mn = _segment_scales(s_ptr, mn_ptr, ar, T, per, dpt, KT, MT, K, G, BM, BN, BKX, seg)
+            for t in range(first, last + 1, step):
+                k_lo = gl.maximum(start - t * KT, 0)
+                k_hi = gl.minimum(end - t * KT, KT)
+                m0, n0 = stream_k_tile(t, MT, BM, BN)
+                _, n_next = stream_k_tile(gl.minimum(t + step, last), MT, BM, BN)
+                rows = (n0 + ar) * (K // G)
+                rows_next = (n_next + ar) * (K // G)  # the next tile starts at group 0
+                for kk in range(k_lo, k_hi):
+                    _fill_slot(x_desc, w_desc, x_bufs, w_bufs, sc_bufs, mn_bufs, ready, empty, i, m0, n0, kk * BKX,
+                               sc, mn, BLOCKS)
+                    nxt = gl.where(kk + 1 < k_hi, rows + ((kk + 1) * BKX) // G, rows_next)  # one tile ahead
+                    sc = gl.load(s_ptr + nxt)
+                    mn = gl.load(mn_ptr + nxt)
+                    i += 1
+
+    @gluon.jit
+    def _segment_scales(s_ptr, mn_ptr, ar, T, per, dpt, KT, MT, K, G: gl.constexpr, BM: gl.constexpr,
+                        BN: gl.constexpr, BKX: gl.constexpr, seg):
+        """Scales / mins of the first K tile of segment `seg` (an empty segment: of the last tile's
+        last K tile, which is in bounds)."""
+        start, end, first, last, step = stream_k_segment(T, per, dpt, KT, seg)
+        t = gl.minimum(first, T // KT - 1)
+        _, n0 = stream_k_tile(t, MT, BM, BN)
+        g = (gl.minimum(gl.maximum(start - t * KT, 0), KT - 1) * BKX) // G
+        return gl.load(s_ptr + (n0 + ar) * (K // G) + g), gl.load(mn_ptr + (n0 + ar) * (K // G) + g)
 
     @gluon.jit
     def ring_barriers(STAGES: gl.constexpr, READY: gl.constexpr, CONSUMERS: gl.constexpr):
@@ -475,7 +502,7 @@ if HAS_GLUON:
 
     @gluon.jit
     def _store_segment_sk(acc, mma: gl.constexpr, y_ptr, ws_ptr, cnt_ptr, xs_ptr, t, first, k_lo, k_hi, m0, n0, M, N,
-                          per, KT, ROW0: gl.constexpr, NPART: gl.constexpr, HALF: gl.constexpr,
+                          per, base, KT, ROW0: gl.constexpr, NPART: gl.constexpr, HALF: gl.constexpr,
                           NHALF: gl.constexpr, TOKEN_SCALES: gl.constexpr, WARPS: gl.constexpr,
                           CMAX: gl.constexpr, VEC: gl.constexpr = False):
         """The end of one output tile's K run in a stream-K program. A run over all of K stores the
@@ -503,8 +530,8 @@ if HAS_GLUON:
             slot = (gl.program_id(0) * 2 + (t != first).to(gl.int32)) * NHALF + HALF
             gl.store(ws_ptr + slot * (BNC * BM) + cols[None, :] * BNC + (ROW0 + rows)[:, None], acc)
             _cta_barrier()  # every thread's partial is written before the counter moves
-            c_first = (t * KT) // per
-            c_last = ((t + 1) * KT - 1) // per
+            c_first = (t * KT - base) // per  # (the runs start after the whole tiles, at iteration base)
+            c_last = ((t + 1) * KT - 1 - base) // per
             counter = cnt_ptr + (t * NHALF + HALF) * NPART + ROW0 // BN
             arrived = gl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
             if arrived == c_last - c_first:
@@ -520,7 +547,7 @@ if HAS_GLUON:
                     tot = gl.zeros([TC, BN], gl.float32, layout=cl)
                     for ci in gl.static_range(CMAX):
                         c = c_first + ci
-                        slot_c = (c * 2 + ((c * per) // KT != t).to(gl.int32)) * NHALF + HALF
+                        slot_c = (c * 2 + ((base + c * per) // KT != t).to(gl.int32)) * NHALF + HALF
                         # (local >= 0 is always true: it broadcasts the scalar condition to the chunk)
                         tot += gl.load(ws_ptr + slot_c * (BNC * BM) + local, mask=(c <= c_last) & (local >= 0),
                                        other=0.0, cache_modifier=".cg")
@@ -531,7 +558,7 @@ if HAS_GLUON:
 
     @gluon.jit
     def _mma_partition_sk(x_bufs, w_bufs, sc_bufs, mn_bufs, ready, empty, y_ptr, ws_ptr, cnt_ptr, xs_ptr, M, N, T,
-                          per, KT, MT, ROW0: gl.constexpr, BN: gl.constexpr, NPART: gl.constexpr,
+                          per, dpt, KT, MT, ROW0: gl.constexpr, BN: gl.constexpr, NPART: gl.constexpr,
                           F16: gl.constexpr, TOKEN_SCALES: gl.constexpr, WARPS: gl.constexpr, CMAX: gl.constexpr,
                           PACKED: gl.constexpr, VEC: gl.constexpr):
         """A stream-K consumer (A in registers): the program's run of iterations, one output tile's
@@ -542,26 +569,27 @@ if HAS_GLUON:
         mma: gl.constexpr = acc_layout(BM, WARPS)
         dot: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
         bl: gl.constexpr = byte_layout(BN, BKX // 2, WARPS)
-        start, end = stream_k_range(T, per)
-        first = start // KT
+        base = gl.num_programs(0) * dpt
         i = 0
-        for t in range(first, (end - 1) // KT + 1):
-            k_lo = gl.maximum(start - t * KT, 0)
-            k_hi = gl.minimum(end - t * KT, KT)
-            acc = gl.zeros([BN, BM], gl.float32, layout=mma)
-            for _ in range(k_lo, k_hi):
-                w = _slot_weights(w_bufs, sc_bufs, mn_bufs, ready, i, ROW0, BN, NPART, BKX, F16, bl, PACKED)
-                a = gl.convert_layout(w, dot, assert_trivial=True)
-                acc = warpgroup_mma(a, x_bufs.index(i % STAGES).permute((1, 0)), acc, is_async=True)
-                acc = warpgroup_mma_wait(0, deps=(acc,))  # retire before the next dequant (`_mma_partition`)
-                mbarrier.arrive(empty.index(i % STAGES))
-                i += 1
-            m0, n0 = stream_k_tile(t, MT, BM, BN * NPART)
-            _store_segment_sk(acc, mma, y_ptr, ws_ptr, cnt_ptr, xs_ptr, t, first, k_lo, k_hi, m0, n0, M, N, per, KT,
-                              ROW0, NPART, 0, 1, TOKEN_SCALES, WARPS, CMAX, VEC)
+        for seg in range(2):
+            start, end, first, last, step = stream_k_segment(T, per, dpt, KT, seg)
+            for t in range(first, last + 1, step):
+                k_lo = gl.maximum(start - t * KT, 0)
+                k_hi = gl.minimum(end - t * KT, KT)
+                acc = gl.zeros([BN, BM], gl.float32, layout=mma)
+                for _ in range(k_lo, k_hi):
+                    w = _slot_weights(w_bufs, sc_bufs, mn_bufs, ready, i, ROW0, BN, NPART, BKX, F16, bl, PACKED)
+                    a = gl.convert_layout(w, dot, assert_trivial=True)
+                    acc = warpgroup_mma(a, x_bufs.index(i % STAGES).permute((1, 0)), acc, is_async=True)
+                    acc = warpgroup_mma_wait(0, deps=(acc,))  # retire before the next dequant (`_mma_partition`)
+                    mbarrier.arrive(empty.index(i % STAGES))
+                    i += 1
+                m0, n0 = stream_k_tile(t, MT, BM, BN * NPART)
+                _store_segment_sk(acc, mma, y_ptr, ws_ptr, cnt_ptr, xs_ptr, t, first, k_lo, k_hi, m0, n0, M, N, per,
+                                  base, KT, ROW0, NPART, 0, 1, TOKEN_SCALES, WARPS, CMAX, VEC)
 
     @gluon.jit
-    def w4a16_wgmma_kernel(x_desc, w_desc, s_ptr, mn_ptr, y_ptr, ws_ptr, cnt_ptr, xs_ptr, M, N, K, per,
+    def w4a16_wgmma_kernel(x_desc, w_desc, s_ptr, mn_ptr, y_ptr, ws_ptr, cnt_ptr, xs_ptr, M, N, K, per, dpt,
                            G: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, BLOCKS: gl.constexpr,
                            F16: gl.constexpr, A_SMEM: gl.constexpr, SPLIT_K: gl.constexpr, CONSUMERS: gl.constexpr,
                            TOKEN_SCALES: gl.constexpr, STREAM_K: gl.constexpr, CMAX: gl.constexpr,
@@ -569,7 +597,8 @@ if HAS_GLUON:
                            VEC_STORE: gl.constexpr = False):
         """One output tile per program (grid: N tiles x M tiles x split-K slices), or with STREAM_K a
         persistent grid whose program p runs iterations [p * per, (p + 1) * per) of the
-        (output tile, K tile) sequence."""
+        (output tile, K tile) sequence (with dpt > 0 after dpt iterations of whole tiles of its own:
+        `stream_k_segment`)."""
         BM: gl.constexpr = x_desc.block_type.shape[0]
         BKX: gl.constexpr = x_desc.block_type.shape[1]
         x_bufs = gl.allocate_shared_memory(x_desc.dtype, [STAGES] + x_desc.block_type.shape, x_desc.layout)
@@ -588,21 +617,21 @@ if HAS_GLUON:
             if CONSUMERS == 1:
                 gl.warp_specialize([
                     (_mma_partition_sk, (x_bufs, w_bufs, sc_bufs, mn_bufs, ready, empty, y_ptr, ws_ptr, cnt_ptr,
-                                         xs_ptr, M, N, T, per, KT, MT, 0, BN, 1, F16, TOKEN_SCALES, num_warps, CMAX,
-                                         PACKED, VEC_STORE)),
+                                         xs_ptr, M, N, T, per, dpt, KT, MT, 0, BN, 1, F16, TOKEN_SCALES, num_warps,
+                                         CMAX, PACKED, VEC_STORE)),
                     (_load_partition_sk, (x_desc, w_desc, x_bufs, w_bufs, sc_bufs, mn_bufs, ready, empty, s_ptr,
-                                          mn_ptr, T, per, KT, MT, K, G, BLOCKS, PDL)),
+                                          mn_ptr, T, per, dpt, KT, MT, K, G, BLOCKS, PDL)),
                 ], [1], [64])
             else:
                 gl.warp_specialize([
                     (_mma_partition_sk, (x_bufs, w_bufs, sc_bufs, mn_bufs, ready, empty, y_ptr, ws_ptr, cnt_ptr,
-                                         xs_ptr, M, N, T, per, KT, MT, 0, half, 2, F16, TOKEN_SCALES, num_warps, CMAX,
-                                         PACKED, VEC_STORE)),
+                                         xs_ptr, M, N, T, per, dpt, KT, MT, 0, half, 2, F16, TOKEN_SCALES,
+                                         num_warps, CMAX, PACKED, VEC_STORE)),
                     (_mma_partition_sk, (x_bufs, w_bufs, sc_bufs, mn_bufs, ready, empty, y_ptr, ws_ptr, cnt_ptr,
-                                         xs_ptr, M, N, T, per, KT, MT, half, half, 2, F16, TOKEN_SCALES,
+                                         xs_ptr, M, N, T, per, dpt, KT, MT, half, half, 2, F16, TOKEN_SCALES,
                                          num_warps, CMAX, PACKED, VEC_STORE)),
                     (_load_partition_sk, (x_desc, w_desc, x_bufs, w_bufs, sc_bufs, mn_bufs, ready, empty, s_ptr,
-                                          mn_ptr, T, per, KT, MT, K, G, BLOCKS, PDL)),
+                                          mn_ptr, T, per, dpt, KT, MT, K, G, BLOCKS, PDL)),
                 ], [num_warps, 1], [232, 40])
         else:
             m0 = gl.program_id(1) * BM
@@ -750,6 +779,12 @@ _STREAM_K = ((128, 64, 4, 3, 128, 128, 2), (128, 64, 4, 2, 128, 128, 3), (128, 6
              (64, 64, 4, 4, 80, 128, 2), (64, 64, 4, 4, 80, 128, 3), (256, 64, 4, 3, 0, 128, 1))
 
 
+#: stream-K tiles also timed as hybrids (`TileConfig.hybrid`; from M = 256, where the large-M
+#: tiles' grids have a partly filled last wave): (BM, BN, BK). Stop 28 also timed 128 x 128 and
+#: 128 x 64 (2-3 programs per SM) hybrids: they never won
+_HYBRID = ((256, 128, 128),)
+
+
 def wgmma_configs(m: int) -> list[TileConfig]:
     """The tiles worth profiling at this M."""
     if m < 64:
@@ -757,8 +792,9 @@ def wgmma_configs(m: int) -> list[TileConfig]:
     rows = _SMALL if m <= 128 else _SMALL + _LARGE if m <= 512 else _LARGE
     tiles = [TileConfig(bm, bn, bk, sk, w, st, a_smem=a, maxnreg=r) for bm, bn, w, st, a, r, sk, bk in dict.fromkeys(rows)
              if bm <= max(64, m)]
-    return tiles + [TileConfig(bm, bn, bk, 1, w, st, maxnreg=r, stream_k=p) for bm, bn, w, st, r, bk, p in _STREAM_K
-                    if bm <= max(64, m)]
+    return tiles + [TileConfig(bm, bn, bk, 1, w, st, maxnreg=r, stream_k=p, hybrid=h)
+                    for bm, bn, w, st, r, bk, p in _STREAM_K for h in (False, True)
+                    if bm <= max(64, m) and (not h or (m >= 256 and (bm, bn, bk) in _HYBRID))]
 
 
 def smem_bytes(cfg: TileConfig, x_bytes: int = 2) -> int:
@@ -775,6 +811,8 @@ def wgmma_supports(store, cfg: TileConfig | None, x_dtype: torch.dtype | None = 
     if cfg.bk not in BKS or cfg.split_k not in (1, 2, 4) or cfg.bm not in (64, 128, 256) or cfg.warps not in (4, 8):
         return False
     if cfg.stream_k and (cfg.split_k != 1 or cfg.a_smem or cfg.stream_k > 4):  # stream-K splits K itself
+        return False
+    if cfg.hybrid and not cfg.stream_k:
         return False
     if cfg.bn != 16 * cfg.warps:  # one 16-row group per warp (taller tiles: ptxas serializes the wgmmas)
         return False
@@ -821,9 +859,9 @@ def w4a16_wgmma(x2: torch.Tensor, store: Int4Weight, cfg: TileConfig,
     x_desc, w_desc = _descriptors(x2, store, cfg.bm, cfg.bn, cfg.bk)
     consumers = 2 if _two_consumers(cfg) else 1
     tiles = (n // cfg.bn) * -(-m // cfg.bm)
-    per = cmax = 0
+    per = cmax = dpt = 0
     if cfg.stream_k:
-        per, programs, cmax = stream_k_launch(cfg, m, n, k, x2.device)
+        per, programs, cmax, dpt = stream_k_launch(cfg, m, n, k, x2.device)
         grid = (programs,)
         ws = torch.empty(grid[0] * 2 * cfg.bn * cfg.bm, device=x2.device, dtype=torch.float32)
         cnt = counters(x2.device, tiles * consumers)
@@ -833,7 +871,7 @@ def w4a16_wgmma(x2: torch.Tensor, store: Int4Weight, cfg: TileConfig,
     regs = cfg.maxnreg or (TWO_CONSUMER_REGS if consumers == 2 else 0)
     pdl = WGMMA_PDL and pdl_enabled(y)
     xs = y if token_scales is None else token_scales
-    w4a16_wgmma_kernel[grid](x_desc, w_desc, store.scales, store.mins, y, ws, cnt, xs, m, n, k, per,
+    w4a16_wgmma_kernel[grid](x_desc, w_desc, store.scales, store.mins, y, ws, cnt, xs, m, n, k, per, dpt,
                              G=store.group_size, BN=cfg.bn, STAGES=cfg.stages, BLOCKS=store.layout == BLOCKS16,
                              F16=x2.dtype == torch.float16, A_SMEM=cfg.a_smem, SPLIT_K=cfg.split_k,
                              CONSUMERS=consumers, TOKEN_SCALES=token_scales is not None,
@@ -852,17 +890,35 @@ def stream_k_grid(iters: int, programs: int) -> tuple[int, int]:
     return per, -(-iters // per)
 
 
-def stream_k_launch(cfg: TileConfig, m: int, n: int, k: int, device: torch.device) -> tuple[int, int, int]:
-    """(iterations per program, programs, most programs per tile) of a stream-K launch of `cfg`."""
-    per, programs = stream_k_grid((n // cfg.bn) * -(-m // cfg.bm) * (k // cfg.bk), sm_count(device) * cfg.stream_k)
-    return per, programs, stream_k_contributors(k // cfg.bk, per)
+def stream_k_launch(cfg: TileConfig, m: int, n: int, k: int, device: torch.device) -> tuple[int, int, int, int]:
+    """(iterations per run, programs, most programs per tile, whole-tile iterations per program)
+    of a stream-K launch of `cfg`."""
+    kt = k // cfg.bk
+    return stream_k_plan((n // cfg.bn) * -(-m // cfg.bm), kt, sm_count(device) * cfg.stream_k, cfg.hybrid)
 
 
-def stream_k_runs(t: int, kt: int, per: int) -> list[tuple[int, int]]:
+def stream_k_plan(tiles: int, kt: int, programs: int, hybrid: bool) -> tuple[int, int, int, int]:
+    """`stream_k_launch` for `tiles` output tiles of kt K tiles on at most `programs` programs.
+    Hybrid: every program first runs tiles // programs whole tiles of its own (no partials, no
+    counters), and only the rest is split; without whole waves it is the plain split."""
+    waves = tiles // programs if hybrid else 0
+    if not waves:
+        per, grid = stream_k_grid(tiles * kt, programs)
+        return per, grid, stream_k_contributors(kt, per), 0
+    rest = (tiles - waves * programs) * kt
+    per = max(1, -(-rest // programs))  # (rest = 0: every run is empty)
+    return per, programs, stream_k_contributors(kt, per), waves * kt
+
+
+def stream_k_runs(t: int, kt: int, per: int, base: int = 0) -> list[tuple[int, int]]:
     """The K tile ranges [lo, hi) of output tile t that separate programs run, in K order (the
-    order in which the finisher adds their partials)."""
-    cuts = [t * kt] + [c * per for c in range((t * kt) // per + 1, ((t + 1) * kt - 1) // per + 1)] + [(t + 1) * kt]
-    return [(a - t * kt, b - t * kt) for a, b in zip(cuts, cuts[1:])]
+    order in which the finisher adds their partials). base: the iterations of whole tiles that
+    come before the runs (`stream_k_plan`)."""
+    if (t + 1) * kt <= base:
+        return [(0, kt)]
+    lo, hi = t * kt - base, (t + 1) * kt - base
+    cuts = [lo] + [c * per for c in range(lo // per + 1, (hi - 1) // per + 1)] + [hi]
+    return [(a - lo, b - lo) for a, b in zip(cuts, cuts[1:])]
 
 
 def stream_k_contributors(kt: int, per: int) -> int:

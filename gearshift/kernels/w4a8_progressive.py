@@ -36,7 +36,8 @@ from gearshift.kernels.act_quant import quantize_act_triton
 from gearshift.kernels.config import TileConfig
 from gearshift.kernels.pdl import launch_kwargs, pdl_enabled
 from gearshift.kernels.splitk import counters, splitk_buffers
-from gearshift.kernels.w4a16_wgmma import HAS_GLUON, TWO_CONSUMER_REGS, _weight_descriptor, stream_k_launch, stream_k_runs
+from gearshift.kernels.w4a16_wgmma import (HAS_GLUON, TWO_CONSUMER_REGS, _weight_descriptor, stream_k_launch,
+                                           stream_k_runs)
 from gearshift.kernels.w4a8_wgmma import int8_tile_fits
 from gearshift.quant.int4 import BLOCKS16, Int4Weight
 
@@ -51,6 +52,17 @@ PROGRESSIVE_PDL = os.environ.get("GEARSHIFT_PROGRESSIVE_PDL", "0") not in ("0", 
 #: BM = 256 both token halves rounded before either store, which removes the 244-byte spill of the
 #: 256 x 128 tile). Identical results; GEARSHIFT_PROGRESSIVE_VEC_STORE=0 turns it off.
 PROGRESSIVE_VEC_STORE = os.environ.get("GEARSHIFT_PROGRESSIVE_VEC_STORE", "1") not in ("0", "", "false", "False")
+#: shared memory the row stores' layout conversion takes with fp32 outputs (tests and emulation
+#: checks; bf16 takes about 3 KB): 31.8 KB compiled for the two-consumer tiles, 15.5 KB for one
+FP32_STORE_SCRATCH = 32 * 1024
+
+
+def vec_store(cfg: TileConfig, out_dtype: torch.dtype) -> bool:
+    """Whether this launch stores through `store_rows` (the same bits either way): not where the
+    fp32 conversion scratch would not fit beside the ring (128 x 256 with 5 stages needed 237664
+    bytes of the 232448)."""
+    return PROGRESSIVE_VEC_STORE and (out_dtype != torch.float32 or
+                                      smem_bytes(cfg) + FP32_STORE_SCRATCH <= 227 * 1024)
 
 if HAS_GLUON:
     from triton.experimental import gluon
@@ -58,7 +70,7 @@ if HAS_GLUON:
     from triton.experimental.gluon.language.nvidia.hopper import mbarrier, warpgroup_mma, warpgroup_mma_wait
 
     from gearshift.kernels.w4a16_wgmma import (_store_segment_sk, _store_tile, fragment_rows, k_slice, ring_barriers,
-                                               store_rows, stream_k_range, stream_k_tile, token_scaled)
+                                               store_rows, stream_k_segment, stream_k_tile, token_scaled)
     from gearshift.kernels.w4a8_wgmma import (_code_descriptor, _load_partition_tma, _load_partition_tma_sk,
                                               group_column, group_descriptors)
 
@@ -211,7 +223,7 @@ if HAS_GLUON:
 
     @gluon.jit
     def _mma_partition_sk(x_bufs, w_bufs, sc_bufs, mn_bufs, ready, empty, units_ptr, y_ptr, ws_ptr, cnt_ptr, xs_ptr,
-                          M, N, T, per, KT, MT, ROW0: gl.constexpr, BN: gl.constexpr, NPART: gl.constexpr,
+                          M, N, T, per, dpt, KT, MT, ROW0: gl.constexpr, BN: gl.constexpr, NPART: gl.constexpr,
                           WARPS: gl.constexpr, SW: gl.constexpr, CMAX: gl.constexpr, VEC: gl.constexpr):
         """A stream-K consumer: the program's run of (output tile, K tile) iterations, one tile's K
         range at a time; each range's int32 sums, times the rows' units, end in
@@ -224,36 +236,38 @@ if HAS_GLUON:
                                                       instr_shape=[16, BMH, 32])
         zeros3, zeros, sel = _fragment_setup(BN, BKX, WARPS)
         rows: gl.constexpr = gl.SliceLayout(1, zeros.type.layout)
-        start, end = stream_k_range(T, per)
-        first = start // KT
+        base = gl.num_programs(0) * dpt
         i = 0
-        for t in range(first, (end - 1) // KT + 1):
-            k_lo = gl.maximum(start - t * KT, 0)
-            k_hi = gl.minimum(end - t * KT, KT)
-            m0, n0 = stream_k_tile(t, MT, BM, BN * NPART)
-            inv = 1.0 / gl.load(units_ptr + n0 + ROW0 + gl.arange(0, BN, layout=rows))  # powers of two: exact
-            part = gl.zeros([BN, BMH], gl.int32, layout=mma)
-            part2 = gl.zeros([BN, BMH], gl.int32, layout=mma)
-            for g in range(k_lo, k_hi):
-                part, part2 = _k_tile_step(x_bufs, w_bufs, sc_bufs, mn_bufs, ready, empty, i, g % 8, inv, part,
-                                           part2, zeros3, zeros, sel, mma, ROW0, BN, NPART, WARPS, SW, 0)
-                i += 1
-            unit = gl.load(units_ptr + n0 + ROW0 + gl.arange(0, BN, layout=gl.SliceLayout(1, mma)))
-            _store_segment_sk(part.to(gl.float32) * unit[:, None], mma, y_ptr, ws_ptr, cnt_ptr, xs_ptr, t, first,
-                              k_lo, k_hi, m0, n0, M, N, per, KT, ROW0, NPART, 0, NHALF, True, WARPS, CMAX, VEC)
-            if NHALF == 2:
-                _store_segment_sk(part2.to(gl.float32) * unit[:, None], mma, y_ptr, ws_ptr, cnt_ptr, xs_ptr, t,
-                                  first, k_lo, k_hi, m0 + BMH, n0, M, N, per, KT, ROW0, NPART, 1, NHALF, True,
-                                  WARPS, CMAX, VEC)
+        for seg in range(2):
+            start, end, first, last, step = stream_k_segment(T, per, dpt, KT, seg)
+            for t in range(first, last + 1, step):
+                k_lo = gl.maximum(start - t * KT, 0)
+                k_hi = gl.minimum(end - t * KT, KT)
+                m0, n0 = stream_k_tile(t, MT, BM, BN * NPART)
+                inv = 1.0 / gl.load(units_ptr + n0 + ROW0 + gl.arange(0, BN, layout=rows))  # powers of two: exact
+                part = gl.zeros([BN, BMH], gl.int32, layout=mma)
+                part2 = gl.zeros([BN, BMH], gl.int32, layout=mma)
+                for g in range(k_lo, k_hi):
+                    part, part2 = _k_tile_step(x_bufs, w_bufs, sc_bufs, mn_bufs, ready, empty, i, g % 8, inv, part,
+                                               part2, zeros3, zeros, sel, mma, ROW0, BN, NPART, WARPS, SW, 0)
+                    i += 1
+                unit = gl.load(units_ptr + n0 + ROW0 + gl.arange(0, BN, layout=gl.SliceLayout(1, mma)))
+                _store_segment_sk(part.to(gl.float32) * unit[:, None], mma, y_ptr, ws_ptr, cnt_ptr, xs_ptr, t, first,
+                                  k_lo, k_hi, m0, n0, M, N, per, base, KT, ROW0, NPART, 0, NHALF, True, WARPS, CMAX,
+                                  VEC)
+                if NHALF == 2:
+                    _store_segment_sk(part2.to(gl.float32) * unit[:, None], mma, y_ptr, ws_ptr, cnt_ptr, xs_ptr, t,
+                                      first, k_lo, k_hi, m0 + BMH, n0, M, N, per, base, KT, ROW0, NPART, 1, NHALF,
+                                      True, WARPS, CMAX, VEC)
 
     @gluon.jit
     def w4a8_progressive_kernel(x_desc, w_desc, sc_desc, mn_desc, units_ptr, xs_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K,
-                                per, G: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, BLOCKS: gl.constexpr,
+                                per, dpt, G: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, BLOCKS: gl.constexpr,
                                 SPLIT_K: gl.constexpr, CONSUMERS: gl.constexpr, num_warps: gl.constexpr,
                                 ABLATE: gl.constexpr = 0, STREAM_K: gl.constexpr = False, CMAX: gl.constexpr = 0,
                                 PDL: gl.constexpr = False, VEC_STORE: gl.constexpr = False):
         """One output tile per program, or with STREAM_K a persistent grid of runs of `per`
-        (tile, K tile) iterations (`w4a16_wgmma.stream_k_range`). PDL: the load warp lets the next
+        (tile, K tile) iterations (`w4a16_wgmma.stream_k_segment`). PDL: the load warp lets the next
         kernel in at once and requests the first ring's weights before waiting for the codes."""
         BM: gl.constexpr = x_desc.block_type.shape[0]
         BKX: gl.constexpr = x_desc.block_type.shape[1]
@@ -272,18 +286,21 @@ if HAS_GLUON:
             if CONSUMERS == 1:
                 gl.warp_specialize([
                     (_mma_partition_sk, (x_bufs, w_bufs, sc_bufs, mn_bufs, ready, empty, units_ptr, y_ptr, ws_ptr,
-                                         cnt_ptr, xs_ptr, M, N, T, per, KT, MT, 0, BN, 1, num_warps, SW, CMAX, VEC_STORE)),
+                                         cnt_ptr, xs_ptr, M, N, T, per, dpt, KT, MT, 0, BN, 1, num_warps, SW, CMAX,
+                                         VEC_STORE)),
                     (_load_partition_tma_sk, (x_desc, w_desc, sc_desc, mn_desc, sc_desc, x_bufs, w_bufs, sc_bufs,
-                                              mn_bufs, sc_bufs, ready, empty, T, per, KT, MT, BLOCKS, False, PDL)),
+                                              mn_bufs, sc_bufs, ready, empty, T, per, dpt, KT, MT, BLOCKS, False, PDL)),
                 ], [1], [64])
             else:
                 gl.warp_specialize([
                     (_mma_partition_sk, (x_bufs, w_bufs, sc_bufs, mn_bufs, ready, empty, units_ptr, y_ptr, ws_ptr,
-                                         cnt_ptr, xs_ptr, M, N, T, per, KT, MT, 0, half, 2, num_warps, SW, CMAX, VEC_STORE)),
+                                         cnt_ptr, xs_ptr, M, N, T, per, dpt, KT, MT, 0, half, 2, num_warps, SW, CMAX,
+                                         VEC_STORE)),
                     (_mma_partition_sk, (x_bufs, w_bufs, sc_bufs, mn_bufs, ready, empty, units_ptr, y_ptr, ws_ptr,
-                                         cnt_ptr, xs_ptr, M, N, T, per, KT, MT, half, half, 2, num_warps, SW, CMAX, VEC_STORE)),
+                                         cnt_ptr, xs_ptr, M, N, T, per, dpt, KT, MT, half, half, 2, num_warps, SW, CMAX,
+                                         VEC_STORE)),
                     (_load_partition_tma_sk, (x_desc, w_desc, sc_desc, mn_desc, sc_desc, x_bufs, w_bufs, sc_bufs,
-                                              mn_bufs, sc_bufs, ready, empty, T, per, KT, MT, BLOCKS, False, PDL)),
+                                              mn_bufs, sc_bufs, ready, empty, T, per, dpt, KT, MT, BLOCKS, False, PDL)),
                 ], [num_warps, 1], [232, 40])
         else:
             m0 = gl.program_id(1) * BM
@@ -327,6 +344,10 @@ _CONFIGS = ((64, 64, 4, 6, 128, 1), (128, 64, 4, 4, 0, 1), (128, 64, 4, 4, 168, 
 #: programs per SM)
 _STREAM_K = ((64, 64, 4, 6, 128, 2), (128, 64, 4, 4, 0, 1), (128, 64, 4, 4, 168, 1), (128, 128, 8, 4, 0, 1),
              (128, 256, 8, 4, 0, 1), (256, 128, 8, 3, 0, 1), (256, 64, 4, 4, 0, 1))
+#: stream-K tiles also timed as hybrids (`TileConfig.hybrid`, from M = 256): (BM, BN, warps, stages).
+#: Stop 28: 1.03-1.38x slower than the best plain tile on every Llama shape but gate_up at M = 512
+#: (0.99); 128 x 256 and 128 x 128 hybrids were timed too and dropped
+_HYBRID = ((256, 128, 8, 3),)
 
 
 def progressive_configs(m: int, group: int = 128) -> list[TileConfig]:
@@ -334,8 +355,9 @@ def progressive_configs(m: int, group: int = 128) -> list[TileConfig]:
     if m < 64:
         return []
     return ([TileConfig(bm, bn, group, sk, w, st, maxnreg=r) for bm, bn, w, st, r, sk in _CONFIGS if bm <= max(64, m)]
-            + [TileConfig(bm, bn, group, 1, w, st, maxnreg=r, stream_k=p) for bm, bn, w, st, r, p in _STREAM_K
-               if bm <= max(64, m)])
+            + [TileConfig(bm, bn, group, 1, w, st, maxnreg=r, stream_k=p, hybrid=h)
+               for bm, bn, w, st, r, p in _STREAM_K for h in (False, True)
+               if bm <= max(64, m) and (not h or (m >= 256 and (bm, bn, w, st) in _HYBRID))])
 
 
 def smem_bytes(cfg: TileConfig) -> int:
@@ -372,9 +394,9 @@ def progressive_codes(codes: torch.Tensor, scales: torch.Tensor, store: Int4Weig
     consumers = 2 if cfg.warps == 8 else 1
     tiles = (n // cfg.bn) * -(-m // cfg.bm)
     halves = 2 if cfg.bm > 128 else 1  # BM = 256: two token halves, each with its own counters
-    per = cmax = 0
+    per = cmax = dpt = 0
     if cfg.stream_k:
-        per, programs, cmax = stream_k_launch(cfg, m, n, k, codes.device)
+        per, programs, cmax, dpt = stream_k_launch(cfg, m, n, k, codes.device)
         grid = (programs,)
         ws = torch.empty(programs * 2 * cfg.bn * cfg.bm, device=codes.device, dtype=torch.float32)
         cnt = counters(codes.device, tiles * consumers * halves)
@@ -383,11 +405,12 @@ def progressive_codes(codes: torch.Tensor, scales: torch.Tensor, store: Int4Weig
         ws, cnt = splitk_buffers(y, cfg.split_k, m * n, tiles * consumers * halves)
     regs = cfg.maxnreg or (TWO_CONSUMER_REGS if consumers == 2 else 0)
     pdl = PROGRESSIVE_PDL and pdl_enabled(y)
-    w4a8_progressive_kernel[grid](x_desc, w_desc, sc_desc, mn_desc, store.row_units, scales, y, ws, cnt, m, n, k, per,
+    w4a8_progressive_kernel[grid](x_desc, w_desc, sc_desc, mn_desc, store.row_units, scales, y, ws, cnt, m, n, k,
+                                  per, dpt,
                                   G=store.group_size, BN=cfg.bn, STAGES=cfg.stages, BLOCKS=store.layout == BLOCKS16,
                                   SPLIT_K=cfg.split_k, CONSUMERS=consumers, num_warps=cfg.warps // consumers,
                                   ABLATE=ablate, STREAM_K=bool(cfg.stream_k), CMAX=cmax, PDL=pdl,
-                                  VEC_STORE=PROGRESSIVE_VEC_STORE,
+                                  VEC_STORE=vec_store(cfg, out_dtype),
                                   **({"maxnreg": regs} if regs else {}), **launch_kwargs(pdl))
     return y
 
@@ -417,11 +440,11 @@ def w4a8_progressive_emulate(codes: torch.Tensor, scales: torch.Tensor, store: I
         runs = [(sl * per, min(kt, (sl + 1) * per)) for sl in range(split_k)]
         return sliced(slice(None), slice(None), runs).t().to(out_dtype)
     m, n = codes.shape[0], store.out_features
-    per, _, _ = stream_k_launch(cfg, m, n, store.in_features, codes.device)
+    per, programs, _, dpt = stream_k_launch(cfg, m, n, store.in_features, codes.device)
     out = torch.empty(n, m, dtype=torch.float32, device=codes.device)
     mt = -(-m // cfg.bm)
     for t in range(mt * (n // cfg.bn)):  # token tiles fastest, as the kernel numbers them
         rows = slice((t // mt) * cfg.bn, (t // mt + 1) * cfg.bn)
         toks = slice((t % mt) * cfg.bm, min(m, (t % mt + 1) * cfg.bm))
-        out[rows, toks] = sliced(rows, toks, stream_k_runs(t, kt, per))
+        out[rows, toks] = sliced(rows, toks, stream_k_runs(t, kt, per, programs * dpt))
     return out.t().to(out_dtype)

@@ -50,7 +50,7 @@ if HAS_GLUON:
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     from gearshift.kernels.w4a16_wgmma import (_store_tile, _tma_load, act_layout, fragment_rows, grid_wait, k_slice,
-                                               launch_dependents, ring_barriers, stream_k_range, stream_k_tile,
+                                               launch_dependents, ring_barriers, stream_k_segment, stream_k_tile,
                                                tma_tiles)
 
     _MAGIC = gl.constexpr(MAGIC)
@@ -176,24 +176,24 @@ if HAS_GLUON:
 
     @gluon.jit
     def _load_partition_tma_sk(x_desc, w_desc, sc_desc, mn_desc, sum_desc, x_bufs, w_bufs, sc_bufs, mn_bufs,
-                               sum_bufs, ready, empty, T, per, KT, MT, BLOCKS: gl.constexpr, SUMS: gl.constexpr,
-                               PDL: gl.constexpr = False):
-        """The same slots for a stream-K program (`w4a16_wgmma.stream_k_range`): its run of (output
-        tile, K tile) iterations, one tile's K range at a time. With PDL it lets the next kernel in
-        and waits for the previous one before its first load."""
+                               sum_bufs, ready, empty, T, per, dpt, KT, MT, BLOCKS: gl.constexpr,
+                               SUMS: gl.constexpr, PDL: gl.constexpr = False):
+        """The same slots for a stream-K program (`w4a16_wgmma.stream_k_segment`): its whole tiles,
+        then its run of (output tile, K tile) iterations, one tile's K range at a time. With PDL it
+        lets the next kernel in and waits for the previous one before its first load."""
         BM: gl.constexpr = x_desc.block_type.shape[0]
         BN: gl.constexpr = sc_desc.block_type.shape[0]
         launch_dependents(PDL)
         grid_wait(PDL)
-        start, end = stream_k_range(T, per)
-        first = start // KT
         i = 0
-        for t in range(first, (end - 1) // KT + 1):
-            m0, n0 = stream_k_tile(t, MT, BM, BN)
-            for g in range(gl.maximum(start - t * KT, 0), gl.minimum(end - t * KT, KT)):
-                _fill_tma_slot(x_desc, w_desc, sc_desc, mn_desc, sum_desc, x_bufs, w_bufs, sc_bufs, mn_bufs,
-                               sum_bufs, ready, empty, i, m0, n0, g, BLOCKS, SUMS)
-                i += 1
+        for seg in range(2):
+            start, end, first, last, step = stream_k_segment(T, per, dpt, KT, seg)
+            for t in range(first, last + 1, step):
+                m0, n0 = stream_k_tile(t, MT, BM, BN)
+                for g in range(gl.maximum(start - t * KT, 0), gl.minimum(end - t * KT, KT)):
+                    _fill_tma_slot(x_desc, w_desc, sc_desc, mn_desc, sum_desc, x_bufs, w_bufs, sc_bufs, mn_bufs,
+                                   sum_bufs, ready, empty, i, m0, n0, g, BLOCKS, SUMS)
+                    i += 1
 
     # {b0, b0, b1, b1} -> {lo(b0), hi(b0), lo(b1), hi(b1)}: three ALU ops per four weights
     _SPLIT = gl.constexpr("{ .reg .b32 t; shr.b32 t, $1, 4; and.b32 t, t, 0x0F000F00; "
