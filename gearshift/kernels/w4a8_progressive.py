@@ -64,6 +64,7 @@ def vec_store(cfg: TileConfig, out_dtype: torch.dtype) -> bool:
     return PROGRESSIVE_VEC_STORE and (out_dtype != torch.float32 or
                                       smem_bytes(cfg) + FP32_STORE_SCRATCH <= 227 * 1024)
 
+
 if HAS_GLUON:
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
