@@ -54,6 +54,15 @@ def test_configs_fit_the_llama_shapes():
     assert wgmma_configs(16) == []  # small M belongs to the fragment kernels
 
 
+def test_hybrid_tiles_are_stream_k_launches_profiled_from_m256():
+    st = random_store("int4", 4096, 4096, 128, "cpu", layout=BLOCKS16)
+    assert wgmma_supports(st, TileConfig(256, 128, 128, 1, 8, 3, stream_k=1, hybrid=True))
+    assert not wgmma_supports(st, TileConfig(256, 128, 128, 1, 8, 3, hybrid=True))
+    assert not any(c.hybrid for c in wgmma_configs(128)) and any(c.hybrid for c in wgmma_configs(256))
+    assert TileConfig(256, 128, 128, 1, 8, 3, stream_k=1, hybrid=True).key().endswith("z1h")
+    assert "hybrid" not in TileConfig(256, 128, 128, 1, 8, 3, stream_k=1).to_dict()  # old maps' candidate names
+
+
 def test_unsupported_stores_are_refused_with_a_reason():
     st = random_store("int4", 128, 256, 32, "cpu")  # groups of 32 columns: a 64-column tile would straddle them
     cfg = wgmma_configs(128)[0]

@@ -395,6 +395,15 @@ def test_kernel_matches_its_model_bit_for_bit(layout, act_dtype):
                 assert _rel(y2, ref) < bound, (m, cfg)
 
 
+def test_hybrid_needs_a_stream_k_launch():
+    act = ActQuantSpec("int8")
+    st = random_store("int4p", 4096, 4096, 128, "cpu", layout=BLOCKS16)
+    if not HAS_GLUON:
+        pytest.skip("this Triton has no Gluon")
+    assert progressive_supports(st, act, TileConfig(256, 128, 128, 1, 8, 3, stream_k=1, hybrid=True))
+    assert not progressive_supports(st, act, TileConfig(256, 128, 128, 1, 8, 3, hybrid=True))
+
+
 def test_fp32_outputs_store_rows_only_where_the_scratch_fits():
     from gearshift.kernels.w4a8_progressive import PROGRESSIVE_VEC_STORE, vec_store
 

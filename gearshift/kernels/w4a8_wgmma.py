@@ -348,6 +348,8 @@ def int8_tile_fits(store, act, cfg: TileConfig | None, smem: int, rows_per_warp:
         return False
     if cfg.stream_k and (cfg.split_k != 1 or cfg.stream_k > 4):  # stream-K splits K itself
         return False
+    if cfg.hybrid and not cfg.stream_k:  # (a hybrid is a stream-K launch)
+        return False
     if cfg.bm * cfg.bn // (32 * cfg.warps) > acc_regs or smem > 227 * 1024:
         return False
     if n % cfg.bn or k % g or k // g < 2 * cfg.split_k or (k // g) % 8 or store.scales.dtype != torch.float16:
