@@ -21,7 +21,9 @@ SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "dow
 BIG = TileConfig(256, 128, 128, 1, 8, 3)  # the map's 256 x 128 two-consumer tile at M >= 256
 
 # name -> (shape, M, what runs): "dp"/"sk<programs>" = w4a16_wgmma with BIG, "cublas" = bf16 on a
-# dense copy, "mma" = the fragment kernel with the shipped map's M = 1 tile
+# dense copy, "mma" = the fragment kernel with the shipped map's M = 1 tile, "prog_dp"/"prog_hybrid" =
+# w4a8_progressive (int4-prog store, int8 codes) with BIG as a grid / as a hybrid stream-K launch (stop 28:
+# the hybrid's whole tiles ran 1.06x slower on gate_up at M = 4096, 27 waves)
 CASES = {
     "gate_up1024_dp": ("gate_up", 1024, "dp"),
     "gate_up1024_cublas": ("gate_up", 1024, "cublas"),
@@ -30,6 +32,8 @@ CASES = {
     "qkv1_mma": ("qkv", 1, TileConfig(16, 0, 128, 1, 8, 1, prefetch=True, kwarps=4)),
     "o1_mma": ("o", 1, TileConfig(16, 0, 128, 1, 8, 1, prefetch=True, kwarps=8)),
     "gate_up1_mma": ("gate_up", 1, TileConfig(16, 0, 128, 1, 8, 1, kwarps=4)),
+    "gate_up4096_prog_dp": ("gate_up", 4096, "prog_dp"),
+    "gate_up4096_prog_hybrid": ("gate_up", 4096, "prog_hybrid"),
 }
 
 
@@ -40,6 +44,15 @@ def runner(name: str):
     if what == "cublas":
         w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
         return lambda: x @ w.t()
+    if what.startswith("prog"):
+        from gearshift.kernels.act_quant import quantize_act_triton
+        from gearshift.kernels.w4a8_progressive import progressive_codes
+        from gearshift.quant.activations import ActQuantSpec
+
+        store = random_store("int4p", n, k, 128, "cuda", layout=BLOCKS16)
+        codes, scales = quantize_act_triton(x, ActQuantSpec("int8"))
+        cfg = BIG if what == "prog_dp" else TileConfig(256, 128, 128, 1, 8, 3, stream_k=1, hybrid=True)
+        return lambda: progressive_codes(codes, scales, store, cfg, torch.bfloat16)
     store = random_store("int4", n, k, 128, "cuda", layout=BLOCKS16)
     if isinstance(what, TileConfig):
         return lambda: mma_gemv(x, store, what)

@@ -7,7 +7,7 @@ out=${1:-ncu}; shift || true
 mkdir -p "$out"
 cases=${*:-$(PYTHONPATH=. python benchmarks/tc_ablations/ncu_cases.py --list)}
 for c in $cases; do
-  ncu --clock-control none --set full --import-source no -k 'regex:wgmma|gemv|nvjet|gemm|xmma' \
+  ncu --clock-control none --set full --import-source no -k 'regex:wgmma|progressive|gemv|nvjet|gemm|xmma' \
       --launch-skip 1 --launch-count 1 -f -o "$out/$c" \
       env PYTHONPATH=. python benchmarks/tc_ablations/ncu_cases.py --case "$c" > "$out/$c.log" 2>&1
   echo "$c: rc $?"
