@@ -383,6 +383,15 @@ if HAS_GLUON:
             store_out(out, mma, y_ptr, m0, n0, M, N)
 
     @gluon.jit
+    def store_final(out, mma: gl.constexpr, y_ptr, m0, n0, M, N, WARPS: gl.constexpr, VEC: gl.constexpr):
+        """The finished tile (y's dtype, layout `mma`) to y: through `store_rows` with VEC, else
+        straight from the wgmma layout."""
+        if VEC:
+            store_rows(out, mma, y_ptr, m0, n0, M, N, WARPS)
+        else:
+            store_out(out, mma, y_ptr, m0, n0, M, N)
+
+    @gluon.jit
     def _store_tile(acc, mma: gl.constexpr, y_ptr, ws_ptr, cnt_ptr, xs_ptr, m0, n0, M, N, part, NPART: gl.constexpr,
                     SPLIT_K: gl.constexpr, TOKEN_SCALES: gl.constexpr, WARPS: gl.constexpr,
                     VEC: gl.constexpr = False):
@@ -394,14 +403,12 @@ if HAS_GLUON:
         BM: gl.constexpr = acc.type.shape[1]
         offs_n = n0 + gl.arange(0, BN, layout=gl.SliceLayout(1, mma))
         offs_m = m0 + gl.arange(0, BM, layout=gl.SliceLayout(0, mma))
-        offs = offs_m[None, :] * N + offs_n[:, None]
-        mask = (offs_m < M)[None, :]
+        offs = offs_m[None, :] * N + offs_n[:, None]  # (split-K; computed here, as before stop 28's
+        mask = (offs_m < M)[None, :]  # store_final, so the split-K kernels compile as they did)
         if TOKEN_SCALES:
             acc = token_scaled(acc, mma, xs_ptr, m0, M)
-        if SPLIT_K == 1 and VEC:
-            store_rows(acc.to(y_ptr.dtype.element_ty), mma, y_ptr, m0, n0, M, N, WARPS)
-        elif SPLIT_K == 1:
-            gl.store(y_ptr + offs, acc.to(y_ptr.dtype.element_ty), mask=mask)
+        if SPLIT_K == 1:
+            store_final(acc.to(y_ptr.dtype.element_ty), mma, y_ptr, m0, n0, M, N, WARPS, VEC)
         else:  # the deterministic one-launch reduction of splitk.py: the last slice sums in slice order
             n_out = M * N
             gl.store(ws_ptr + gl.program_id(2) * n_out + offs, acc, mask=mask)
@@ -520,11 +527,7 @@ if HAS_GLUON:
         if TOKEN_SCALES:
             acc = token_scaled(acc, mma, xs_ptr, m0, M)
         if (k_lo == 0) & (k_hi == KT):
-            if VEC:
-                store_rows(acc.to(y_ptr.dtype.element_ty), mma, y_ptr, m0, n0 + ROW0, M, N, WARPS)
-            else:
-                offs = offs_m[None, :] * N + (n0 + ROW0 + rows)[:, None]
-                gl.store(y_ptr + offs, acc.to(y_ptr.dtype.element_ty), mask=(offs_m < M)[None, :])
+            store_final(acc.to(y_ptr.dtype.element_ty), mma, y_ptr, m0, n0 + ROW0, M, N, WARPS, VEC)
         else:
             # a slot is [BM, BNC] fp32, weight rows contiguous as in y
             slot = (gl.program_id(0) * 2 + (t != first).to(gl.int32)) * NHALF + HALF
