@@ -30,6 +30,7 @@ from kernels import Model, step_fn, time_step, tinygemm_step  # noqa: E402
 from gearshift.dispatch.dispatcher import AdaptiveDispatcher  # noqa: E402
 from gearshift.dispatch.policy import PolicyMap, device_slug  # noqa: E402
 from gearshift.dispatch.profiler import PRESETS  # noqa: E402
+from gearshift.kernels.act_quant import ActCodes, quantize_act_triton  # noqa: E402
 from gearshift.kernels.library import to_tinygemm  # noqa: E402
 from gearshift.kernels.reference import linear_reference  # noqa: E402
 from gearshift.quant.modes import MODES  # noqa: E402
@@ -53,6 +54,10 @@ def main() -> None:
     ap.add_argument("--set-a", default="", help="[MODULE.]NAME=VALUE[,...]: kernel switches while side A runs "
                     "(MODULE in gearshift.kernels, default w4a16_wgmma; e.g. w4a8_progressive.PROGRESSIVE_PDL=0)")
     ap.add_argument("--set-b", default="", help="the same for side B")
+    ap.add_argument("--norm-codes", action="store_true",
+                    help="W4A8 / W4A4: hand qkv and gate_up their activation codes made before timing, as the "
+                    "engine's RMSNorm writes them (QuantLinear.codes_for); o and down still run the quantizer. "
+                    "Without it every linear quantizes its own input")
     a = ap.parse_args()
     import importlib
 
@@ -91,8 +96,22 @@ def main() -> None:
     # W4A4: the Triton and torch activation quantizers may round a tie apart, and one int4 code step
     # is 1/7 of the scale: 3e-2 was exceeded once (down_proj, M=1, 3.1e-2)
     tol = 5e-2 if a.mode == "w4a4" else 5e-3
+
+    def norm_codes(d, stores, xs, m):
+        """Per shape: the codes the engine's RMSNorm would hand that linear (--norm-codes), else None."""
+        out = []
+        for (name, _, _), store, x in zip(shapes, stores, xs):
+            spec = d.codes_for(store, act, m, x.dtype) if a.norm_codes and name in ("qkv", "gate_up") else None
+            if spec is None:
+                out.append(None)
+                continue
+            c, sc = quantize_act_triton(x, act)  # the bits the norm writes (it uses the quantizer's helpers)
+            out.append(ActCodes(c.to(spec.dtype), sc, spec.qmax))
+        return out
+
     for m in (int(v) for v in a.m.split(",")):
         xs = [torch.randn(m, k, device="cuda", dtype=torch.bfloat16) for _, _, k in shapes]
+        codes = {name: norm_codes(d, models[side(name)].stores[0], xs, m) for name, d in maps.items()}
         for i, store in enumerate(model.stores[0]):  # every choice of both maps against the reference
             ref = linear_reference(xs[i].float(), store, act)
             ys = {}
@@ -101,6 +120,9 @@ def main() -> None:
                 err = ((ys[name].float() - ref).norm() / ref.norm()).item()
                 if not err < tol:
                     raise SystemExit(f"map {name} M={m} shape {shapes[i][0]}: relative error {err:.2e} > {tol}")
+                if codes[name][i] is not None and not torch.equal(
+                        d.linear(xs[i], models[side(name)].stores[0][i], act, codes=codes[name][i]), ys[name]):
+                    raise SystemExit(f"map {name} M={m} shape {shapes[i][0]}: the norm's codes give other bits")
             exact = "always" not in (sets["a"] | sets["b"]).values()
             if same_map and exact and (a.layout_a, sets["a"]) != (a.layout_b, sets["b"]) \
                     and not torch.equal(ys["a"], ys["b"]):
@@ -108,7 +130,9 @@ def main() -> None:
         t = {"a": [], "b": []}
         for _ in range(a.rounds):
             for name, d in maps.items():
-                t[side(name)].append(time_step(step_fn(models[name], xs, lambda x, s, d=d: d.linear(x, s, act))))
+                by_x = {id(x): c for x, c in zip(xs, codes[name])}
+                t[side(name)].append(time_step(step_fn(
+                    models[name], xs, lambda x, s, d=d, by_x=by_x: d.linear(x, s, act, codes=by_x.get(id(x))))))
         res[m] = {name: statistics.median(v) for name, v in t.items()} | {"runs": t}
         line = f"M={m:2}: A {res[m]['a']:.3f} ms  B {res[m]['b']:.3f} ms  B/A {res[m]['b'] / res[m]['a']:.3f}"
         if dense is not None:
@@ -124,7 +148,8 @@ def main() -> None:
     tag = a.tag if not a.tag or a.tag.startswith("_") else "_" + a.tag
     (out / f"policy_ab_{device_slug(dev)}{tag}_{a.mode}.json").write_text(json.dumps(
         {"device": dev, "a": a.a, "b": a.b, "layout_a": a.layout_a, "layout_b": a.layout_b, "mode": a.mode,
-         "int4_prog": a.int4_prog, "set_a": a.set_a, "set_b": a.set_b, "ms": res}, indent=1))
+         "int4_prog": a.int4_prog, "set_a": a.set_a, "set_b": a.set_b, "norm_codes": a.norm_codes, "ms": res},
+        indent=1))
 
 
 if __name__ == "__main__":
