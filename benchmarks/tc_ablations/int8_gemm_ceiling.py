@@ -7,6 +7,8 @@ Times, per Llama-3-8B shape and M, with CUDA-graph replay (`profiler.time_us`):
 * `tl_int8`: a Triton `tl.dot` int8 GEMM fed by TMA descriptors, y = bf16(float(acc) * unit[n] *
   xs[m]) fused (the progressive kernel's epilogue with one K slice, so the same bits), best of a
   small tile sweep;
+* `tl_int4`: the same GEMM reading the int4-prog store itself (t * q - tz built in registers, staged
+  by Triton through shared memory as `tl.dot`'s B operand), best of the BK = 128 tiles;
 * `dequant8`: a Triton pass that writes the int4-prog store's int8 weights t * q - tz ([N, K]);
 * `prog`: `w4a8_progressive` with the shipped map's tile for that shape and M.
 The Triton GEMM's output is checked bit for bit against the progressive kernel's.
@@ -33,7 +35,8 @@ from gearshift.quant.activations import ActQuantSpec
 SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
 # (BM, BN, BK, stages, warps, GROUP_M)
 TILES = ((128, 256, 128, 3, 8, 8), (256, 128, 128, 3, 8, 8), (128, 256, 64, 4, 8, 8), (256, 128, 64, 4, 8, 8),
-         (128, 128, 128, 4, 8, 8), (128, 128, 128, 4, 4, 8), (128, 256, 128, 4, 8, 8), (256, 128, 128, 4, 8, 16))
+         (128, 128, 128, 4, 8, 8), (128, 128, 128, 4, 4, 8), (128, 256, 128, 4, 8, 8), (256, 128, 128, 4, 8, 16),
+         (128, 128, 128, 3, 4, 8), (64, 128, 128, 4, 4, 8), (128, 64, 128, 4, 4, 8))
 
 
 @triton.jit
@@ -60,6 +63,55 @@ def _int8_gemm(a_desc, b_desc, unit_ptr, xs_ptr, y_ptr, M, N, K, BM: tl.constexp
     xs = tl.load(xs_ptr + offs_m, mask=offs_m < M, other=0.0)
     out = acc.to(tl.float32) * unit[None, :] * xs[:, None]
     tl.store(y_ptr + offs_m[:, None] * N + offs_n[None, :], out.to(tl.bfloat16), mask=(offs_m < M)[:, None])
+
+
+@triton.jit
+def _int4_gemm(a_desc, b_desc, s_ptr, mn_ptr, unit_ptr, xs_ptr, y_ptr, M, N, K, BM: tl.constexpr, BN: tl.constexpr,
+               BK: tl.constexpr, GROUP_M: tl.constexpr):
+    """The same GEMM on the int4-prog store itself (rows layout, one group per K tile): the byte tile
+    comes by TMA, t * q - tz is built in registers and `tl.dot` takes it as its B operand (Triton
+    stages a register B through shared memory)."""
+    pid = tl.program_id(0)
+    num_m = tl.cdiv(M, BM)
+    num_n = tl.cdiv(N, BN)
+    in_group = GROUP_M * num_n
+    first_m = (pid // in_group) * GROUP_M
+    gsize = min(num_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % in_group) % gsize
+    pid_n = (pid % in_group) // gsize
+    m0 = pid_m * BM
+    n0 = pid_n * BN
+    offs_n = n0 + tl.arange(0, BN)
+    inv = 1.0 / tl.load(unit_ptr + offs_n)
+    acc = tl.zeros([BM, BN], dtype=tl.int32)
+    for k in range(0, K, BK):
+        a = a_desc.load([m0, k])
+        b = b_desc.load([n0, k // 2]).to(tl.int32)
+        g = k // BK
+        t = (tl.load(s_ptr + offs_n * (K // BK) + g).to(tl.float32) * inv).to(tl.int32)
+        tz = -(tl.load(mn_ptr + offs_n * (K // BK) + g).to(tl.float32) * inv).to(tl.int32)
+        lo = (b & 15) * t[:, None] - tz[:, None]
+        hi = (b >> 4) * t[:, None] - tz[:, None]
+        w = tl.reshape(tl.join(lo, hi), [BN, BK]).to(tl.int8)
+        acc = tl.dot(a, w.T, acc, out_dtype=tl.int32)
+    offs_m = m0 + tl.arange(0, BM)
+    unit = tl.load(unit_ptr + offs_n)
+    xs = tl.load(xs_ptr + offs_m, mask=offs_m < M, other=0.0)
+    out = acc.to(tl.float32) * unit[None, :] * xs[:, None]
+    tl.store(y_ptr + offs_m[:, None] * N + offs_n[None, :], out.to(tl.bfloat16), mask=(offs_m < M)[:, None])
+
+
+def int4_gemm(codes, store, unit, xs, tile):
+    """`_int4_gemm` on a rows-layout int4-prog store; BK must be the group size."""
+    bm, bn, bk, st, wp, gm = tile
+    m, k = codes.shape
+    n = store.out_features
+    y = torch.empty(m, n, device=codes.device, dtype=torch.bfloat16)
+    a_desc = TensorDescriptor.from_tensor(codes, [bm, bk])
+    b_desc = TensorDescriptor.from_tensor(store.qweight, [bn, bk // 2])
+    grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn),)
+    return lambda: _int4_gemm[grid](a_desc, b_desc, store.scales, store.mins, unit, xs, y, m, n, k, BM=bm, BN=bn,
+                                    BK=bk, GROUP_M=gm, num_stages=st, num_warps=wp), y
 
 
 @triton.jit
@@ -140,13 +192,30 @@ def main() -> None:
                     best = (t, tile)
             if best:
                 r["tl_int8_us"], r["tl_int8_tile"] = best
+            best = None
+            for tile in (t for t in TILES if t[2] == 128):
+                try:
+                    f, y = int4_gemm(codes, store, unit, xs, tile)
+                    f()
+                    torch.cuda.synchronize()
+                    same = torch.equal(y, yp) if cfg.split_k == 1 and not cfg.stream_k else None
+                    t = time_us([f])
+                except Exception as ex:  # noqa: BLE001
+                    r[f"tl4_{tile}"] = f"error: {str(ex)[:120]}"
+                    continue
+                r[f"tl4_{tile}"] = {"us": t, "same_bits_as_prog": same}
+                if best is None or t < best[0]:
+                    best = (t, tile)
+            if best:
+                r["tl_int4_us"], r["tl_int4_tile"] = best
             ops = 2 * m * n * k
-            for key in ("bf16_us", "int_mm_us", "prog_us", "tl_int8_us"):
+            for key in ("bf16_us", "int_mm_us", "prog_us", "tl_int8_us", "tl_int4_us"):
                 if r.get(key):
                     r[key.replace("_us", "_tops")] = ops / r[key] / 1e6
             rows.append(r)
             print(f"{name:8s} M={m:5d} bf16 {r['bf16_us']:8.1f} int_mm {r['int_mm_us'] or 0:8.1f} "
                   f"prog {r['prog_us']:8.1f} tl_int8 {r.get('tl_int8_us', 0):8.1f} {r.get('tl_int8_tile')} "
+                  f"tl_int4 {r.get('tl_int4_us', 0):8.1f} {r.get('tl_int4_tile')} "
                   f"dequant8 {t_dq:6.1f} us", flush=True)
     os.makedirs(a.out, exist_ok=True)
     path = os.path.join(a.out, f"int8_gemm_ceiling_{dev.replace(' ', '_')}.json")
