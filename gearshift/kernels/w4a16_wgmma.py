@@ -463,6 +463,22 @@ if HAS_GLUON:
         return gl.reshape(gl.join(lo, hi), [BN, BKX])
 
     @gluon.jit
+    def _a_smem_step(x_bufs, w_bufs, a_bufs, sc_bufs, mn_bufs, ready, empty, acc, i, ROW0: gl.constexpr,
+                     BN: gl.constexpr, NPART: gl.constexpr, F16: gl.constexpr, bl: gl.constexpr,
+                     PACKED: gl.constexpr):
+        """Tile i of an A-through-shared-memory consumer, for the peeled first tile: a loop that may
+        run zero times zeroes the accumulator on its skip path, between the wgmmas and their last
+        wait, and ptxas 12.8 then serializes every wgmma of the kernel (C7515; stop 29)."""
+        STAGES: gl.constexpr = x_bufs.type.shape[0]
+        BKX: gl.constexpr = x_bufs.type.shape[2]
+        w = _slot_weights(w_bufs, sc_bufs, mn_bufs, ready, i, ROW0, BN, NPART, BKX, F16, bl, PACKED)
+        a_s = a_bufs.index(i % 2)
+        a_s.store(w)
+        fence_async_shared()
+        acc = warpgroup_mma(a_s, x_bufs.index(i % STAGES).permute((1, 0)), acc, is_async=True)
+        return warpgroup_mma_wait(1, deps=(acc,))
+
+    @gluon.jit
     def _mma_partition(x_bufs, w_bufs, a_bufs, sc_bufs, mn_bufs, ready, empty, y_ptr, ws_ptr, cnt_ptr, xs_ptr, m0, n0,
                        M, N, num_k, ROW0: gl.constexpr, BN: gl.constexpr, NPART: gl.constexpr, F16: gl.constexpr,
                        A_SMEM: gl.constexpr, SPLIT_K: gl.constexpr, TOKEN_SCALES: gl.constexpr,
@@ -475,7 +491,12 @@ if HAS_GLUON:
         dot: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
         bl: gl.constexpr = byte_layout(BN, BKX // 2, WARPS)
         acc = gl.zeros([BN, BM], gl.float32, layout=mma)
-        for i in range(num_k):
+        lo = 0
+        if A_SMEM:  # the first tile peeled off the loop (see _a_smem_step)
+            acc = _a_smem_step(x_bufs, w_bufs, a_bufs, sc_bufs, mn_bufs, ready, empty, acc, 0, ROW0, BN, NPART, F16,
+                               bl, PACKED)
+            lo = 1
+        for i in range(lo, num_k):
             s = i % STAGES
             w = _slot_weights(w_bufs, sc_bufs, mn_bufs, ready, i, ROW0, BN, NPART, BKX, F16, bl, PACKED)
             if A_SMEM:
