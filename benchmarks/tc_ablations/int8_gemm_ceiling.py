@@ -40,18 +40,21 @@ TILES = ((128, 256, 128, 3, 8, 8), (256, 128, 128, 3, 8, 8), (128, 256, 64, 4, 8
 
 
 @triton.jit
-def _int8_gemm(a_desc, b_desc, unit_ptr, xs_ptr, y_ptr, M, N, K, BM: tl.constexpr, BN: tl.constexpr,
-               BK: tl.constexpr, GROUP_M: tl.constexpr):
+def grouped_tile(M, N, BM: tl.constexpr, BN: tl.constexpr, GROUP_M: tl.constexpr):
+    """(m0, n0) of this program's output tile, GROUP_M token tiles per weight tile (L2 reuse)."""
     pid = tl.program_id(0)
     num_m = tl.cdiv(M, BM)
     num_n = tl.cdiv(N, BN)
     in_group = GROUP_M * num_n
     first_m = (pid // in_group) * GROUP_M
     gsize = min(num_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % in_group) % gsize
-    pid_n = (pid % in_group) // gsize
-    m0 = pid_m * BM
-    n0 = pid_n * BN
+    return (first_m + (pid % in_group) % gsize) * BM, ((pid % in_group) // gsize) * BN
+
+
+@triton.jit
+def _int8_gemm(a_desc, b_desc, unit_ptr, xs_ptr, y_ptr, M, N, K, BM: tl.constexpr, BN: tl.constexpr,
+               BK: tl.constexpr, GROUP_M: tl.constexpr):
+    m0, n0 = grouped_tile(M, N, BM, BN, GROUP_M)
     acc = tl.zeros([BM, BN], dtype=tl.int32)
     for k in range(0, K, BK):
         a = a_desc.load([m0, k])
@@ -71,16 +74,7 @@ def _int4_gemm(a_desc, b_desc, s_ptr, mn_ptr, unit_ptr, xs_ptr, y_ptr, M, N, K, 
     """The same GEMM on the int4-prog store itself (rows layout, one group per K tile): the byte tile
     comes by TMA, t * q - tz is built in registers and `tl.dot` takes it as its B operand (Triton
     stages a register B through shared memory)."""
-    pid = tl.program_id(0)
-    num_m = tl.cdiv(M, BM)
-    num_n = tl.cdiv(N, BN)
-    in_group = GROUP_M * num_n
-    first_m = (pid // in_group) * GROUP_M
-    gsize = min(num_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % in_group) % gsize
-    pid_n = (pid % in_group) // gsize
-    m0 = pid_m * BM
-    n0 = pid_n * BN
+    m0, n0 = grouped_tile(M, N, BM, BN, GROUP_M)
     offs_n = n0 + tl.arange(0, BN)
     inv = 1.0 / tl.load(unit_ptr + offs_n)
     acc = tl.zeros([BM, BN], dtype=tl.int32)
@@ -142,6 +136,27 @@ def int8_gemm(codes, w8, unit, xs, tile):
                                     num_stages=st, num_warps=wp), y
 
 
+def sweep(r: dict, prefix: str, name: str, tiles, make, yp, exact: bool) -> None:
+    """Time make(tile) for every tile into r (checking its bits against the progressive kernel's
+    output yp where `exact`), and the best as r[name + "_us"] / r[name + "_tile"]."""
+    best = None
+    for tile in tiles:
+        try:
+            f, y = make(tile)
+            f()
+            torch.cuda.synchronize()
+            same = torch.equal(y, yp) if exact else None
+            t = time_us([f])
+        except Exception as ex:  # noqa: BLE001 - report the tile, keep going
+            r[f"{prefix}_{tile}"] = f"error: {str(ex)[:120]}"
+            continue
+        r[f"{prefix}_{tile}"] = {"us": t, "same_bits_as_prog": same}
+        if best is None or t < best[0]:
+            best = (t, tile)
+    if best:
+        r[f"{name}_us"], r[f"{name}_tile"] = best
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--m", default="1024,2048,4096")
@@ -176,38 +191,10 @@ def main() -> None:
             yp = progressive_codes(codes, xs, store, cfg, torch.bfloat16)
             r["prog_us"] = time_us([lambda: progressive_codes(codes, xs, store, cfg, torch.bfloat16)])
             r["prog_cfg"] = e["config"]
-            best = None
-            for tile in TILES:
-                try:
-                    f, y = int8_gemm(codes, w8, unit, xs, tile)
-                    f()
-                    torch.cuda.synchronize()
-                    same = torch.equal(y, yp) if cfg.split_k == 1 and not cfg.stream_k else None
-                    t = time_us([f])
-                except Exception as ex:  # noqa: BLE001
-                    r[f"tl_{tile}"] = f"error: {str(ex)[:120]}"
-                    continue
-                r[f"tl_{tile}"] = {"us": t, "same_bits_as_prog": same}
-                if best is None or t < best[0]:
-                    best = (t, tile)
-            if best:
-                r["tl_int8_us"], r["tl_int8_tile"] = best
-            best = None
-            for tile in (t for t in TILES if t[2] == 128):
-                try:
-                    f, y = int4_gemm(codes, store, unit, xs, tile)
-                    f()
-                    torch.cuda.synchronize()
-                    same = torch.equal(y, yp) if cfg.split_k == 1 and not cfg.stream_k else None
-                    t = time_us([f])
-                except Exception as ex:  # noqa: BLE001
-                    r[f"tl4_{tile}"] = f"error: {str(ex)[:120]}"
-                    continue
-                r[f"tl4_{tile}"] = {"us": t, "same_bits_as_prog": same}
-                if best is None or t < best[0]:
-                    best = (t, tile)
-            if best:
-                r["tl_int4_us"], r["tl_int4_tile"] = best
+            exact = cfg.split_k == 1 and not cfg.stream_k  # (a split tile of the map rounds differently)
+            sweep(r, "tl", "tl_int8", TILES, lambda tile: int8_gemm(codes, w8, unit, xs, tile), yp, exact)
+            sweep(r, "tl4", "tl_int4", [t for t in TILES if t[2] == 128],
+                  lambda tile: int4_gemm(codes, store, unit, xs, tile), yp, exact)
             ops = 2 * m * n * k
             for key in ("bf16_us", "int_mm_us", "prog_us", "tl_int8_us", "tl_int4_us"):
                 if r.get(key):
