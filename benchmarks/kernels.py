@@ -28,6 +28,7 @@ from gearshift.dispatch.dispatcher import AdaptiveDispatcher  # noqa: E402
 from gearshift.dispatch.policy import M_BUCKETS, PolicyMap, device_slug  # noqa: E402
 from gearshift.dispatch.profiler import PRESETS, ablations, copy_bandwidth, profile, random_store, time_us  # noqa: E402
 from gearshift.dispatch.strategies import strategies_for  # noqa: E402
+from gearshift.kernels.act_quant import ActCodes, quantize_act_triton  # noqa: E402
 from gearshift.kernels.library import scaled_mm_fp8_linear, tinygemm_linear, to_fp8_rowwise, to_tinygemm  # noqa
 from gearshift.kernels.reference import linear_reference  # noqa: E402
 from gearshift.quant.modes import MODES  # noqa: E402
@@ -103,6 +104,31 @@ def step_fn(model, xs, fn):
     return run
 
 
+#: the linears whose input is an RMSNorm's output in the engine: where their kernel takes quantized
+#: activations, the norm writes the codes (`QuantLinear.codes_for`) and no quantizer runs
+NORM_FED = ("qkv", "gate_up")
+
+
+def norm_codes(d, shapes, stores, xs, act, m) -> list:
+    """Per shape: the codes the engine's RMSNorm would hand that linear under dispatcher d (made here
+    by the quantizer, whose helpers the norm uses, so the same bits), else None."""
+    out = []
+    for (name, _, _), store, x in zip(shapes, stores, xs):
+        spec = d.codes_for(store, act, m, x.dtype) if name in NORM_FED else None
+        if spec is None:
+            out.append(None)
+            continue
+        c, sc = quantize_act_triton(x, act)
+        out.append(ActCodes(c.to(spec.dtype), sc, spec.qmax))
+    return out
+
+
+def codes_step_fn(model, xs, d, act, codes):
+    """step_fn through d, each linear given its entry of `codes` (norm_codes) where not None."""
+    by_x = {id(x): c for x, c in zip(xs, codes)}
+    return step_fn(model, xs, lambda x, s: d.linear(x, s, act, codes=by_x.get(id(x))))
+
+
 def tinygemm_step(tg, xs):
     """One step of torch's int4 kernel over tg[layer][shape] = ((packed, scales_and_zeros), group)."""
     def run():
@@ -137,6 +163,9 @@ def stage_bench(pm, m_list, bw, log, dtype=torch.bfloat16, layers=32, layout="bl
             act = MODES[mode].act
             try:
                 record(f"{mode}:dispatch", m, time_step(step_fn(int4, xs, lambda x, s: disp.linear(x, s, act))))
+                codes = norm_codes(disp, shapes, int4.stores[0], xs, act, m) if act is not None else []
+                if any(c is not None for c in codes):  # as the engine runs it: qkv / gate_up codes from the norm
+                    record(f"{mode}:norm_codes_dispatch", m, time_step(codes_step_fn(int4, xs, disp, act, codes)))
             except Exception as e:
                 log(f"dispatch {mode} M={m}: {e!r}"[:300])
             for strat in strategies_for(mode):
@@ -229,7 +258,8 @@ def stage_gearbx(log, dtype=torch.float16) -> dict:
 # bytes each row reads per weight (int4 rows: their own int4 + scale bytes), and the MMA peak it
 # is held to: the dispatched W4A8 modes run int8/fp8 tensor cores, everything else bf16
 LIB_BYTES_PER_WEIGHT = {"lib:cublas_bf16": 2.0, "lib:scaled_mm_fp8": 1.0}
-PEAK_OF = {"w4a8:dispatch": "int8_tops", "w4a8fp8:dispatch": "fp8_tflops", "lib:scaled_mm_fp8": "fp8_tflops"}
+PEAK_OF = {"w4a8:dispatch": "int8_tops", "w4a8:norm_codes_dispatch": "int8_tops", "w4a8fp8:dispatch": "fp8_tflops",
+           "lib:scaled_mm_fp8": "fp8_tflops"}
 
 
 def throughput_md(bench: dict, m_list, bw) -> list[str]:

@@ -25,12 +25,11 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from kernels import Model, step_fn, time_step, tinygemm_step  # noqa: E402
+from kernels import Model, codes_step_fn, norm_codes, step_fn, time_step, tinygemm_step  # noqa: E402
 
 from gearshift.dispatch.dispatcher import AdaptiveDispatcher  # noqa: E402
 from gearshift.dispatch.policy import PolicyMap, device_slug  # noqa: E402
 from gearshift.dispatch.profiler import PRESETS  # noqa: E402
-from gearshift.kernels.act_quant import ActCodes, quantize_act_triton  # noqa: E402
 from gearshift.kernels.library import to_tinygemm  # noqa: E402
 from gearshift.kernels.reference import linear_reference  # noqa: E402
 from gearshift.quant.modes import MODES  # noqa: E402
@@ -96,22 +95,10 @@ def main() -> None:
     # W4A4: the Triton and torch activation quantizers may round a tie apart, and one int4 code step
     # is 1/7 of the scale: 3e-2 was exceeded once (down_proj, M=1, 3.1e-2)
     tol = 5e-2 if a.mode == "w4a4" else 5e-3
-
-    def norm_codes(d, stores, xs, m):
-        """Per shape: the codes the engine's RMSNorm would hand that linear (--norm-codes), else None."""
-        out = []
-        for (name, _, _), store, x in zip(shapes, stores, xs):
-            spec = d.codes_for(store, act, m, x.dtype) if a.norm_codes and name in ("qkv", "gate_up") else None
-            if spec is None:
-                out.append(None)
-                continue
-            c, sc = quantize_act_triton(x, act)  # the bits the norm writes (it uses the quantizer's helpers)
-            out.append(ActCodes(c.to(spec.dtype), sc, spec.qmax))
-        return out
-
     for m in (int(v) for v in a.m.split(",")):
         xs = [torch.randn(m, k, device="cuda", dtype=torch.bfloat16) for _, _, k in shapes]
-        codes = {name: norm_codes(d, models[side(name)].stores[0], xs, m) for name, d in maps.items()}
+        codes = {name: (norm_codes(d, shapes, models[side(name)].stores[0], xs, act, m) if a.norm_codes
+                        else [None] * len(shapes)) for name, d in maps.items()}
         for i, store in enumerate(model.stores[0]):  # every choice of both maps against the reference
             ref = linear_reference(xs[i].float(), store, act)
             ys = {}
@@ -130,9 +117,7 @@ def main() -> None:
         t = {"a": [], "b": []}
         for _ in range(a.rounds):
             for name, d in maps.items():
-                by_x = {id(x): c for x, c in zip(xs, codes[name])}
-                t[side(name)].append(time_step(step_fn(
-                    models[name], xs, lambda x, s, d=d, by_x=by_x: d.linear(x, s, act, codes=by_x.get(id(x))))))
+                t[side(name)].append(time_step(codes_step_fn(models[name], xs, d, act, codes[name])))
         res[m] = {name: statistics.median(v) for name, v in t.items()} | {"runs": t}
         line = f"M={m:2}: A {res[m]['a']:.3f} ms  B {res[m]['b']:.3f} ms  B/A {res[m]['b'] / res[m]['a']:.3f}"
         if dense is not None:
