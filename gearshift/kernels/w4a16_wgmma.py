@@ -466,9 +466,10 @@ if HAS_GLUON:
     def _a_smem_step(x_bufs, w_bufs, a_bufs, sc_bufs, mn_bufs, ready, empty, acc, i, ROW0: gl.constexpr,
                      BN: gl.constexpr, NPART: gl.constexpr, F16: gl.constexpr, bl: gl.constexpr,
                      PACKED: gl.constexpr):
-        """Tile i of an A-through-shared-memory consumer, for the peeled first tile: a loop that may
-        run zero times zeroes the accumulator on its skip path, between the wgmmas and their last
-        wait, and ptxas 12.8 then serializes every wgmma of the kernel (C7515; stop 29)."""
+        """Tile i of an A-through-shared-memory consumer: dequantized into buffer i % 2, its wgmma
+        left in flight (tile i - 1's retired). `_mma_partition` runs tile 0 before its loop: a loop
+        that may run zero times zeroes the accumulator on its skip path, between the wgmmas and
+        their last wait, and ptxas 12.8 then serializes every wgmma of the kernel (C7515; stop 29)."""
         STAGES: gl.constexpr = x_bufs.type.shape[0]
         BKX: gl.constexpr = x_bufs.type.shape[2]
         w = _slot_weights(w_bufs, sc_bufs, mn_bufs, ready, i, ROW0, BN, NPART, BKX, F16, bl, PACKED)
@@ -497,19 +498,15 @@ if HAS_GLUON:
                                bl, PACKED)
             lo = 1
         for i in range(lo, num_k):
-            s = i % STAGES
-            w = _slot_weights(w_bufs, sc_bufs, mn_bufs, ready, i, ROW0, BN, NPART, BKX, F16, bl, PACKED)
             if A_SMEM:
                 # the dequantized tile goes to one of two shared buffers and the wgmma reads it there:
                 # tile i+1 is dequantized while tile i's wgmma runs (the buffer it overwrites was read
-                # by tile i-1's wgmma, retired by the wait below one iteration earlier)
-                a_s = a_bufs.index(i % 2)
-                a_s.store(w)
-                fence_async_shared()
-                acc = warpgroup_mma(a_s, x_bufs.index(s).permute((1, 0)), acc, is_async=True)
-                acc = warpgroup_mma_wait(1, deps=(acc,))
+                # by tile i-1's wgmma, retired by the wait in _a_smem_step one iteration earlier)
+                acc = _a_smem_step(x_bufs, w_bufs, a_bufs, sc_bufs, mn_bufs, ready, empty, acc, i, ROW0, BN, NPART,
+                                   F16, bl, PACKED)
                 done = i - 1  # tile i-1's slot is free
             else:
+                w = _slot_weights(w_bufs, sc_bufs, mn_bufs, ready, i, ROW0, BN, NPART, BKX, F16, bl, PACKED)
                 # A straight from registers. The wgmma must retire before the next tile's dequant:
                 # Triton 3.6 does not keep the packed A registers of an in-flight wgmma alive (a
                 # dependency on the tensor covers its 16-bit halves only), so the next dequant
@@ -518,7 +515,7 @@ if HAS_GLUON:
                 # such wgmmas only in the default partition, and where it does they did not pay
                 # (stop 26, benchmarks/tc_ablations/pipelined_a.py, results/pipelined_a.patch).
                 a = gl.convert_layout(w, dot, assert_trivial=True)
-                acc = warpgroup_mma(a, x_bufs.index(s).permute((1, 0)), acc, is_async=True)
+                acc = warpgroup_mma(a, x_bufs.index(i % STAGES).permute((1, 0)), acc, is_async=True)
                 acc = warpgroup_mma_wait(0, deps=(acc,))
                 done = i
             # no proxy fence before handing the slot back: its bytes and scales were read into
