@@ -55,6 +55,11 @@ from triton.compiler import ASTSource
 
 def ptx(fn, signature, constexprs, num_warps=4, num_stages=1, ints16=()):
     # ints16: integer arguments the JIT would see as multiples of 16 (e.g. K = 4096)
+    import inspect
+    constexprs = dict(constexprs)  # constexprs left out take the kernel's defaults, as a launch would
+    for n, par in inspect.signature(fn.fn).parameters.items():
+        if n not in signature and n not in constexprs and par.default is not inspect.Parameter.empty:
+            constexprs[n] = par.default
     names = list(signature)
     attrs = {(names.index(n),): [["tt.divisibility", 16]] for n, t in signature.items()
              if t.startswith("*") or n in ints16}

@@ -4,6 +4,8 @@ Its PTX cannot run in the Triton interpreter, so on CPU a torch model of the fra
 nibble pairs, B-fragment permutation, the +128 offset folded into the min term, the 1.0 rows that
 yield sum(x)) is checked against the reference linear; on a GPU the kernel itself is checked."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -146,6 +148,42 @@ def test_gpu_k_warps_match_reference(rows, split, warps, kwarps, prefetch, layou
         ref = linear_reference(x.float(), store, None)
         assert ((y.float() - ref).norm() / ref.norm()).item() < 3e-3, m
         assert torch.equal(mma_gemv(x, store, cfg), y)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the PTX needs a CUDA GPU")
+@pytest.mark.parametrize("rows,split,warps,kwarps,layout", [
+    (16, 1, 8, 4, "blocks16"), (16, 1, 8, 8, "blocks16"), (16, 2, 4, 2, "rows"), (32, 1, 4, 4, "blocks16"),
+    (8, 1, 4, 1, "rows")])
+def test_gpu_preload_is_bit_identical(rows, split, warps, kwarps, layout):
+    """TileConfig.preload (the warp's whole K slice loaded before the PDL wait) only moves loads:
+    the same bits as the stepped loop, alone and in a PDL chain."""
+    from gearshift.kernels.int4_mma_gemv import mma_gemv
+
+    torch.manual_seed(rows + warps)
+    store = quantize_int4(torch.randn(208, 2048), 128).cuda().to_layout(layout)
+    cfg = TileConfig(rows, 0, 128, split, warps, 1, kwarps=kwarps)
+    pre = dataclasses.replace(cfg, preload=True)
+    assert mma_gemv_supports(store, pre, 16)
+    for m in (1, 2, 5, 8, 9, 16):
+        x = torch.randn(m, 2048, device="cuda", dtype=torch.bfloat16)
+        for c in (cfg, pre):
+            y = mma_gemv(x, store, c)
+            z = mma_gemv(mma_gemv(x, store, c)[:, :128].repeat(1, 16), store, c)
+            if c is cfg:
+                ref, chain = y, z
+        assert torch.equal(y, ref) and torch.equal(z, chain), m
+
+
+def test_preload_supports():
+    """Preload holds the whole slice in registers: at most 128 weight registers per lane, no 2-block steps."""
+    store = quantize_int4(torch.randn(64, 4096), 128)
+    assert mma_gemv_supports(store, TileConfig(16, 0, 128, 1, 8, 1, kwarps=4, preload=True))  # 8 blocks x 8
+    assert mma_gemv_supports(store, TileConfig(16, 0, 128, 1, 4, 1, kwarps=2, preload=True))  # 16 x 8
+    assert not mma_gemv_supports(store, TileConfig(16, 0, 128, 1, 2, 1, kwarps=1, preload=True))  # 32 x 8
+    assert not mma_gemv_supports(store, TileConfig(32, 0, 128, 1, 4, 1, kwarps=2, preload=True))  # 16 x 16
+    assert not mma_gemv_supports(store, TileConfig(16, 0, 128, 1, 8, 1, prefetch=True, kwarps=4, preload=True))
+    assert TileConfig(16, 0, 128, 1, 8, 1, kwarps=4, preload=True).key().endswith("L")
+    assert "preload" not in TileConfig().to_dict()
 
 
 def test_k_warps_compile_for_sm90(compile_sm90):

@@ -42,6 +42,10 @@ for trig in (0, 1, 2):
         G=128, WARPS=4, SPLIT_K=2, ASM=mg.MMA_ASM[("bf16", 16, 1)], CONSTRAINTS=mg.CONSTRAINTS[(16, 1)],
         ROWS=16, TILES=1, OFFSET=128.0, U=1, HAS_XS=False, PDL=True, L2_PREFETCH=False, TRIGGER=trig,
         LOAD=mg.WEIGHT_LOADS["plain"], SHINT=0, TILED=False, TAIL=0, KWARPS=1))
+out["mma_pre"] = ptx(mg._mma_gemv_kernel, sig, dict(
+    G=128, WARPS=8, SPLIT_K=1, ASM=mg.MMA_ASM[("bf16", 16, 1)], CONSTRAINTS=mg.CONSTRAINTS[(16, 1)],
+    ROWS=16, TILES=1, OFFSET=128.0, U=1, HAS_XS=False, PDL=True, L2_PREFETCH=False, TRIGGER=1,
+    LOAD=mg.WEIGHT_LOADS["plain"], SHINT=0, TILED=True, TAIL=0, KWARPS=4, PRE=4), num_warps=8)
 """
 
 
@@ -127,3 +131,15 @@ def test_gpu_pdl_matches_plain_in_a_graph():
     g.replay()
     torch.cuda.synchronize()
     assert torch.equal(out, ref)
+
+
+def test_mma_gemv_preload_issues_the_whole_slice_before_the_wait(ptx):
+    """PRE = 4 blocks: all 4 x 2 row loads of the warp's slice (and nothing else global) before the
+    wait, the 4 blocks' MMAs after it, and no loop left."""
+    text = ptx["mma_pre"]
+    wait = _first(text, r"griddepcontrol\.wait")
+    before, after = text[:wait], text[wait:]
+    assert before.count("ld.global.nc.L1::no_allocate.v4.b32") == 8
+    assert "ld.global.nc.L1::no_allocate.v4.b32" not in after
+    assert not re.search(r"ld\.global\.v4\.b32|st\.global|atom\.", before)
+    assert after.count("mma.sync") == 4 * 16 and "mma.sync" not in before

@@ -50,14 +50,15 @@ def sweep(variants: dict[str, Callable[[], dict | None]], restore: Callable[[], 
 
 
 def family_sweep(ms: list[int], family: Callable[[TileConfig], str], families: list[str], out: str,
-                 name: str) -> None:
-    """Every fragment tile of `strategies.mma_configs` per shape and M, checked against the reference
-    and for bit-identical reruns, then timed; per-shape bests kept per `family(cfg)` and reported."""
+                 name: str, configs: Callable[[int], list[TileConfig]] | None = None) -> None:
+    """Every fragment tile of `configs(m)` (default `strategies.mma_configs`) per shape and M, checked
+    against the reference and for bit-identical reruns, then timed; per-shape bests kept per
+    `family(cfg)` and reported."""
     from gearshift.dispatch.strategies import mma_configs
 
     rows, best = [], {}
     for shape, m, x, stores, ref in shape_cases(ms):
-        for cfg in mma_configs(m):
+        for cfg in (configs or mma_configs)(m):
             if not mg.mma_gemv_supports(stores[0], cfg, m):
                 continue
             y = mg.mma_gemv(x, stores[0], cfg)

@@ -172,7 +172,9 @@ def mma_configs(m: int) -> list[TileConfig]:
              # stop 22: the K split inside the CTA (no global split-K tail)
              *K_WARP_TILES,
              # stop 23: 32 rows per warp (two A fragments per B fragment: half the activation loads)
-             *ROWS32_TILES)]
+             *ROWS32_TILES)] + [
+             # stop 30: the warp's whole K slice loaded before the PDL wait (where it fits in registers)
+             TileConfig(rows, 0, 128, sk, w, 1, kwarps=kw, preload=True) for rows, sk, w, kw in PRELOAD_TILES]
 
 
 #: (rows per warp, split, warps, 2-block steps, warps per row group) of the in-CTA K split
@@ -180,6 +182,10 @@ K_WARP_TILES = ((16, 1, 2, False, 2), (16, 1, 4, False, 4), (16, 1, 8, False, 8)
                 (16, 1, 16, False, 16), (16, 1, 16, False, 8), (16, 1, 4, True, 4), (16, 1, 8, True, 8),
                 (16, 1, 8, True, 4), (16, 2, 8, False, 8), (16, 2, 4, False, 4), (16, 2, 8, True, 4),
                 (8, 1, 8, False, 8), (8, 1, 4, False, 4), (16, 1, 16, True, 8), (16, 1, 16, True, 16))
+
+#: (rows per warp, split, warps, warps per row group) of the preloading tiles (TileConfig.preload)
+PRELOAD_TILES = ((16, 1, 2, 2), (16, 1, 4, 4), (16, 1, 8, 8), (16, 1, 8, 4), (16, 1, 16, 16), (16, 1, 16, 8),
+                 (8, 1, 8, 8), (8, 1, 4, 4), (32, 1, 8, 8), (32, 1, 4, 4))
 
 #: the same for 32 rows per warp, with and without a K split over programs
 ROWS32_TILES = ((32, 1, 2, False, 1), (32, 1, 4, False, 1), (32, 1, 2, False, 2), (32, 1, 4, False, 4),

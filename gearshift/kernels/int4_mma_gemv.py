@@ -136,6 +136,8 @@ WEIGHT_LOADS = {
     "l2_128": "ld.global.nc.L1::no_allocate.L2::128B.v4.b32 {$0, $1, $2, $3}, [$4];",
     "l2_256": "ld.global.nc.L1::no_allocate.L2::256B.v4.b32 {$0, $1, $2, $3}, [$4];",
 }
+PRELOAD_REGISTERS = 128  # TileConfig.preload: weight registers per lane (16 blocks at 16 rows per warp)
+TRIGGER = -1  # >= 0: overrides pdl_trigger(m) for every launch (timing experiments; results never change)
 WEIGHT_LOAD = {"name": "plain", "scales": 0}  # scales 1: the scale/min loads with an L2 prefetch size too
 CONSTRAINTS = {(rows, tiles): ",".join(["=r"] * ({8: 4, 16: 6, 32: 10}[rows] * tiles) + ["r"] * (rows // 2)
                                        + ["l"] * tiles) for rows in ROWS_PER_WARP for tiles in (1, 2)}
@@ -268,7 +270,8 @@ if HAS_TRITON:
                          CONSTRAINTS: tl.constexpr, ROWS: tl.constexpr, TILES: tl.constexpr,
                          OFFSET: tl.constexpr, U: tl.constexpr, HAS_XS: tl.constexpr, PDL: tl.constexpr,
                          L2_PREFETCH: tl.constexpr, LOAD: tl.constexpr, SHINT: tl.constexpr, TILED: tl.constexpr,
-                         TRIGGER: tl.constexpr = 1, TAIL: tl.constexpr = 0, KWARPS: tl.constexpr = 1):
+                         TRIGGER: tl.constexpr = 1, TAIL: tl.constexpr = 0, KWARPS: tl.constexpr = 1,
+                         PRE: tl.constexpr = 0):
         # Every per-lane quantity comes from the lane's own %tid.x, so the fragment plan holds
         # whatever layout Triton picks for these [32 * WARPS] tensors (one element per thread).
         # ROWS: weight rows per warp; lane (g, t) holds rows g, g+8, g+16, g+24 of them.
@@ -325,34 +328,46 @@ if HAS_TRITON:
             if ROWS == 32:
                 prefetch_l2(wc_ptr + k_lo, kws * 4, (lead & (row_a + 16 < N)).to(tl.int32))
                 prefetch_l2(wd_ptr + k_lo, kws * 4, (lead & (row_a + 24 < N)).to(tl.int32))
-        # U blocks per step, the next step's weights and scales loaded before this step's math:
-        # 16*U bytes per lane and row in flight. Past the slice's end the last step re-reads itself.
-        w = _load_rows(w_ptrs, k_lo, ROWS, LOAD, TILED)
-        sc = _load_scales(s_ptr, mn_ptr, s_offs, (k_lo * 8) // G, ROWS, SHINT)
-        w2 = w
-        sc2 = sc
-        if U == 2:
-            w2 = _load_rows(w_ptrs, k_lo + 16, ROWS, LOAD, TILED)
-            sc2 = _load_scales(s_ptr, mn_ptr, s_offs, ((k_lo + 16) * 8) // G, ROWS, SHINT)
-        grid_wait(PDL)  # weights only above this line: x, y and the split-K buffers below
-        for it in range(0, kws, 16 * U):
-            kw0 = k_lo + it
-            nxt = tl.minimum(kw0 + 16 * U, k_last)
-            wn = _load_rows(w_ptrs, nxt, ROWS, LOAD, TILED)
-            sn = _load_scales(s_ptr, mn_ptr, s_offs, (nxt * 8) // G, ROWS, SHINT)
-            wn2 = wn
-            sn2 = sn
+        if PRE > 0:  # the warp's whole K slice (PRE blocks) in flight before the wait: with an early
+            # PDL trigger it streams while the predecessor still runs
+            wl = ()
+            sl = ()
+            for i in tl.static_range(PRE):
+                wl = wl + (_load_rows(w_ptrs, k_lo + 16 * i, ROWS, LOAD, TILED),)
+                sl = sl + (_load_scales(s_ptr, mn_ptr, s_offs, ((k_lo + 16 * i) * 8) // G, ROWS, SHINT),)
+            grid_wait(PDL)
+            for i in tl.static_range(PRE):
+                acc = _block(ASM, CONSTRAINTS, ROWS, TILES, OFFSET, wl[i], x0 + (k_lo + 16 * i) * 8,
+                             x1 + (k_lo + 16 * i) * 8, sl[i], acc)
+        else:
+            # U blocks per step, the next step's weights and scales loaded before this step's math:
+            # 16*U bytes per lane and row in flight. Past the slice's end the last step re-reads itself.
+            w = _load_rows(w_ptrs, k_lo, ROWS, LOAD, TILED)
+            sc = _load_scales(s_ptr, mn_ptr, s_offs, (k_lo * 8) // G, ROWS, SHINT)
+            w2 = w
+            sc2 = sc
             if U == 2:
-                wn2 = _load_rows(w_ptrs, nxt + 16, ROWS, LOAD, TILED)
-                sn2 = _load_scales(s_ptr, mn_ptr, s_offs, ((nxt + 16) * 8) // G, ROWS, SHINT)
-            acc = _block(ASM, CONSTRAINTS, ROWS, TILES, OFFSET, w, x0 + kw0 * 8, x1 + kw0 * 8, sc, acc)
-            w = wn
-            sc = sn
-            if U == 2:
-                acc = _block(ASM, CONSTRAINTS, ROWS, TILES, OFFSET, w2, x0 + (kw0 + 16) * 8, x1 + (kw0 + 16) * 8,
-                             sc2, acc)
-                w2 = wn2
-                sc2 = sn2
+                w2 = _load_rows(w_ptrs, k_lo + 16, ROWS, LOAD, TILED)
+                sc2 = _load_scales(s_ptr, mn_ptr, s_offs, ((k_lo + 16) * 8) // G, ROWS, SHINT)
+            grid_wait(PDL)  # weights only above this line: x, y and the split-K buffers below
+            for it in range(0, kws, 16 * U):
+                kw0 = k_lo + it
+                nxt = tl.minimum(kw0 + 16 * U, k_last)
+                wn = _load_rows(w_ptrs, nxt, ROWS, LOAD, TILED)
+                sn = _load_scales(s_ptr, mn_ptr, s_offs, (nxt * 8) // G, ROWS, SHINT)
+                wn2 = wn
+                sn2 = sn
+                if U == 2:
+                    wn2 = _load_rows(w_ptrs, nxt + 16, ROWS, LOAD, TILED)
+                    sn2 = _load_scales(s_ptr, mn_ptr, s_offs, ((nxt + 16) * 8) // G, ROWS, SHINT)
+                acc = _block(ASM, CONSTRAINTS, ROWS, TILES, OFFSET, w, x0 + kw0 * 8, x1 + kw0 * 8, sc, acc)
+                w = wn
+                sc = sn
+                if U == 2:
+                    acc = _block(ASM, CONSTRAINTS, ROWS, TILES, OFFSET, w2, x0 + (kw0 + 16) * 8, x1 + (kw0 + 16) * 8,
+                                 sc2, acc)
+                    w2 = wn2
+                    sc2 = sn2
         if TRIGGER == 2:
             launch_dependents(PDL)
         if KWARPS > 1:  # sum each row group's K slices in the CTA; the epilogue runs on [RG * 32]
@@ -446,10 +461,14 @@ if HAS_TRITON:
 
 def mma_gemv_supports(store: Int4Weight, cfg: TileConfig, m: int = 1, dtype=torch.bfloat16) -> bool:
     """Groups a multiple of 128 (a block never straddles one), K tiled by the split (and 2-block
-    steps), bf16/fp16 activations, and a contiguous 16-byte aligned qweight (the PTX loads 16 B)."""
+    steps), bf16/fp16 activations, and a contiguous 16-byte aligned qweight (the PTX loads 16 B);
+    preload: at most PRELOAD_REGISTERS weight registers per lane, and not with 2-block steps (it has no steps)."""
     k, g = store.in_features, store.group_size
     step = BLOCK_COLS * cfg.split_k * cfg.kwarps * (2 if cfg.prefetch else 1)
     q = store.qweight
+    if cfg.preload and (cfg.prefetch or cfg.bm not in ROWS_PER_WARP or
+                        k // (BLOCK_COLS * cfg.split_k * cfg.kwarps) * 4 * (cfg.bm // 8) > PRELOAD_REGISTERS):
+        return False
     return (1 <= m <= MAX_TOKENS and cfg.bm in ROWS_PER_WARP and g % BLOCK_COLS == 0 and k % step == 0
             and cfg.warps % cfg.kwarps == 0 and dtype in (torch.bfloat16, torch.float16)
             and q.is_contiguous() and q.data_ptr() % 16 == 0)
@@ -460,7 +479,7 @@ def mma_gemv(x: torch.Tensor, store: Int4Weight, cfg: TileConfig, token_scales: 
              l2_prefetch: bool | None = None, trigger: int | None = None, tail: int = 0) -> torch.Tensor:
     """y [M, N] = x [M, K] @ dequant(W).T for 1 <= M <= 16 (cfg: bm = 8, 16 or 32 weight rows per warp,
     warps, split_k over programs, kwarps = warps sharing rows that split K inside the CTA,
-    prefetch = 2 blocks per step). With token_scales [M] (fp32), x holds activation
+    prefetch = 2 blocks per step, preload = the warp's whole K slice loaded before the PDL wait). With token_scales [M] (fp32), x holds activation
     codes and y = token_scales[:, None] * (x @ dequant(W).T). pdl / l2_prefetch / trigger (defaults:
     `pdl.py`'s switches and `pdl_trigger`) change timing only, never the result; tail != 0 is a
     timing experiment with wrong results (`splitk_finish`)."""
@@ -484,12 +503,15 @@ def mma_gemv(x: torch.Tensor, store: Int4Weight, cfg: TileConfig, token_scales: 
     dt = "bf16" if x2.dtype == torch.bfloat16 else "f16"
     pdl = pdl_enabled(y) if pdl is None else (pdl and pdl_enabled(y))
     l2_prefetch = l2_prefetch_enabled(y) if l2_prefetch is None else (l2_prefetch and l2_prefetch_enabled(y))
+    pre = store.in_features // (BLOCK_COLS * cfg.split_k * cfg.kwarps) if cfg.preload else 0  # blocks per warp
+    if trigger is None:
+        trigger = TRIGGER if TRIGGER >= 0 else pdl_trigger(m)
     _mma_gemv_kernel[grid](x2, store.qweight, store.scales, store.mins, y, ws, cnt, xs, m, n, store.in_features,
                            x2.stride(0), y.stride(0), G=store.group_size, WARPS=cfg.warps, SPLIT_K=cfg.split_k,
                            ASM=MMA_ASM[(dt, cfg.bm, tiles)], CONSTRAINTS=CONSTRAINTS[(cfg.bm, tiles)], ROWS=cfg.bm,
                            TILES=tiles, OFFSET=OFFSET[dt],
                            U=2 if cfg.prefetch else 1, HAS_XS=token_scales is not None, PDL=pdl,
-                           L2_PREFETCH=l2_prefetch, TRIGGER=pdl_trigger(m) if trigger is None else trigger,
+                           L2_PREFETCH=l2_prefetch, TRIGGER=trigger, PRE=pre,
                            LOAD=WEIGHT_LOADS[WEIGHT_LOAD["name"]], SHINT=WEIGHT_LOAD["scales"], TILED=store.layout == BLOCKS16,
                            num_warps=cfg.warps, num_stages=1, TAIL=tail, KWARPS=cfg.kwarps,
                            **launch_kwargs(pdl))
