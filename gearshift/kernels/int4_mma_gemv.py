@@ -202,6 +202,21 @@ if HAS_TRITON:
 
 
     @triton.jit
+    def _load_step(w_ptrs, s_ptr, mn_ptr, s_offs, kw, G: tl.constexpr, ROWS: tl.constexpr, LOAD: tl.constexpr,
+                   TILED: tl.constexpr, SHINT: tl.constexpr, U: tl.constexpr):
+        """Weights and scales of the U blocks from word kw: (w, sc, w2, sc2), the second pair
+        repeating the first when U == 1."""
+        w = _load_rows(w_ptrs, kw, ROWS, LOAD, TILED)
+        sc = _load_scales(s_ptr, mn_ptr, s_offs, (kw * 8) // G, ROWS, SHINT)
+        w2 = w
+        sc2 = sc
+        if U == 2:
+            w2 = _load_rows(w_ptrs, kw + 16, ROWS, LOAD, TILED)
+            sc2 = _load_scales(s_ptr, mn_ptr, s_offs, ((kw + 16) * 8) // G, ROWS, SHINT)
+        return w, sc, w2, sc2
+
+
+    @triton.jit
     def _fold(d0, d1, e0, e1, sa, ma, acc0, acc1):
         return acc0 + sa * d0 + ma * e0, acc1 + sa * d1 + ma * e1
 
@@ -342,24 +357,12 @@ if HAS_TRITON:
         else:
             # U blocks per step, the next step's weights and scales loaded before this step's math:
             # 16*U bytes per lane and row in flight. Past the slice's end the last step re-reads itself.
-            w = _load_rows(w_ptrs, k_lo, ROWS, LOAD, TILED)
-            sc = _load_scales(s_ptr, mn_ptr, s_offs, (k_lo * 8) // G, ROWS, SHINT)
-            w2 = w
-            sc2 = sc
-            if U == 2:
-                w2 = _load_rows(w_ptrs, k_lo + 16, ROWS, LOAD, TILED)
-                sc2 = _load_scales(s_ptr, mn_ptr, s_offs, ((k_lo + 16) * 8) // G, ROWS, SHINT)
+            w, sc, w2, sc2 = _load_step(w_ptrs, s_ptr, mn_ptr, s_offs, k_lo, G, ROWS, LOAD, TILED, SHINT, U)
             grid_wait(PDL)  # weights only above this line: x, y and the split-K buffers below
             for it in range(0, kws, 16 * U):
                 kw0 = k_lo + it
                 nxt = tl.minimum(kw0 + 16 * U, k_last)
-                wn = _load_rows(w_ptrs, nxt, ROWS, LOAD, TILED)
-                sn = _load_scales(s_ptr, mn_ptr, s_offs, (nxt * 8) // G, ROWS, SHINT)
-                wn2 = wn
-                sn2 = sn
-                if U == 2:
-                    wn2 = _load_rows(w_ptrs, nxt + 16, ROWS, LOAD, TILED)
-                    sn2 = _load_scales(s_ptr, mn_ptr, s_offs, ((nxt + 16) * 8) // G, ROWS, SHINT)
+                wn, sn, wn2, sn2 = _load_step(w_ptrs, s_ptr, mn_ptr, s_offs, nxt, G, ROWS, LOAD, TILED, SHINT, U)
                 acc = _block(ASM, CONSTRAINTS, ROWS, TILES, OFFSET, w, x0 + kw0 * 8, x1 + kw0 * 8, sc, acc)
                 w = wn
                 sc = sn
