@@ -27,6 +27,11 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--out", default="benchmarks/results")
     ap.add_argument("--no-fused", action="store_true", help="torch RMSNorm/RoPE/KV-write/SwiGLU instead of the Triton kernels")
+    ap.add_argument("--no-swiglu-codes", action="store_true",
+                    help="W4A8 / W4A4: the down projection quantizes SwiGLU's output itself instead of taking the "
+                    "codes SwiGLU emits from 64 tokens on (same tokens; for A/B timing)")
+    ap.add_argument("--swiglu-codes-from", type=int, default=None, metavar="ROWS",
+                    help="emit SwiGLU's codes from this many tokens on (default 64; an A/B experiment)")
     ap.add_argument("--no-pdl", action="store_true",
                     help="launch kernels without programmatic dependent launch (gearshift/kernels/pdl.py)")
     ap.add_argument("--int4-prog", action="store_true",
@@ -41,6 +46,8 @@ def main() -> None:
 
     set_fused_kernels(not args.no_fused)
     set_pdl(not args.no_pdl)
+    from gearshift.kernels.switches import set_swiglu_codes
+    set_swiglu_codes(not args.no_swiglu_codes, args.swiglu_codes_from)
 
     from gearshift.decode.autoregressive import AutoregressivePolicy
     from gearshift.dispatch.profiler import copy_bandwidth
@@ -97,7 +104,7 @@ def main() -> None:
     doc = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "preset": args.preset,
            "copy_bandwidth_GBps": bw / 1e9, "dispatcher": type(get_dispatcher()).__name__,
            "prompt_len": args.prompt_len, "new_tokens": args.new_tokens, "fused_norm_rope": not args.no_fused,
-           "pdl": not args.no_pdl, "int4_layout": args.int4_layout,
+           "pdl": not args.no_pdl, "swiglu_codes": not args.no_swiglu_codes, "int4_layout": args.int4_layout,
            "rows": rows}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -31,6 +31,7 @@ from gearshift.dispatch.strategies import strategies_for  # noqa: E402
 from gearshift.kernels.act_quant import ActCodes, quantize_act_triton  # noqa: E402
 from gearshift.kernels.library import scaled_mm_fp8_linear, tinygemm_linear, to_fp8_rowwise, to_tinygemm  # noqa
 from gearshift.kernels.reference import linear_reference  # noqa: E402
+from gearshift.kernels.switches import swiglu_codes_for  # noqa: E402
 from gearshift.quant.modes import MODES  # noqa: E402
 
 PEAK = {"bf16_tflops": 989.0, "int8_tops": 1979.0, "fp8_tflops": 1979.0}  # H100 SXM dense datasheet (leads)
@@ -104,17 +105,22 @@ def step_fn(model, xs, fn):
     return run
 
 
-#: the linears whose input is an RMSNorm's output in the engine: where their kernel takes quantized
-#: activations, the norm writes the codes (`QuantLinear.codes_for`) and no quantizer runs
-NORM_FED = ("qkv", "gate_up")
+#: the linears whose input comes from a kernel that can write codes in the engine: qkv and gate_up
+#: from an RMSNorm, down from SwiGLU (since stop 30, from 64 tokens). Where their kernel takes quantized activations,
+#: that producer writes the codes (`QuantLinear.codes_for`) and no quantizer runs; o still quantizes
+PRODUCER_FED = ("qkv", "gate_up", "down")
 
 
-def norm_codes(d, shapes, stores, xs, act, m) -> list:
-    """Per shape: the codes the engine's RMSNorm would hand that linear under dispatcher d (made here
-    by the quantizer, whose helpers the norm uses, so the same bits), else None."""
+def norm_codes(d, shapes, stores, xs, act, m, fed=PRODUCER_FED) -> list:
+    """Per shape: the codes the engine's producer kernel (RMSNorm, SwiGLU) would hand that linear
+    under dispatcher d, for the shapes in `fed` (made here by the quantizer, whose helpers the
+    producers use, so the same bits), else None."""
     out = []
     for (name, _, _), store, x in zip(shapes, stores, xs):
-        spec = d.codes_for(store, act, m, x.dtype) if name in NORM_FED else None
+        if name == "down" and not swiglu_codes_for(m):  # SwiGLU emits codes only from 64 tokens
+            out.append(None)
+            continue
+        spec = d.codes_for(store, act, m, x.dtype) if name in fed else None
         if spec is None:
             out.append(None)
             continue
@@ -164,7 +170,7 @@ def stage_bench(pm, m_list, bw, log, dtype=torch.bfloat16, layers=32, layout="bl
             try:
                 record(f"{mode}:dispatch", m, time_step(step_fn(int4, xs, lambda x, s: disp.linear(x, s, act))))
                 codes = norm_codes(disp, shapes, int4.stores[0], xs, act, m) if act is not None else []
-                if any(c is not None for c in codes):  # as the engine runs it: qkv / gate_up codes from the norm
+                if any(c is not None for c in codes):  # as the engine runs it: codes from the norms and SwiGLU
                     record(f"{mode}:norm_codes_dispatch", m, time_step(codes_step_fn(int4, xs, disp, act, codes)))
             except Exception as e:
                 log(f"dispatch {mode} M={m}: {e!r}"[:300])

@@ -53,10 +53,11 @@ def main() -> None:
     ap.add_argument("--set-a", default="", help="[MODULE.]NAME=VALUE[,...]: kernel switches while side A runs "
                     "(MODULE in gearshift.kernels, default w4a16_wgmma; e.g. w4a8_progressive.PROGRESSIVE_PDL=0)")
     ap.add_argument("--set-b", default="", help="the same for side B")
-    ap.add_argument("--norm-codes", action="store_true",
-                    help="W4A8 / W4A4: hand qkv and gate_up their activation codes made before timing, as the "
-                    "engine's RMSNorm writes them (QuantLinear.codes_for); o and down still run the quantizer. "
-                    "Without it every linear quantizes its own input")
+    ap.add_argument("--norm-codes", nargs="?", const="qkv,gate_up,down", default="", metavar="SHAPES",
+                    help="W4A8 / W4A4: hand these linears (default qkv,gate_up,down) their activation codes made "
+                    "before timing, as the engine's RMSNorms (qkv, gate_up) and SwiGLU (down, since stop 30) "
+                    "write them (QuantLinear.codes_for); the rest run the quantizer. --norm-codes qkv,gate_up "
+                    "is stop 29's count. Without it every linear quantizes its own input")
     a = ap.parse_args()
     import importlib
 
@@ -97,8 +98,9 @@ def main() -> None:
     tol = 5e-2 if a.mode == "w4a4" else 5e-3
     for m in (int(v) for v in a.m.split(",")):
         xs = [torch.randn(m, k, device="cuda", dtype=torch.bfloat16) for _, _, k in shapes]
-        codes = {name: (norm_codes(d, shapes, models[side(name)].stores[0], xs, act, m) if a.norm_codes
-                        else [None] * len(shapes)) for name, d in maps.items()}
+        fed = a.norm_codes.split(",") if a.norm_codes else []
+        codes = {name: norm_codes(d, shapes, models[side(name)].stores[0], xs, act, m, fed)
+                 for name, d in maps.items()}
         for i, store in enumerate(model.stores[0]):  # every choice of both maps against the reference
             ref = linear_reference(xs[i].float(), store, act)
             ys = {}
@@ -109,7 +111,7 @@ def main() -> None:
                     raise SystemExit(f"map {name} M={m} shape {shapes[i][0]}: relative error {err:.2e} > {tol}")
                 if codes[name][i] is not None and not torch.equal(
                         d.linear(xs[i], models[side(name)].stores[0][i], act, codes=codes[name][i]), ys[name]):
-                    raise SystemExit(f"map {name} M={m} shape {shapes[i][0]}: the norm's codes give other bits")
+                    raise SystemExit(f"map {name} M={m} shape {shapes[i][0]}: the producer's codes give other bits")
             exact = "always" not in (sets["a"] | sets["b"]).values()
             if same_map and exact and (a.layout_a, sets["a"]) != (a.layout_b, sets["b"]) \
                     and not torch.equal(ys["a"], ys["b"]):

@@ -1,6 +1,6 @@
 """The model's fused-kernel path on CPU under the Triton interpreter: the residual adds inside the
-RMSNorms, RoPE with the KV write, SwiGLU, and the norm's activation codes for the linears whose
-kernel takes them. On a GPU the same path runs on CUDA tensors (benchmarks/fused_check.py)."""
+RMSNorms, RoPE with the KV write, SwiGLU, and the activation codes the norms and SwiGLU emit for
+the linears whose kernel takes them. On a GPU the same path runs on CUDA tensors (benchmarks/fused_check.py)."""
 
 import os
 
@@ -16,7 +16,7 @@ if not HAS_TRITON or os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
 from gearshift.dispatch import Dispatcher, get_dispatcher, set_dispatcher  # noqa: E402
 from gearshift.kernels.act_quant import CodesSpec, codes_qmax, quantize_act_triton  # noqa: E402
 from gearshift.kernels.reference import linear_reference  # noqa: E402
-from gearshift.kernels.switches import fused_on_cpu  # noqa: E402
+from gearshift.kernels.switches import fused_on_cpu, set_swiglu_codes  # noqa: E402
 from gearshift.model.tiny import build_random_model  # noqa: E402
 
 
@@ -62,8 +62,15 @@ def _prefill_and_step(model, ids, mode):
     return first, step, cache
 
 
+@pytest.fixture(params=[64, 1], ids=["swiglu-codes-from-64", "swiglu-codes-always"])
+def swiglu_min_rows(request):
+    set_swiglu_codes(True, request.param)
+    yield request.param
+    set_swiglu_codes(True, 64)
+
+
 @pytest.mark.parametrize("mode", ["w4a16", "w4a8", "w4a4"])
-def test_fused_path_matches_the_torch_ops(codes_dispatcher, mode):
+def test_fused_path_matches_the_torch_ops(codes_dispatcher, swiglu_min_rows, mode):
     torch.manual_seed(0)
     model = build_random_model("tiny", weights="int4", device="cpu", dtype=torch.float32)
     ids = torch.randint(0, 512, (2, 7))
@@ -79,10 +86,13 @@ def test_fused_path_matches_the_torch_ops(codes_dispatcher, mode):
     hd = cfg.hidden_size // cfg.num_attention_heads
     qkv = ((cfg.num_attention_heads + 2 * cfg.num_key_value_heads) * hd, cfg.hidden_size)
     gate_up = (2 * cfg.intermediate_size, cfg.hidden_size)
+    down = (cfg.hidden_size, cfg.intermediate_size)
     got = {(n, k) for n, k, c in codes_dispatcher.seen if c}
     if mode == "w4a16":
         assert got == set()
-    else:  # the RMSNorms feed qkv and gate_up; o and down quantize their own inputs
-        assert got == {qkv, gate_up}
-        per_forward = 2 * cfg.num_hidden_layers
-        assert sum(c for *_, c in codes_dispatcher.seen) == 2 * per_forward
+    else:  # the RMSNorms feed qkv and gate_up, SwiGLU feeds down (from its row threshold: the
+        # prefill has 14 rows, the step 2); o quantizes its own inputs
+        fed_down = [rows >= swiglu_min_rows for rows in (ids.numel(), ids.shape[0])]
+        assert got == ({qkv, gate_up, down} if any(fed_down) else {qkv, gate_up})
+        per_layer = [3 if f else 2 for f in fed_down]
+        assert sum(c for *_, c in codes_dispatcher.seen) == sum(per_layer) * cfg.num_hidden_layers

@@ -41,3 +41,26 @@ def test_silu_mul_reads_strided_rows():
 def test_odd_width_is_an_error():
     with pytest.raises(ValueError, match="even"):
         silu_mul_triton(torch.zeros(2, 7, device=DEV))
+
+
+@pytest.mark.parametrize("qmax,act", [(127.0, "int8"), (7.0, "int4")])
+@pytest.mark.parametrize("shape,dtype", [((3, 5, 2 * 64), torch.float32), ((7, 2 * 1536), _HALF),
+                                         ((1, 2 * 2500), _HALF), ((2, 2 * 96), torch.float16)])
+def test_silu_mul_emits_the_quantizers_codes(shape, dtype, qmax, act):
+    """The codes the SwiGLU kernel emits for the down projection are, bit for bit, what the
+    activation quantizer makes of the product it stored; the stored product does not change."""
+    from gearshift.kernels.act_quant import quantize_act_triton
+    from gearshift.kernels.silu_mul import silu_mul_codes_triton
+    from gearshift.quant.activations import ActQuantSpec
+
+    g = torch.Generator().manual_seed(shape[-1] + int(qmax))
+    gu = (torch.randn(shape, generator=g) * 4).to(DEV, dtype)
+    gu[0, ..., 3] = 30.0  # an outlier sets the first row's scale
+    y, codes = silu_mul_codes_triton(gu, qmax)
+    assert torch.equal(y, silu_mul_triton(gu))
+    q, sc = quantize_act_triton(y.reshape(-1, y.shape[-1]), ActQuantSpec(act))
+    assert codes.qmax == qmax and codes.codes.dtype == torch.int8
+    assert torch.equal(codes.codes, q) and torch.equal(codes.scales, sc)
+    assert codes.codes.abs().max().item() == int(qmax)
+    _, as_float = silu_mul_codes_triton(gu, qmax, codes_dtype=dtype if dtype != torch.float32 else torch.float16)
+    assert torch.equal(as_float.codes.to(torch.int8), q)  # the 16-bit float codes hold the same integers

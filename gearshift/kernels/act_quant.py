@@ -40,6 +40,19 @@ class CodesSpec(NamedTuple):
     dtype: torch.dtype
 
 
+def codes_buffers(rows: int, d: int, qmax: float | None, like: torch.Tensor, dtype: torch.dtype):
+    """Codes [rows, D] (int8, or exact integers in a float dtype), scales [rows] fp32 and the codes'
+    row stride for a producer that emits them, else stand-ins it never touches (like, like, 0)."""
+    if qmax is None:
+        return like, like, 0
+    if not 0 < qmax <= 127:
+        raise ValueError(f"integer codes need 0 < qmax <= 127, got {qmax}")
+    if dtype not in (torch.int8, torch.bfloat16, torch.float16, torch.float32):
+        raise ValueError(f"codes are int8 or exact integers in a float dtype, got {dtype}")
+    q = torch.empty((rows, d), device=like.device, dtype=dtype)
+    return q, torch.empty((rows,), device=like.device, dtype=torch.float32), q.stride(0)
+
+
 def codes_qmax(spec) -> float | None:
     """The integer code range a per-token activation spec quantizes to, or None where a producer
     cannot emit its codes (fp8, per-group scales, calibrated quantizer modules)."""
@@ -67,6 +80,17 @@ if HAS_TRITON:
     @triton.jit
     def token_scale(amax, QMAX: tl.constexpr):
         return tl.maximum(tl.math.div_rn(amax, QMAX), 1e-8)
+
+    @triton.jit
+    def row_codes(y, q_row_ptr, scale_ptr, offs, mask, QMAX: tl.constexpr):
+        """The per-token integer codes of a row a kernel has just stored (y, in the stored dtype),
+        as the quantizer would make them from that row: for producers that emit the next linear's
+        codes in their own pass (RMSNorm, SwiGLU). Lanes past the row hold 0 and do not move the max."""
+        yf = y.to(tl.float32)
+        scale = token_scale(tl.max(tl.abs(yf), 0), QMAX)
+        q = token_codes(yf, scale, QMAX, False)  # int8; exact in bf16 / fp16 too
+        tl.store(q_row_ptr + offs, q.to(q_row_ptr.dtype.element_ty), mask=mask)
+        tl.store(scale_ptr, scale)
 
     @triton.jit
     def _act_quant_kernel(x_ptr, q_ptr, s_ptr, sum_ptr, K, stride_x, stride_q, sum_row, sum_group,

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from gearshift.kernels._triton import HAS_TRITON, next_pow2, tl, triton
-from gearshift.kernels.act_quant import ActCodes
+from gearshift.kernels.act_quant import ActCodes, codes_buffers
 from gearshift.kernels.pdl import launch_kwargs, pdl_enabled
 
 
@@ -31,7 +31,7 @@ def add_rms_norm_reference(x: torch.Tensor, delta: torch.Tensor, weight: torch.T
 
 
 if HAS_TRITON:
-    from gearshift.kernels.act_quant import token_codes, token_scale
+    from gearshift.kernels.act_quant import row_codes
     from gearshift.kernels.pdl import grid_wait, launch_dependents
 
     @triton.jit
@@ -45,7 +45,7 @@ if HAS_TRITON:
         x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0)
         y = _norm_row(x, w_ptr, y_ptr + row * stride_y, offs, mask, D, eps)
         if QMAX > 0:
-            _row_codes(y, q_ptr + row * stride_q, qs_ptr + row, offs, mask, QMAX)
+            row_codes(y, q_ptr + row * stride_q, qs_ptr + row, offs, mask, QMAX)
 
     @triton.jit
     def _norm_row(x, w_ptr, y_row_ptr, offs, mask, D, eps):
@@ -61,16 +61,6 @@ if HAS_TRITON:
         return y
 
     @triton.jit
-    def _row_codes(y, q_row_ptr, scale_ptr, offs, mask, QMAX: tl.constexpr):
-        """The per-token integer codes of the normed row, as `quantize_act_triton` makes them from
-        the stored row (the same helpers; lanes past D hold 0 and do not move the max)."""
-        yf = y.to(tl.float32)
-        scale = token_scale(tl.max(tl.abs(yf), 0), QMAX)
-        q = token_codes(yf, scale, QMAX, False)  # int8; exact in bf16 / fp16 too
-        tl.store(q_row_ptr + offs, q.to(q_row_ptr.dtype.element_ty), mask=mask)
-        tl.store(scale_ptr, scale)
-
-    @triton.jit
     def _add_rms_norm_kernel(x_ptr, d_ptr, w_ptr, s_ptr, y_ptr, q_ptr, qs_ptr, D, stride_x, stride_d, stride_s,
                              stride_y, stride_q, eps, BD: tl.constexpr, PDL: tl.constexpr, QMAX: tl.constexpr):
         launch_dependents(PDL)
@@ -84,7 +74,7 @@ if HAS_TRITON:
         tl.store(s_ptr + row * stride_s + offs, s, mask=mask)
         y = _norm_row(s, w_ptr, y_ptr + row * stride_y, offs, mask, D, eps)
         if QMAX > 0:
-            _row_codes(y, q_ptr + row * stride_q, qs_ptr + row, offs, mask, QMAX)
+            row_codes(y, q_ptr + row * stride_q, qs_ptr + row, offs, mask, QMAX)
 
 
 def _rows(x: torch.Tensor) -> torch.Tensor:
@@ -93,25 +83,12 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
     return x2 if x2.stride(-1) == 1 else x2.contiguous()
 
 
-def _codes_buffers(rows: int, d: int, qmax: float | None, like: torch.Tensor, dtype: torch.dtype):
-    """Codes [rows, D] (int8, or exact integers in a float dtype) and scales [rows] fp32 when
-    the kernel emits them, else stand-ins (the kernel never touches them then)."""
-    if qmax is None:
-        return like, like, 0
-    if not 0 < qmax <= 127:
-        raise ValueError(f"integer codes need 0 < qmax <= 127, got {qmax}")
-    if dtype not in (torch.int8, torch.bfloat16, torch.float16, torch.float32):
-        raise ValueError(f"codes are int8 or exact integers in a float dtype, got {dtype}")
-    q = torch.empty((rows, d), device=like.device, dtype=dtype)
-    return q, torch.empty((rows,), device=like.device, dtype=torch.float32), q.stride(0)
-
-
 def _launch_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, qmax: float | None,
                  codes_dtype: torch.dtype = torch.int8):
     d = x.shape[-1]
     x2 = _rows(x)
     y = torch.empty((x2.shape[0], d), device=x.device, dtype=torch.promote_types(weight.dtype, x.dtype))
-    q, qs, sq = _codes_buffers(x2.shape[0], d, qmax, y, codes_dtype)
+    q, qs, sq = codes_buffers(x2.shape[0], d, qmax, y, codes_dtype)
     bd = next_pow2(d)
     pdl = pdl_enabled(y)
     _rms_norm_kernel[(x2.shape[0],)](x2, weight, y, q, qs, d, x2.stride(0), y.stride(0), sq, eps, BD=bd, PDL=pdl,
@@ -139,7 +116,7 @@ def _launch_add_norm(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor,
     x2, d2 = _rows(x), _rows(delta)
     s = torch.empty((x2.shape[0], d), device=x.device, dtype=x.dtype)
     y = torch.empty((x2.shape[0], d), device=x.device, dtype=torch.promote_types(weight.dtype, x.dtype))
-    q, qs, sq = _codes_buffers(x2.shape[0], d, qmax, y, codes_dtype)
+    q, qs, sq = codes_buffers(x2.shape[0], d, qmax, y, codes_dtype)
     bd = next_pow2(d)
     pdl = pdl_enabled(y)
     _add_rms_norm_kernel[(x2.shape[0],)](x2, d2, weight, s, y, q, qs, d, x2.stride(0), d2.stride(0), s.stride(0),

@@ -4,6 +4,11 @@ The torch form is two elementwise kernels and a full-size temporary: at prefill 
 an 8B model's 14336-wide MLP) that is about 0.6 GB of memory traffic per layer where one pass
 needs 0.35 GB, and two launches per layer in every decode step. The kernel keeps torch's rounding:
 silu in fp32 rounded to the input dtype, then the product in fp32 rounded again.
+
+Where the down projection's kernel takes its activations already quantized per token (W4A8 /
+W4A4), `silu_mul_codes_triton` also emits their codes from the same pass, as the RMSNorm does for
+qkv and gate_up: one program per row (the codes need the row's max), the quantizer's launch and its
+re-read of the product gone.
 """
 
 from __future__ import annotations
@@ -11,7 +16,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from gearshift.kernels._triton import HAS_TRITON, tl, triton
+from gearshift.kernels._triton import HAS_TRITON, next_pow2, tl, triton
+from gearshift.kernels.act_quant import ActCodes, codes_buffers
 from gearshift.kernels.pdl import launch_kwargs, pdl_enabled
 
 
@@ -22,6 +28,7 @@ def silu_mul_reference(gate_up: torch.Tensor) -> torch.Tensor:
 
 
 if HAS_TRITON:
+    from gearshift.kernels.act_quant import row_codes
     from gearshift.kernels.pdl import grid_wait, launch_dependents
 
     @triton.jit
@@ -33,23 +40,61 @@ if HAS_TRITON:
         mask = offs < I
         g = tl.load(gu_ptr + row * stride_gu + offs, mask=mask, other=0.0)
         u = tl.load(gu_ptr + row * stride_gu + I + offs, mask=mask, other=0.0)
+        tl.store(y_ptr + row * stride_y + offs, _silu_mul(g, u).to(y_ptr.dtype.element_ty), mask=mask)
+
+    @triton.jit
+    def _silu_mul(g, u):
+        """silu(g) in fp32 rounded to g's dtype, times u in fp32 (torch's two roundings but the last)."""
         gf = g.to(tl.float32)
         s = (gf / (1.0 + tl.exp(-gf))).to(g.dtype)
-        y = s.to(tl.float32) * u.to(tl.float32)
-        tl.store(y_ptr + row * stride_y + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
+        return s.to(tl.float32) * u.to(tl.float32)
+
+    @triton.jit
+    def _silu_mul_codes_kernel(gu_ptr, y_ptr, q_ptr, qs_ptr, I, stride_gu, stride_y, stride_q, BLOCK: tl.constexpr,
+                               PDL: tl.constexpr, QMAX: tl.constexpr):
+        launch_dependents(PDL)
+        grid_wait(PDL)
+        row = tl.program_id(0)
+        offs = tl.arange(0, BLOCK)  # the whole row: its codes need its max
+        mask = offs < I
+        g = tl.load(gu_ptr + row * stride_gu + offs, mask=mask, other=0.0)
+        u = tl.load(gu_ptr + row * stride_gu + I + offs, mask=mask, other=0.0)
+        y = _silu_mul(g, u).to(y_ptr.dtype.element_ty)
+        tl.store(y_ptr + row * stride_y + offs, y, mask=mask)
+        row_codes(y, q_ptr + row * stride_q, qs_ptr + row, offs, mask, QMAX)
 
 
-def silu_mul_triton(gate_up: torch.Tensor) -> torch.Tensor:
+def _rows(gate_up: torch.Tensor):
+    """gate_up as [rows, 2I] with unit stride along the row, I, and the output [rows, I]."""
     two_i = gate_up.shape[-1]
     if two_i % 2:
         raise ValueError(f"gate_up's last dimension must be even (gate then up), got {two_i}")
-    i = two_i // 2
     gu = gate_up.reshape(-1, two_i)
     if gu.stride(-1) != 1:
         gu = gu.contiguous()
-    y = torch.empty((gu.shape[0], i), device=gate_up.device, dtype=gate_up.dtype)
+    return gu, two_i // 2, torch.empty((gu.shape[0], two_i // 2), device=gate_up.device, dtype=gate_up.dtype)
+
+
+def silu_mul_triton(gate_up: torch.Tensor) -> torch.Tensor:
+    gu, i, y = _rows(gate_up)
     block = 1024
     pdl = pdl_enabled(y)
     _silu_mul_kernel[(gu.shape[0], triton.cdiv(i, block))](gu, y, i, gu.stride(0), y.stride(0), BLOCK=block, PDL=pdl,
                                                            num_warps=4, **launch_kwargs(pdl))
     return y.reshape(*gate_up.shape[:-1], i)
+
+
+def silu_mul_codes_triton(gate_up: torch.Tensor, qmax: float, codes_dtype: torch.dtype = torch.int8,
+                          warps: int | None = None) -> tuple[torch.Tensor, ActCodes]:
+    """`silu_mul_triton` and, from the same pass, the product's per-token integer codes for the down
+    projection (W4A8 / W4A4): what `quantize_act_triton` makes of the stored product, bit for bit.
+    codes_dtype: int8, or the 16-bit float the next kernel multiplies in (exact integers). warps:
+    the program's warps (default by row width; benchmarks/swiglu_codes.py times others)."""
+    gu, i, y = _rows(gate_up)
+    q, qs, sq = codes_buffers(gu.shape[0], i, qmax, y, codes_dtype)
+    block = next_pow2(i)
+    warps = warps or (4 if block <= 4096 else 8 if block <= 8192 else 32)  # swiglu_codes.py: 32 > 16 > 8 at I = 14336
+    pdl = pdl_enabled(y)
+    _silu_mul_codes_kernel[(gu.shape[0],)](gu, y, q, qs, i, gu.stride(0), y.stride(0), sq, BLOCK=block, PDL=pdl,
+                                           QMAX=qmax, num_warps=warps, **launch_kwargs(pdl))
+    return y.reshape(*gate_up.shape[:-1], i), ActCodes(q, qs, qmax)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from gearshift.kernels._triton import HAS_TRITON
 
-_FUSED = {"enabled": True, "on_cpu": False}
+_FUSED = {"enabled": True, "on_cpu": False, "swiglu_codes": True, "swiglu_codes_min_rows": 64}
 
 
 def fused_kernels_enabled() -> bool:
@@ -28,3 +28,19 @@ def fused_for(t) -> bool:
 
 def fused_on_cpu(enabled: bool) -> None:
     _FUSED["on_cpu"] = bool(enabled)
+
+
+def swiglu_codes_for(rows: int) -> bool:
+    """Whether the fused SwiGLU also emits the down projection's activation codes (where its kernel
+    takes them) for `rows` tokens. The codes kernel runs one program per row (the codes need the
+    row's max), which at few rows is slower than SwiGLU plus the quantizer: on the H100
+    (benchmarks/swiglu_codes.py, per layer, 32 warps) 6.0 against 5.5 us at 1 token and 6.5
+    against 6.0 at 16, but 8.8 against 9.2 at 64, 11.9 against 13.9 at 256 and 157 against 202 at
+    4096. `set_swiglu_codes` changes it (same bits either way: for A/B timing)."""
+    return _FUSED["swiglu_codes"] and rows >= _FUSED["swiglu_codes_min_rows"]
+
+
+def set_swiglu_codes(enabled: bool, min_rows: int | None = None) -> None:
+    _FUSED["swiglu_codes"] = bool(enabled)
+    if min_rows is not None:
+        _FUSED["swiglu_codes_min_rows"] = int(min_rows)
