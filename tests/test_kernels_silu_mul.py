@@ -64,3 +64,12 @@ def test_silu_mul_emits_the_quantizers_codes(shape, dtype, qmax, act):
     assert codes.codes.abs().max().item() == int(qmax)
     _, as_float = silu_mul_codes_triton(gu, qmax, codes_dtype=dtype if dtype != torch.float32 else torch.float16)
     assert torch.equal(as_float.codes.to(torch.int8), q)  # the 16-bit float codes hold the same integers
+
+
+def test_silu_mul_codes_width_limit():
+    """One program holds the row: wider rows are refused (the model then leaves down to the quantizer)."""
+    from gearshift.kernels.silu_mul import CODES_MAX_WIDTH, codes_supported, silu_mul_codes_triton
+
+    assert codes_supported(14336) and codes_supported(28672) and not codes_supported(CODES_MAX_WIDTH + 1)
+    with pytest.raises(ValueError, match="width"):
+        silu_mul_codes_triton(torch.zeros(1, 2 * (CODES_MAX_WIDTH + 1), device=DEV), 127.0)

@@ -11,9 +11,9 @@ the W4A16 wgmma kernel (`w4a16_wgmma.py`, its own Gluon helpers) TMAs its first 
 
 Measured on the H100 (benchmarks/pdl.py): PDL takes 3-6% off a 32-layer step of linears at
 1..8 tokens when the next kernel is let in at the right point (`pdl_trigger`); letting it in at
-the start hurt from 2 tokens on (since the preloading tiles of stop 30: from 4 on). A bulk L2 prefetch of each program's whole weight slice
-(`prefetch_l2`, cp.async.bulk.prefetch) was 15-25% slower, so it is off unless
-GEARSHIFT_L2_PREFETCH=1.
+the start hurt from 2 tokens on (since the preloading tiles of stop 30: from 4 on). A bulk L2
+prefetch of each program's whole weight slice (`prefetch_l2`, cp.async.bulk.prefetch) was 15-25%
+slower, so it is off unless GEARSHIFT_L2_PREFETCH=1.
 
 Contract for every kernel launched with `launch_kwargs()`: no load of an input written by an
 earlier kernel, and no store at all, before `grid_wait()`. A kernel that calls

@@ -44,7 +44,8 @@ if HAS_TRITON:
 
     @triton.jit
     def _silu_mul(g, u):
-        """silu(g) in fp32 rounded to g's dtype, times u in fp32 (torch's two roundings but the last)."""
+        """silu(g) in fp32 rounded to g's dtype, times u in fp32 (the caller rounds the product: torch's
+        two roundings)."""
         gf = g.to(tl.float32)
         s = (gf / (1.0 + tl.exp(-gf))).to(g.dtype)
         return s.to(tl.float32) * u.to(tl.float32)
@@ -62,6 +63,14 @@ if HAS_TRITON:
         y = _silu_mul(g, u).to(y_ptr.dtype.element_ty)
         tl.store(y_ptr + row * stride_y + offs, y, mask=mask)
         row_codes(y, q_ptr + row * stride_q, qs_ptr + row, offs, mask, QMAX)
+
+
+CODES_MAX_WIDTH = 32768  # one program holds the row: Llama-3-70B's 28672 fits, wider MLPs use the quantizer
+
+
+def codes_supported(width: int) -> bool:
+    """Whether `silu_mul_codes_triton` takes rows of this width (the MLP's intermediate size)."""
+    return next_pow2(width) <= CODES_MAX_WIDTH
 
 
 def _rows(gate_up: torch.Tensor):
@@ -93,7 +102,9 @@ def silu_mul_codes_triton(gate_up: torch.Tensor, qmax: float, codes_dtype: torch
     gu, i, y = _rows(gate_up)
     q, qs, sq = codes_buffers(gu.shape[0], i, qmax, y, codes_dtype)
     block = next_pow2(i)
-    warps = warps or (4 if block <= 4096 else 8 if block <= 8192 else 32)  # swiglu_codes.py: 32 > 16 > 8 at I = 14336
+    if block > CODES_MAX_WIDTH:
+        raise ValueError(f"SwiGLU codes need the whole row in one program: width {i} > {CODES_MAX_WIDTH}")
+    warps = warps or (4 if block <= 4096 else 8 if block <= 8192 else 32)  # swiglu_codes.py: 32 best at 14336
     pdl = pdl_enabled(y)
     _silu_mul_codes_kernel[(gu.shape[0],)](gu, y, q, qs, i, gu.stride(0), y.stride(0), sq, BLOCK=block, PDL=pdl,
                                            QMAX=qmax, num_warps=warps, **launch_kwargs(pdl))

@@ -17,7 +17,7 @@ from gearshift.kernels.rmsnorm import (add_rms_norm_codes_triton, add_rms_norm_r
                                        rms_norm_codes_triton, rms_norm_reference, rms_norm_triton)
 from gearshift.kernels.rope import rope_triton
 from gearshift.kernels.rope_kv_write import split_qkv
-from gearshift.kernels.silu_mul import silu_mul_codes_triton, silu_mul_reference, silu_mul_triton
+from gearshift.kernels.silu_mul import codes_supported, silu_mul_codes_triton, silu_mul_reference, silu_mul_triton
 from gearshift.kernels.switches import fused_for, set_fused_kernels  # noqa: F401 (re-exported)
 from gearshift.kernels.switches import swiglu_codes_for
 from gearshift.model.config import ModelConfig
@@ -95,7 +95,9 @@ class MLP(nn.Module):
         # one pass instead of two kernels and a temporary; where down's kernel takes quantized
         # activations (W4A8 / W4A4), that pass also emits them at >= 64 tokens (`swiglu_codes_for`)
         rows = gate_up.numel() // gate_up.shape[-1]
-        spec = self.down_proj.codes_for(mode, rows, gate_up.dtype) if swiglu_codes_for(rows) else None
+        spec = None
+        if swiglu_codes_for(rows) and codes_supported(gate_up.shape[-1] // 2):
+            spec = self.down_proj.codes_for(mode, rows, gate_up.dtype)
         if spec is not None:
             h, down_codes = silu_mul_codes_triton(gate_up, spec.qmax, spec.dtype)
             return self.down_proj(h, mode, down_codes)
