@@ -483,9 +483,10 @@ def mma_gemv(x: torch.Tensor, store: Int4Weight, cfg: TileConfig, token_scales: 
     """y [M, N] = x [M, K] @ dequant(W).T for 1 <= M <= 16 (cfg: bm = 8, 16 or 32 weight rows per warp,
     warps, split_k over programs, kwarps = warps sharing rows that split K inside the CTA,
     prefetch = 2 blocks per step, preload = the warp's whole K slice loaded before the PDL wait).
-    With token_scales [M] (fp32), x holds activation codes and y = token_scales[:, None] * (x @ dequant(W).T). pdl / l2_prefetch / trigger (defaults:
-    `pdl.py`'s switches and `pdl_trigger`) change timing only, never the result; tail != 0 is a
-    timing experiment with wrong results (`splitk_finish`)."""
+    With token_scales [M] (fp32), x holds activation codes and y = token_scales[:, None] *
+    (x @ dequant(W).T). pdl / l2_prefetch / trigger (defaults: `pdl.py`'s switches and
+    `pdl_trigger`) change timing only, never the result; tail != 0 is a timing experiment with
+    wrong results (`splitk_finish`)."""
     x2 = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])  # (host time: eager decode pays every line)
     m = x2.shape[0]
     if not mma_gemv_supports(store, cfg, m, x2.dtype):
