@@ -10,11 +10,11 @@ from typing import Callable
 import torch
 
 import gearshift.kernels.int4_mma_gemv as mg
-from gearshift.dispatch.profiler import n_copies, random_store, time_us
+from gearshift.dispatch.profiler import PRESETS, n_copies, random_store, time_us
 from gearshift.kernels.config import TileConfig
 from gearshift.kernels.reference import linear_reference
 
-SHAPES = (("qkv", 6144, 4096), ("o", 4096, 4096), ("gate_up", 28672, 4096), ("down", 4096, 14336))
+SHAPES = tuple(PRESETS["llama3-8b"]["shapes"])
 
 
 def sweep(variants: dict[str, Callable[[], dict | None]], restore: Callable[[], None], cfgs: list[TileConfig],

@@ -26,13 +26,13 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from gearshift.dispatch.profiler import random_store, time_us
+from gearshift.dispatch.profiler import PRESETS, random_store, time_us
 from gearshift.kernels.act_quant import quantize_act_triton
 from gearshift.kernels.config import TileConfig
 from gearshift.kernels.w4a8_progressive import progressive_codes
 from gearshift.quant.activations import ActQuantSpec
 
-SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
+SHAPES = {name: (n, k) for name, n, k in PRESETS["llama3-8b"]["shapes"]}
 # (BM, BN, BK, stages, warps, GROUP_M)
 TILES = ((128, 256, 128, 3, 8, 8), (256, 128, 128, 3, 8, 8), (128, 256, 64, 4, 8, 8), (256, 128, 64, 4, 8, 8),
          (128, 128, 128, 4, 8, 8), (128, 128, 128, 4, 4, 8), (128, 256, 128, 4, 8, 8), (256, 128, 128, 4, 8, 16),

@@ -12,12 +12,12 @@ import argparse
 import torch
 
 import gearshift.kernels.w4a16_wgmma as W
-from gearshift.dispatch.profiler import random_store
+from gearshift.dispatch.profiler import PRESETS, random_store
 from gearshift.kernels.config import TileConfig
 from gearshift.kernels.int4_mma_gemv import mma_gemv
 from gearshift.quant.int4 import BLOCKS16
 
-SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
+SHAPES = {name: (n, k) for name, n, k in PRESETS["llama3-8b"]["shapes"]}
 BIG = TileConfig(256, 128, 128, 1, 8, 3)  # the map's 256 x 128 two-consumer tile at M >= 256
 
 # name -> (shape, M, what runs): "dp"/"sk<programs>" = w4a16_wgmma with BIG, "cublas" = bf16 on a
