@@ -31,7 +31,7 @@ from gearshift.dispatch.strategies import strategies_for  # noqa: E402
 from gearshift.kernels.act_quant import ActCodes, quantize_act_triton  # noqa: E402
 from gearshift.kernels.library import scaled_mm_fp8_linear, tinygemm_linear, to_fp8_rowwise, to_tinygemm  # noqa
 from gearshift.kernels.reference import linear_reference  # noqa: E402
-from gearshift.kernels.switches import swiglu_codes_for  # noqa: E402
+from gearshift.kernels.silu_mul import emits_codes  # noqa: E402
 from gearshift.quant.modes import MODES  # noqa: E402
 
 PEAK = {"bf16_tflops": 989.0, "int8_tops": 1979.0, "fp8_tflops": 1979.0}  # H100 SXM dense datasheet (leads)
@@ -111,13 +111,13 @@ def step_fn(model, xs, fn):
 PRODUCER_FED = ("qkv", "gate_up", "down")
 
 
-def norm_codes(d, shapes, stores, xs, act, m, fed=PRODUCER_FED) -> list:
+def producer_codes(d, shapes, stores, xs, act, m, fed=PRODUCER_FED) -> list:
     """Per shape: the codes the engine's producer kernel (RMSNorm, SwiGLU) would hand that linear
     under dispatcher d, for the shapes in `fed` (made here by the quantizer, whose helpers the
     producers use, so the same bits), else None."""
     out = []
-    for (name, _, _), store, x in zip(shapes, stores, xs):
-        if name == "down" and not swiglu_codes_for(m):  # SwiGLU emits codes only from 64 tokens
+    for (name, _, k), store, x in zip(shapes, stores, xs):
+        if name == "down" and not emits_codes(m, k):  # SwiGLU emits codes only from 64 tokens
             out.append(None)
             continue
         spec = d.codes_for(store, act, m, x.dtype) if name in fed else None
@@ -130,7 +130,7 @@ def norm_codes(d, shapes, stores, xs, act, m, fed=PRODUCER_FED) -> list:
 
 
 def codes_step_fn(model, xs, d, act, codes):
-    """step_fn through d, each linear given its entry of `codes` (norm_codes) where not None."""
+    """step_fn through d, each linear given its entry of `codes` (producer_codes) where not None."""
     by_x = {id(x): c for x, c in zip(xs, codes)}
     return step_fn(model, xs, lambda x, s: d.linear(x, s, act, codes=by_x.get(id(x))))
 
@@ -169,7 +169,7 @@ def stage_bench(pm, m_list, bw, log, dtype=torch.bfloat16, layers=32, layout="bl
             act = MODES[mode].act
             try:
                 record(f"{mode}:dispatch", m, time_step(step_fn(int4, xs, lambda x, s: disp.linear(x, s, act))))
-                codes = norm_codes(disp, shapes, int4.stores[0], xs, act, m) if act is not None else []
+                codes = producer_codes(disp, shapes, int4.stores[0], xs, act, m) if act is not None else []
                 if any(c is not None for c in codes):  # as the engine runs it: codes from the norms and SwiGLU
                     record(f"{mode}:norm_codes_dispatch", m, time_step(codes_step_fn(int4, xs, disp, act, codes)))
             except Exception as e:

@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from kernels import Model, codes_step_fn, norm_codes, step_fn, time_step, tinygemm_step  # noqa: E402
+from kernels import Model, codes_step_fn, producer_codes, step_fn, time_step, tinygemm_step  # noqa: E402
 
 from gearshift.dispatch.dispatcher import AdaptiveDispatcher  # noqa: E402
 from gearshift.dispatch.policy import PolicyMap, device_slug  # noqa: E402
@@ -99,7 +99,7 @@ def main() -> None:
     for m in (int(v) for v in a.m.split(",")):
         xs = [torch.randn(m, k, device="cuda", dtype=torch.bfloat16) for _, _, k in shapes]
         fed = a.norm_codes.split(",") if a.norm_codes else []
-        codes = {name: norm_codes(d, shapes, models[side(name)].stores[0], xs, act, m, fed)
+        codes = {name: producer_codes(d, shapes, models[side(name)].stores[0], xs, act, m, fed)
                  for name, d in maps.items()}
         for i, store in enumerate(model.stores[0]):  # every choice of both maps against the reference
             ref = linear_reference(xs[i].float(), store, act)

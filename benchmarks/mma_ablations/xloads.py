@@ -24,7 +24,9 @@ from gearshift.kernels.config import TileConfig
 #: tiles with 4-8 row groups per CTA (warps sharing x through L1), not in the shipped list
 EXTRA = [TileConfig(16, 0, 128, sk, w, 1, prefetch=pf, kwarps=kw) for sk, w, pf, kw in
          ((1, 8, False, 1), (1, 8, True, 1), (1, 16, False, 2), (1, 16, False, 4), (2, 8, False, 1),
-          (1, 16, True, 2), (2, 16, False, 2))]
+          (1, 16, True, 2), (2, 16, False, 2))] + [
+    # stop 30: 32-row tiles with 2-8 row groups per CTA
+    TileConfig(32, 0, 128, 1, w, 1, kwarps=kw) for w, kw in ((8, 1), (8, 2), (16, 2), (16, 4))]
 
 
 def no_xloads(asm: str) -> str:
@@ -46,7 +48,6 @@ def x_load_as(asm: str, op: str) -> str:
 
 #: cache-hinted x loads (stop 30): keep the block's activations in L1 for the CTA's other warps
 HINTED = {"x evict_last": "ld.global.L1::evict_last.v4.b32", "x nc": "ld.global.nc.L1::evict_last.v4.b32"}
-EXTRA += [TileConfig(32, 0, 128, 1, w, 1, kwarps=kw) for w, kw in ((8, 1), (8, 2), (16, 2), (16, 4))]
 
 
 def main() -> None:

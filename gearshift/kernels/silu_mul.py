@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from gearshift.kernels._triton import HAS_TRITON, next_pow2, tl, triton
 from gearshift.kernels.act_quant import ActCodes, codes_buffers
 from gearshift.kernels.pdl import launch_kwargs, pdl_enabled
+from gearshift.kernels.switches import swiglu_codes_for
 
 
 def silu_mul_reference(gate_up: torch.Tensor) -> torch.Tensor:
@@ -71,6 +72,13 @@ CODES_MAX_WIDTH = 32768  # one program holds the row: Llama-3-70B's 28672 fits, 
 def codes_supported(width: int) -> bool:
     """Whether `silu_mul_codes_triton` takes rows of this width (the MLP's intermediate size)."""
     return next_pow2(width) <= CODES_MAX_WIDTH
+
+
+def emits_codes(rows: int, width: int) -> bool:
+    """Whether SwiGLU should write the down projection's codes for `rows` tokens of this width
+    (if down's kernel takes codes): switched on, enough rows to pay (`swiglu_codes_for`), and a
+    row one program holds."""
+    return swiglu_codes_for(rows) and codes_supported(width)
 
 
 def _rows(gate_up: torch.Tensor):

@@ -17,9 +17,8 @@ from gearshift.kernels.rmsnorm import (add_rms_norm_codes_triton, add_rms_norm_r
                                        rms_norm_codes_triton, rms_norm_reference, rms_norm_triton)
 from gearshift.kernels.rope import rope_triton
 from gearshift.kernels.rope_kv_write import split_qkv
-from gearshift.kernels.silu_mul import codes_supported, silu_mul_codes_triton, silu_mul_reference, silu_mul_triton
+from gearshift.kernels.silu_mul import emits_codes, silu_mul_codes_triton, silu_mul_reference, silu_mul_triton
 from gearshift.kernels.switches import fused_for, set_fused_kernels  # noqa: F401 (re-exported)
-from gearshift.kernels.switches import swiglu_codes_for
 from gearshift.model.config import ModelConfig
 from gearshift.model.kv_cache import KVCache
 from gearshift.model.quant_linear import QuantLinear
@@ -93,10 +92,10 @@ class MLP(nn.Module):
         if not fused_for(gate_up):
             return self.down_proj(silu_mul_reference(gate_up), mode)
         # one pass instead of two kernels and a temporary; where down's kernel takes quantized
-        # activations (W4A8 / W4A4), that pass also emits them at >= 64 tokens (`swiglu_codes_for`)
+        # activations (W4A8 / W4A4), that pass also emits them from 64 tokens on (`emits_codes`)
         rows = gate_up.numel() // gate_up.shape[-1]
         spec = None
-        if swiglu_codes_for(rows) and codes_supported(gate_up.shape[-1] // 2):
+        if emits_codes(rows, gate_up.shape[-1] // 2):
             spec = self.down_proj.codes_for(mode, rows, gate_up.dtype)
         if spec is not None:
             h, down_codes = silu_mul_codes_triton(gate_up, spec.qmax, spec.dtype)
