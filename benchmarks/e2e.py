@@ -57,6 +57,7 @@ def main() -> None:
     from gearshift.model.tiny import build_random_model, preset_config
     from gearshift.model.config import ModelConfig
     from gearshift.dispatch import get_dispatcher
+    from gearshift.dispatch.policy import describe
 
     bw = copy_bandwidth()
     cfg = ModelConfig.from_hf_dict(preset_config(args.preset))
@@ -103,6 +104,7 @@ def main() -> None:
         model.use_cuda_graphs = False
     doc = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "preset": args.preset,
            "copy_bandwidth_GBps": bw / 1e9, "dispatcher": type(get_dispatcher()).__name__,
+           "policy_map": describe(getattr(get_dispatcher(), "policy", None)),
            "prompt_len": args.prompt_len, "new_tokens": args.new_tokens, "fused_norm_rope": not args.no_fused,
            "pdl": not args.no_pdl, "swiglu_codes": not args.no_swiglu_codes, "int4_layout": args.int4_layout,
            "rows": rows}

@@ -35,10 +35,13 @@ from gearshift.kernels.reference import linear_reference  # noqa: E402
 from gearshift.quant.modes import MODES  # noqa: E402
 
 
+RULES = "rules"  # a side without a map: what a GPU nobody profiled runs
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--a", required=True)
-    ap.add_argument("--b", required=True)
+    ap.add_argument("--a", required=True, help="policy map JSON of side A, or 'rules' (no map: the un-profiled rules)")
+    ap.add_argument("--b", required=True, help="the same for side B")
     ap.add_argument("--mode", default="w4a16")
     ap.add_argument("--m", default="1,2,4,8,16")
     ap.add_argument("--rounds", type=int, default=5)
@@ -87,9 +90,9 @@ def main() -> None:
         models["b"] = copy.copy(model)
         models["b"].stores = [[s.to_layout(a.layout_b) for s in layer] for layer in model.stores]
     act = MODES[a.mode].act
-    maps = {"a": AdaptiveDispatcher(PolicyMap.load(a.a), autoload=False),
-            "b": AdaptiveDispatcher(PolicyMap.load(a.b), autoload=False)}
-    same_map = Path(a.a).resolve() == Path(a.b).resolve()
+    maps = {"a": AdaptiveDispatcher(None if a.a == RULES else PolicyMap.load(a.a), autoload=False),
+            "b": AdaptiveDispatcher(None if a.b == RULES else PolicyMap.load(a.b), autoload=False)}
+    same_map = a.a == a.b if RULES in (a.a, a.b) else Path(a.a).resolve() == Path(a.b).resolve()
     dense = Model("dense", shapes, 32, 0, torch.bfloat16) if a.cublas else None
     tg = [[(to_tinygemm(s), s.group_size) for s in layer] for layer in model.stores] if a.tinygemm else None
     res = {}

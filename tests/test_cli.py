@@ -147,3 +147,13 @@ def test_profile_unknown_strategy_is_one_line(capsys):
                           "unknown strategies ['nope']")
     assert_one_line_error(*cli(capsys, "profile", "--model", "llama3-8b", "--modes", "w4a16,w4a8", "--strategies",
                                "w4a16_mma")[::2], "serves mode(s) ['w4a8']")
+
+
+def test_profile_bad_seed_is_one_line(capsys, tmp_path):
+    assert_one_line_error(*cli(capsys, "profile", "--model", "llama3-8b", "--seed", str(tmp_path / "nope.json"))[::2],
+                          "cannot read the seed map")
+    (tmp_path / "empty.json").write_text('{"device": "x"}')
+    assert_one_line_error(*cli(capsys, "profile", "--model", "llama3-8b", "--seed", str(tmp_path / "empty.json"))[::2],
+                          "holds no candidate timings")
+    assert_one_line_error(*cli(capsys, "profile", "--model", "llama3-8b", "--seed", "auto", "--top", "0")[::2],
+                          "--top must be at least 1")

@@ -337,3 +337,87 @@ def test_profiler_never_times_a_wrong_kernel():
     times = pm.timings[key]["1"]
     assert times["test_right"] == 5.0 and times["test_zeros"] is None and times["test_nan"] is None
     assert sum("wrong result" in line for line in logged) == 4
+
+
+def _arch_map(device: str, cap: str | None, sms: int | None) -> PolicyMap:
+    meta = {} if cap is None else {"capability": cap, "sms": sms}
+    return PolicyMap(device, meta=meta)
+
+
+def test_a_gpu_nobody_profiled_borrows_the_nearest_map_of_its_architecture(tmp_path, monkeypatch):
+    """No map for this GPU: the map of the same compute capability with the nearest SM count runs
+    (marked as borrowed), never one of another architecture or one that does not say its own; an
+    exact map always wins; GEARSHIFT_POLICY_FALLBACK=0 turns borrowing off."""
+    from gearshift.dispatch.policy import describe, same_architecture_map
+
+    monkeypatch.setenv("GEARSHIFT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr("gearshift.dispatch.policy.bundled_dir", lambda: tmp_path / "bundled")
+    _arch_map("Big GPU", "9.0", 132).save(tmp_path / "bundled" / "Big_GPU.json")
+    _arch_map("Cut GPU", "9.0", 114).save(tmp_path / "cache" / "policy" / "Cut_GPU.json")
+    _arch_map("Old GPU", "8.0", 108).save(tmp_path / "cache" / "policy" / "Old_GPU.json")
+    _arch_map("Mute GPU", None, None).save(tmp_path / "cache" / "policy" / "Mute_GPU.json")
+    (tmp_path / "cache" / "policy" / "junk.json").write_text("[1, 2]")
+    h = {"capability": "9.0", "sms": 132}
+    pm = load_policy_for_device("New GPU", traits=h)
+    assert pm.device == "Big GPU" and pm.borrowed_for == "New GPU" and "bundled" in pm.path
+    assert "profiled on Big GPU" in describe(pm) and "sm_90" in describe(pm)
+    assert load_policy_for_device("New GPU", traits={"capability": "9.0", "sms": 120}).device == "Cut GPU"
+    assert load_policy_for_device("New GPU", traits={"capability": "8.9", "sms": 128}) is None
+    assert load_policy_for_device("New GPU") is None  # no traits given: exact maps only
+    assert load_policy_for_device("Cut GPU", traits=h).device == "Cut GPU"  # its own map first
+    assert not hasattr(load_policy_for_device("Cut GPU", traits=h), "borrowed_for")
+    model = tmp_path / "model"
+    _arch_map("Model GPU", "9.0", 132).save(model / "policy" / "Model_GPU.json")
+    assert same_architecture_map("New GPU", h, model).device == "Model GPU"  # beside the model first on a tie
+    monkeypatch.setenv("GEARSHIFT_POLICY_FALLBACK", "0")
+    assert load_policy_for_device("New GPU", traits=h) is None
+    assert describe(None).startswith("built-in rules")
+
+
+def test_the_shipped_h100_map_serves_other_hopper_gpus(tmp_path, monkeypatch):
+    monkeypatch.setenv("GEARSHIFT_CACHE", str(tmp_path))
+    pm = load_policy_for_device("NVIDIA H200", traits={"capability": "9.0", "sms": 132})
+    assert pm is not None and pm.device == "NVIDIA H100 80GB HBM3" and pm.borrowed_for == "NVIDIA H200"
+    assert load_policy_for_device("NVIDIA A100-SXM4-80GB", traits={"capability": "8.0", "sms": 108}) is None
+
+
+def test_seeded_candidates_are_the_seeds_fastest_and_each_strategys_best():
+    from gearshift.dispatch.profiler import seeded_candidates
+
+    key = type_key("w4a16", 128, 64, 256)
+    cfgs = [TileConfig(16, bn) for bn in (16, 32, 64, 128)]
+    seed = PolicyMap("seed GPU", timings={key: {"1": {
+        candidate_name("a", cfgs[0]): 1.0, candidate_name("a", cfgs[1]): 2.0, candidate_name("a", cfgs[2]): 3.0,
+        candidate_name("a", cfgs[3]): None, candidate_name("b", cfgs[0]): 9.0, "c": 7.0}}})
+    assert seeded_candidates(seed, key, 1, 2) == {("a", cfgs[0]), ("a", cfgs[1]), ("c", None), ("b", cfgs[0])}
+    assert seeded_candidates(seed, key, 1, 1) == {("a", cfgs[0]), ("c", None), ("b", cfgs[0])}
+    assert seeded_candidates(seed, key, 4, 2) is None  # never timed there: sweep everything
+    assert seeded_candidates(seed, "w4a8:g128:1x1", 1, 2) is None
+
+
+def test_a_seeded_profile_times_only_the_seeds_picks():
+    """`gearshift profile --seed`: at a point the seed timed, only its picks run; elsewhere the full sweep."""
+    from gearshift.dispatch.profiler import profile
+    from gearshift.dispatch.strategies import DPRPartition, Strategy, register
+
+    cfgs = [TileConfig(16, bn) for bn in (16, 32, 64)]
+    ran = []
+
+    def run(x, st, act, cfg):
+        ran.append(cfg)
+        return linear_reference(x.float(), st, act).to(x.dtype)
+
+    register(Strategy("test_tiles", DPRPartition((4,), (16,), "any", "library"), ("w4a16",), run,
+                      configs=lambda m: list(cfgs), gpu_only=False))
+    key = type_key("w4a16", 128, 64, 256)
+    seed = PolicyMap("seed GPU", timings={key: {"1": {candidate_name("test_tiles", c): us
+                                                       for c, us in zip(cfgs, (3.0, 1.0, 2.0))}}})
+    try:
+        pm = profile([("s", 64, 256)], ["w4a16"], [1, 4], group=128, device_name="test", strategies=["test_tiles"],
+                     dtype=torch.float32, int4_layout="rows", timer=lambda calls: float(len(ran)), device="cpu",
+                     seed=seed, top=1)
+    finally:
+        STRATEGIES.pop("test_tiles")
+    assert set(pm.timings[key]["1"]) == {candidate_name("test_tiles", cfgs[1])}
+    assert len(pm.timings[key]["4"]) == 3  # the seed never timed M = 4
+    assert pm.meta["seeded_from"] == {"device": "seed GPU", "top": 1}

@@ -31,6 +31,14 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--strategies", default=None,
                    help="time only these strategies (comma-separated names, e.g. w4a16_mma,w4a8_mma), e.g. to "
                         "re-profile one kernel family for benchmarks/policy_merge.py; default: all")
+    p.add_argument("--seed", default=None, metavar="MAP",
+                   help="time only what a map profiled on a similar GPU found fastest: a policy JSON path, or "
+                        "'auto' for the map the engine runs on this GPU now (its own, or the shipped map of the "
+                        "same architecture). Minutes instead of an hour on a new GPU; points the seed never "
+                        "timed are swept in full")
+    p.add_argument("--top", type=int, default=3,
+                   help="with --seed: the seed's fastest this many candidates per point, plus the fastest of "
+                        "each other strategy it timed (default: 3)")
     p.set_defaults(handler=run)
     return p
 
@@ -55,6 +63,19 @@ def run(args) -> int:
                                                                           for n in strategies)]
         if idle:
             raise GearshiftError(f"no strategy in --strategies serves mode(s) {idle}; narrow --modes or add one")
+    seed = None
+    if args.seed:
+        from gearshift.dispatch.policy import PolicyMap, load_policy_for_device
+
+        if args.top < 1:
+            raise GearshiftError(f"--top must be at least 1, got {args.top}")
+        if args.seed != "auto":
+            try:
+                seed = PolicyMap.load(args.seed)
+            except (OSError, ValueError, KeyError) as e:
+                raise GearshiftError(f"cannot read the seed map {args.seed!r}: {e}") from None
+            if not seed.timings:
+                raise GearshiftError(f"the seed map {args.seed!r} holds no candidate timings to rank")
     if not torch.cuda.is_available():
         raise GearshiftError("gearshift profile needs a CUDA GPU (the policy map is per device)")
     if args.shapes:
@@ -65,6 +86,11 @@ def run(args) -> int:
             shapes, layers = model_shapes(args.model)
         except (OSError, KeyError, ValueError) as e:
             raise GearshiftError(f"cannot read model shapes from {args.model!r}: {e}") from None
+    if args.seed == "auto":
+        seed = load_policy_for_device()
+        if seed is None:
+            raise GearshiftError("--seed auto: no policy map for this GPU or its architecture; "
+                                 "give a map's path, or profile without --seed")
     m_list = [int(v) for v in args.m.split(",")] if args.m else list(M_BUCKETS)
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     device = torch.cuda.get_device_name()
@@ -72,7 +98,7 @@ def run(args) -> int:
         skipped: list[str] = []
         pm = profile(shapes, modes, m_list, group=args.group_size, device_name=device, progress=bar,
                      int4_layout=args.int4_layout, int4_progressive=args.int4_prog, strategies=strategies,
-                     log=skipped.append)
+                     log=skipped.append, seed=seed, top=args.top)
     if skipped:  # configs that did not compile / launch, or whose output missed the reference
         print(f"{len(skipped)} candidate(s) left out of the map:", file=sys.stderr)
         for line in skipped[:10]:

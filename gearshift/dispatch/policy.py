@@ -156,19 +156,76 @@ def bundled_dir() -> Path:
     return Path(__file__).resolve().parents[1] / "data" / "policy"
 
 
-def load_policy_for_device(device: str | None = None, model_dir: str | os.PathLike | None = None) -> PolicyMap | None:
+def gpu_traits(index: int | None = None) -> dict:
+    """What says whether a map profiled on another GPU fits this one: the compute capability (the
+    kernels a map names compile and behave alike within one) and the SM count (tile grids and
+    waves). The profiler stores both in a map's meta."""
+    import torch
+
+    p = torch.cuda.get_device_properties(torch.cuda.current_device() if index is None else index)
+    return {"capability": f"{p.major}.{p.minor}", "sms": int(p.multi_processor_count)}
+
+
+def load_policy_for_device(device: str | None = None, model_dir: str | os.PathLike | None = None,
+                           traits: dict | None = None) -> PolicyMap | None:
     """The policy map profiled on this GPU (beside the model first, then the user cache, then the
-    one shipped with the package for that GPU), or None."""
+    one shipped with the package for that GPU). Failing that, with `traits` (this GPU's
+    `gpu_traits`, taken from the current device when `device` is too), the map of the nearest GPU
+    of the same architecture (`same_architecture_map`; marked by `borrowed_for`), unless
+    GEARSHIFT_POLICY_FALLBACK=0. Else None: the dispatcher's un-profiled rules run."""
     if device is None:
         import torch
 
         if not torch.cuda.is_available():
             return None
         device = torch.cuda.get_device_name()
+        traits = traits or gpu_traits()
     for p in policy_paths(device, model_dir):
         if p.is_file():
             pm = PolicyMap.load(p)
             if pm.device == device:
                 pm.path = str(p)  # where it came from, for reporting
                 return pm
-    return None
+    if traits is None or os.environ.get("GEARSHIFT_POLICY_FALLBACK", "1") == "0":
+        return None
+    return same_architecture_map(device, traits, model_dir)
+
+
+def same_architecture_map(device: str, traits: dict, model_dir: str | os.PathLike | None = None) -> PolicyMap | None:
+    """For a GPU nobody profiled: the map (beside the model, in the user cache, or shipped) profiled
+    on a GPU of the same compute capability, the one with the nearest SM count first (ties: in that
+    search order). Its kernels run here and compute the same as anywhere; only which tile is
+    fastest may differ, which is far less than what the un-profiled rules give up (H200:
+    benchmarks/results/policy_ab_*H200*). Maps without a recorded capability are never borrowed."""
+    dirs = ([Path(model_dir) / "policy"] if model_dir is not None else []) + [cache_dir(), bundled_dir()]
+    best = None
+    for order, d in enumerate(dirs):
+        for p in sorted(d.glob("*.json")) if d.is_dir() else ():
+            try:
+                pm = PolicyMap.load(p)
+            except (OSError, ValueError, KeyError, TypeError, AttributeError):  # not a policy map: skip it
+                continue
+            cap, sms = pm.meta.get("capability"), pm.meta.get("sms")
+            if pm.device == device or cap is None or str(cap) != str(traits["capability"]):
+                continue
+            rank = (abs(int(sms) - int(traits["sms"])) if sms is not None else 1 << 30, order)
+            if best is None or rank < best[0]:
+                best = (rank, p, pm)
+    if best is None:
+        return None
+    _, p, pm = best
+    pm.path = str(p)
+    pm.borrowed_for = device
+    return pm
+
+
+def describe(pm: PolicyMap | None) -> str:
+    """One line on which map the dispatcher runs, for `gearshift` notes and load info."""
+    if pm is None:
+        return "built-in rules (no policy map for this GPU: run 'gearshift profile')"
+    where = getattr(pm, "path", "given")
+    borrowed = getattr(pm, "borrowed_for", None)
+    if borrowed is None:
+        return where
+    return (f"{where} (profiled on {pm.device}, same sm_{str(pm.meta.get('capability', '')).replace('.', '')} "
+            f"architecture as this {borrowed}: 'gearshift profile' writes this GPU's own)")

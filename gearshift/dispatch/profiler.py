@@ -190,7 +190,7 @@ def profile(shapes: Iterable[tuple[str, int, int]], modes: Iterable[str], m_list
             device_name: str | None = None, progress=None, policy: PolicyMap | None = None,
             strategies: list[str] | None = None, dtype=torch.bfloat16, log=None,
             int4_layout: str = "blocks16", int4_progressive: bool = False, timer=time_us,
-            device: str = "cuda") -> PolicyMap:
+            device: str = "cuda", seed: PolicyMap | None = None, top: int = 3) -> PolicyMap:
     """Sweep (shape, mode, M, strategy, config); return (or extend) the policy map. Int4 weights
     are timed in `int4_layout`, the engine's layout on GPU (`model.loader.use_int4_layout`);
     with `int4_progressive` as stores with row units, which every int4 kernel runs and
@@ -204,6 +204,12 @@ def profile(shapes: Iterable[tuple[str, int, int]], modes: Iterable[str], m_list
     pm.meta["int4_layout"] = int4_layout
     if int4_progressive:
         pm.meta["int4_row_units"] = True
+    if dev.type == "cuda":
+        from gearshift.dispatch.policy import gpu_traits
+
+        pm.meta.update(gpu_traits(dev.index))
+    if seed is not None:
+        pm.meta["seeded_from"] = {"device": seed.device, "top": top}
     for _, n, k in shapes:
         for mode_name in modes:
             fmt = MODE_FORMATS[mode_name]
@@ -218,28 +224,29 @@ def profile(shapes: Iterable[tuple[str, int, int]], modes: Iterable[str], m_list
                 x = torch.randn(m, k, device=dev, dtype=dtype)
                 ref = None  # computed at the first candidate: a bucket no strategy serves needs none
                 cands: dict[str, float | None] = {}
-                for strat in strategies_for(mode_key(stores[0], act)):
-                    if strategies is not None and strat.name not in strategies:
-                        continue
-                    for cfg in strat.configs(m):
-                        if not strat.supports(stores[0], act, cfg):
-                            continue
-                        name = candidate_name(strat.name, cfg)
-                        try:
-                            if ref is None:
-                                ref = linear_reference(x.float(), stores[0], act)
-                            err = relative_error(strat.run(x, stores[0], act, cfg), ref)
-                            if not err <= tol:  # NaN fails too
-                                cands[name] = None
-                                if log:
-                                    log(f"{key} M={m} {name}: wrong result (relative error {err:.2e} > {tol:.0e}), "
-                                        "not timed")
-                                continue
-                            cands[name] = timer([lambda s=s, st=strat, c=cfg: st.run(x, s, act, c) for s in stores])
-                        except Exception as e:  # a config that fails to compile/launch is skipped
+                sweep = [(strat, cfg) for strat in strategies_for(mode_key(stores[0], act))
+                         if strategies is None or strat.name in strategies
+                         for cfg in strat.configs(m) if strat.supports(stores[0], act, cfg)]
+                allowed = seeded_candidates(seed, key, m, top) if seed is not None else None
+                if allowed is not None and any((st.name, cfg) in allowed for st, cfg in sweep):
+                    sweep = [(st, cfg) for st, cfg in sweep if (st.name, cfg) in allowed]
+                for strat, cfg in sweep:
+                    name = candidate_name(strat.name, cfg)
+                    try:
+                        if ref is None:
+                            ref = linear_reference(x.float(), stores[0], act)
+                        err = relative_error(strat.run(x, stores[0], act, cfg), ref)
+                        if not err <= tol:  # NaN fails too
                             cands[name] = None
                             if log:
-                                log(f"{key} M={m} {name}: {type(e).__name__}: {str(e)[:200]}")
+                                log(f"{key} M={m} {name}: wrong result (relative error {err:.2e} > {tol:.0e}), "
+                                    "not timed")
+                            continue
+                        cands[name] = timer([lambda s=s, st=strat, c=cfg: st.run(x, s, act, c) for s in stores])
+                    except Exception as e:  # a config that fails to compile/launch is skipped
+                        cands[name] = None
+                        if log:
+                            log(f"{key} M={m} {name}: {type(e).__name__}: {str(e)[:200]}")
                 pm.timings.setdefault(key, {})[str(m)] = cands
                 ok = [(us, c) for c, us in cands.items() if us is not None]
                 if ok and m in pm.buckets:
@@ -251,6 +258,25 @@ def profile(shapes: Iterable[tuple[str, int, int]], modes: Iterable[str], m_list
             del stores
             torch.cuda.empty_cache()
     return pm
+
+
+def seeded_candidates(seed: PolicyMap, key: str, m: int, top: int) -> set | None:
+    """The (strategy, config) pairs worth timing at (key, m) on a GPU like the one `seed` was
+    profiled on: its `top` fastest there, and the fastest of each other strategy it timed (so
+    stores that cannot run the winners, and the ablations, still find theirs). None where the seed
+    never timed the point: then everything is timed."""
+    cands = seed.timings.get(key, {}).get(str(m))
+    if not cands:
+        return None
+    ranked = sorted(((us, c) for c, us in cands.items() if us is not None), key=lambda t: t[0])
+    out: set = set()
+    seen: set = set()
+    for i, (_, c) in enumerate(ranked):
+        name, cfg = parse_candidate(c)
+        if i < top or name not in seen:
+            out.add((name, cfg))
+        seen.add(name)
+    return out
 
 
 def relative_error(y: torch.Tensor, ref: torch.Tensor) -> float:

@@ -325,6 +325,10 @@ def load_model(path: str | Path | None = None, *, dtype: torch.dtype | None = No
         from gearshift.dispatch import install_policy
 
         model.use_cuda_graphs = cuda_graphs
+        from gearshift.dispatch.policy import describe
+
         d = install_policy(p.parent if p.is_file() else p)
-        info["policy_map"] = getattr(d.policy, "path", "given") if d.policy is not None else "built-in rules (run 'gearshift profile')"
+        info["policy_map"] = describe(d.policy)
+        if d.policy is None or getattr(d.policy, "borrowed_for", None):
+            note(f"kernel policy map: {info['policy_map']}")
     return LoadedModel(model, tokenizer, config, str(p), info)
