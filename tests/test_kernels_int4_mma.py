@@ -152,6 +152,50 @@ def test_gpu_k_warps_match_reference(rows, split, warps, kwarps, prefetch, layou
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the PTX needs a CUDA GPU")
 @pytest.mark.parametrize("rows,split,warps,kwarps,layout", [
+    (16, 1, 8, 4, "blocks16"), (16, 2, 4, 2, "rows"), (32, 1, 4, 4, "blocks16"), (8, 1, 4, 1, "blocks16"),
+    (32, 1, 4, 1, "rows")])
+def test_gpu_l2_prefetch_is_bit_identical(rows, split, warps, kwarps, layout, monkeypatch):
+    """The rolling L2 prefetch (`L2_AHEAD`, stop 31) and the whole-slice one only touch L2: the same
+    bits as without, including at the ends of short and long K slices."""
+    from gearshift.kernels import int4_mma_gemv as mg
+
+    torch.manual_seed(rows + warps)
+    store = quantize_int4(torch.randn(208, 4096), 128).cuda().to_layout(layout)
+    cfg = TileConfig(rows, 0, 128, split, warps, 1, kwarps=kwarps)
+    for m in (1, 3, 9):
+        x = torch.randn(m, 4096, device="cuda", dtype=torch.bfloat16)
+        monkeypatch.setattr(mg, "L2_AHEAD", 0)
+        ref = mg.mma_gemv(x, store, cfg, l2_prefetch=False)
+        assert torch.equal(mg.mma_gemv(x, store, cfg, l2_prefetch=True), ref) or not mg.l2_prefetch_enabled(ref)
+        for ahead in (1, 3, 40):
+            monkeypatch.setattr(mg, "L2_AHEAD", ahead)
+            assert torch.equal(mg.mma_gemv(x, store, cfg, l2_prefetch=False), ref), (m, ahead)
+
+
+def test_l2_ahead_compiles_to_bulk_prefetches_in_the_loop(compile_sm90):
+    """L2_AHEAD: one bulk L2 prefetch per 16-row group before the loop and one per step inside it
+    (blocks16), one per row (rows); the MMAs are unchanged."""
+    out = compile_sm90(r"""
+from gearshift.kernels import int4_mma_gemv as mg
+sig = {"x_ptr": "*bf16", "qw_ptr": "*u8", "s_ptr": "*fp16", "mn_ptr": "*fp16", "y_ptr": "*bf16", "ws_ptr": "*fp32",
+       "cnt_ptr": "*i32", "xs_ptr": "*bf16", "M": "i32", "N": "i32", "K": "i32", "stride_xm": "i32", "stride_ym": "i32"}
+for rows, tiled, ahead in ((16, True, 0), (16, True, 2), (32, True, 2), (16, False, 2)):
+    ce = dict(G=128, WARPS=8, SPLIT_K=1, ASM=mg.MMA_ASM[("bf16", rows, 1)], CONSTRAINTS=mg.CONSTRAINTS[(rows, 1)],
+              ROWS=rows, TILES=1, OFFSET=128.0, U=1, HAS_XS=False, PDL=True, L2_PREFETCH=False,
+              LOAD=mg.WEIGHT_LOADS["plain"], SHINT=0, TILED=tiled, TRIGGER=1, TAIL=0, KWARPS=4, L2_AHEAD=ahead)
+    out[f"{rows}{tiled}{ahead}"] = ptx(mg._mma_gemv_kernel, sig, ce, num_warps=8, ints16=("K",))
+""")
+    count = {k: p.count("cp.async.bulk.prefetch.L2") for k, p in out.items()}
+    assert count == {"16True0": 0, "16True2": 2, "32True2": 4, "16False2": 4}
+    for key, p in out.items():
+        assert p.count("mma.sync") == (24 if key.startswith("32") else 16)
+        if count[key]:  # the loop's prefetch sits after the wait, the first one before it
+            wait = p.index("griddepcontrol.wait")
+            assert p.index("cp.async.bulk.prefetch.L2") < wait < p.rindex("cp.async.bulk.prefetch.L2")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the PTX needs a CUDA GPU")
+@pytest.mark.parametrize("rows,split,warps,kwarps,layout", [
     (16, 1, 8, 4, "blocks16"), (16, 1, 8, 8, "blocks16"), (16, 2, 4, 2, "rows"), (32, 1, 4, 4, "blocks16"),
     (8, 1, 4, 1, "rows")])
 def test_gpu_preload_is_bit_identical(rows, split, warps, kwarps, layout):

@@ -138,6 +138,8 @@ WEIGHT_LOADS = {
 }
 PRELOAD_REGISTERS = 128  # TileConfig.preload: weight registers per lane (16 blocks at 16 rows per warp)
 TRIGGER = -1  # >= 0: overrides pdl_trigger(m) for every launch (timing experiments; results never change)
+L2_AHEAD = 0  # > 0: stepped tiles also bulk-prefetch into L2 this many steps beyond their register prefetch
+# (a timing experiment, stop 31; results never change)
 WEIGHT_LOAD = {"name": "plain", "scales": 0}  # scales 1: the scale/min loads with an L2 prefetch size too
 CONSTRAINTS = {(rows, tiles): ",".join(["=r"] * ({8: 4, 16: 6, 32: 10}[rows] * tiles) + ["r"] * (rows // 2)
                                        + ["l"] * tiles) for rows in ROWS_PER_WARP for tiles in (1, 2)}
@@ -217,6 +219,25 @@ if HAS_TRITON:
 
 
     @triton.jit
+    def _prefetch_blocks(qw32, ra, rc, KW, kw, nwords, lane, t, row_a, N, ROWS: tl.constexpr, TILED: tl.constexpr):
+        """Bulk L2 prefetch of the lane's rows' weights from word kw on, nwords words per row (0:
+        nothing). blocks16: a 16-row group's blocks are consecutive 1 KB chunks, so lane 0 of the
+        warp asks for the whole range of its group (and of the second group at 32 rows); rows:
+        lanes t == 0 ask for their rows' own ranges."""
+        if TILED:
+            lead = ((lane == 0) & (row_a < N) & (nwords > 0)).to(tl.int32)
+            prefetch_l2(qw32 + (ra // 16).to(tl.int64) * KW * 16 + kw * 16, nwords * 64, lead)
+            if ROWS == 32:
+                prefetch_l2(qw32 + (rc // 16).to(tl.int64) * KW * 16 + kw * 16, nwords * 64,
+                            lead & (row_a + 16 < N).to(tl.int32))
+        else:
+            lead = ((t == 0) & (row_a < N) & (nwords > 0)).to(tl.int32)
+            for r in tl.static_range(ROWS // 8):
+                prefetch_l2(qw32 + tl.minimum(ra + 8 * r, N - 1).to(tl.int64) * KW + kw, nwords * 4,
+                            lead & (row_a + 8 * r < N).to(tl.int32))
+
+
+    @triton.jit
     def _fold(d0, d1, e0, e1, sa, ma, acc0, acc1):
         return acc0 + sa * d0 + ma * e0, acc1 + sa * d1 + ma * e1
 
@@ -286,7 +307,7 @@ if HAS_TRITON:
                          OFFSET: tl.constexpr, U: tl.constexpr, HAS_XS: tl.constexpr, PDL: tl.constexpr,
                          L2_PREFETCH: tl.constexpr, LOAD: tl.constexpr, SHINT: tl.constexpr, TILED: tl.constexpr,
                          TRIGGER: tl.constexpr = 1, TAIL: tl.constexpr = 0, KWARPS: tl.constexpr = 1,
-                         PRE: tl.constexpr = 0):
+                         PRE: tl.constexpr = 0, L2_AHEAD: tl.constexpr = 0):
         # Every per-lane quantity comes from the lane's own %tid.x, so the fragment plan holds
         # whatever layout Triton picks for these [32 * WARPS] tensors (one element per thread).
         # ROWS: weight rows per warp; lane (g, t) holds rows g, g+8, g+16, g+24 of them.
@@ -335,14 +356,11 @@ if HAS_TRITON:
         k_last = k_lo + kws - 16 * U
         if TRIGGER == 1:
             launch_dependents(PDL)
-        if L2_PREFETCH:  # the program's whole weight slice, one bulk request per row (lanes t == 0)
-            lead = (t == 0) & (row_a < N)
-            prefetch_l2(wa_ptr + k_lo, kws * 4, lead.to(tl.int32))
-            if ROWS >= 16:
-                prefetch_l2(wb_ptr + k_lo, kws * 4, (lead & (row_a + 8 < N)).to(tl.int32))
-            if ROWS == 32:
-                prefetch_l2(wc_ptr + k_lo, kws * 4, (lead & (row_a + 16 < N)).to(tl.int32))
-                prefetch_l2(wd_ptr + k_lo, kws * 4, (lead & (row_a + 24 < N)).to(tl.int32))
+        if L2_PREFETCH:  # the program's whole weight slice into L2 before the wait
+            _prefetch_blocks(qw32, ra, rc, KW, k_lo, kws, lane, t, row_a, N, ROWS, TILED)
+        elif L2_AHEAD > 0:  # the L2_AHEAD steps after the first, ahead of the loop's own prefetch
+            _prefetch_blocks(qw32, ra, rc, KW, tl.minimum(k_lo + 16 * U, k_lo + kws),
+                             tl.minimum(16 * U * L2_AHEAD, kws - 16 * U), lane, t, row_a, N, ROWS, TILED)
         if PRE > 0:  # the warp's whole K slice (PRE blocks) in flight before the wait: with an early
             # PDL trigger it streams while the predecessor still runs
             wl = ()
@@ -363,6 +381,10 @@ if HAS_TRITON:
                 kw0 = k_lo + it
                 nxt = tl.minimum(kw0 + 16 * U, k_last)
                 wn, sn, wn2, sn2 = _load_step(w_ptrs, s_ptr, mn_ptr, s_offs, nxt, G, ROWS, LOAD, TILED, SHINT, U)
+                if L2_AHEAD > 0:  # one step more into L2, L2_AHEAD + 1 steps ahead of this one
+                    ahead = kw0 + 16 * U * (L2_AHEAD + 1)
+                    _prefetch_blocks(qw32, ra, rc, KW, ahead, tl.where(ahead < k_lo + kws, 16 * U, 0), lane, t,
+                                     row_a, N, ROWS, TILED)
                 acc = _block(ASM, CONSTRAINTS, ROWS, TILES, OFFSET, w, x0 + kw0 * 8, x1 + kw0 * 8, sc, acc)
                 w = wn
                 sc = sn
@@ -515,7 +537,7 @@ def mma_gemv(x: torch.Tensor, store: Int4Weight, cfg: TileConfig, token_scales: 
                            ASM=MMA_ASM[(dt, cfg.bm, tiles)], CONSTRAINTS=CONSTRAINTS[(cfg.bm, tiles)], ROWS=cfg.bm,
                            TILES=tiles, OFFSET=OFFSET[dt],
                            U=2 if cfg.prefetch else 1, HAS_XS=token_scales is not None, PDL=pdl,
-                           L2_PREFETCH=l2_prefetch, TRIGGER=trigger, PRE=pre,
+                           L2_PREFETCH=l2_prefetch, TRIGGER=trigger, PRE=pre, L2_AHEAD=L2_AHEAD,
                            LOAD=WEIGHT_LOADS[WEIGHT_LOAD["name"]], SHINT=WEIGHT_LOAD["scales"], TILED=store.layout == BLOCKS16,
                            num_warps=cfg.warps, num_stages=1, TAIL=tail, KWARPS=cfg.kwarps,
                            **launch_kwargs(pdl))
