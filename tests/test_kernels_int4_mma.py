@@ -158,15 +158,17 @@ def test_gpu_l2_prefetch_is_bit_identical(rows, split, warps, kwarps, layout, mo
     """The rolling L2 prefetch (`L2_AHEAD`, stop 31) and the whole-slice one only touch L2: the same
     bits as without, including at the ends of short and long K slices."""
     from gearshift.kernels import int4_mma_gemv as mg
+    from gearshift.kernels import pdl
 
     torch.manual_seed(rows + warps)
     store = quantize_int4(torch.randn(208, 4096), 128).cuda().to_layout(layout)
     cfg = TileConfig(rows, 0, 128, split, warps, 1, kwarps=kwarps)
+    monkeypatch.setitem(pdl._STATE, "l2", True)  # the whole-slice switch, GEARSHIFT_L2_PREFETCH=1
     for m in (1, 3, 9):
         x = torch.randn(m, 4096, device="cuda", dtype=torch.bfloat16)
         monkeypatch.setattr(mg, "L2_AHEAD", 0)
         ref = mg.mma_gemv(x, store, cfg, l2_prefetch=False)
-        assert torch.equal(mg.mma_gemv(x, store, cfg, l2_prefetch=True), ref) or not mg.l2_prefetch_enabled(ref)
+        assert pdl.l2_prefetch_enabled(ref) and torch.equal(mg.mma_gemv(x, store, cfg, l2_prefetch=True), ref)
         for ahead in (1, 3, 40):
             monkeypatch.setattr(mg, "L2_AHEAD", ahead)
             assert torch.equal(mg.mma_gemv(x, store, cfg, l2_prefetch=False), ref), (m, ahead)
