@@ -421,3 +421,14 @@ def test_a_seeded_profile_times_only_the_seeds_picks():
     assert set(pm.timings[key]["1"]) == {candidate_name("test_tiles", cfgs[1])}
     assert len(pm.timings[key]["4"]) == 3  # the seed never timed M = 4
     assert pm.meta["seeded_from"] == {"device": "seed GPU", "top": 1}
+
+
+def test_a_seed_that_never_timed_a_shape_is_reported():
+    from gearshift.dispatch.profiler import unseen_pairs
+
+    key = type_key("w4a16", 128, 64, 256)
+    seed = PolicyMap("seed GPU", timings={key: {"1": {"w4a16_tc": 1.0}}})
+    assert unseen_pairs(seed, [("s", 64, 256)], ["w4a16"], 128) == ([], 1)
+    assert unseen_pairs(seed, [("s", 64, 256), ("t", 32, 256)], ["w4a16", "w4a8"], 128) == (
+        ["w4a8:g128:64x256", "w4a16:g128:32x256", "w4a8:g128:32x256"], 4)
+    assert unseen_pairs(seed, [("s", 64, 256)], ["w4a16"], 64)[0] == ["w4a16:g64:64x256"]

@@ -48,7 +48,7 @@ def run(args) -> int:
     from tqdm import tqdm
 
     from gearshift.dispatch.policy import M_BUCKETS, cache_dir, device_slug
-    from gearshift.dispatch.profiler import ablations, model_shapes, profile
+    from gearshift.dispatch.profiler import ablations, model_shapes, profile, unseen_pairs
     from gearshift.errors import GearshiftError
 
     strategies = None
@@ -94,6 +94,11 @@ def run(args) -> int:
     m_list = [int(v) for v in args.m.split(",")] if args.m else list(M_BUCKETS)
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     device = torch.cuda.get_device_name()
+    if seed is not None:
+        unseen, total = unseen_pairs(seed, shapes, modes, args.group_size)
+        if unseen:
+            print(f"gearshift: the seed map ({seed.device}) never timed {len(unseen)} of the {total} "
+                  f"(mode, shape) pairs, e.g. {unseen[0]}: those are swept in full", file=sys.stderr)
     with tqdm(total=len(shapes) * len(modes) * len(m_list), desc=f"profile {device}", unit="point") as bar:
         skipped: list[str] = []
         pm = profile(shapes, modes, m_list, group=args.group_size, device_name=device, progress=bar,

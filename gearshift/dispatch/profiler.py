@@ -279,6 +279,13 @@ def seeded_candidates(seed: PolicyMap, key: str, m: int, top: int) -> set | None
     return out
 
 
+def unseen_pairs(seed: PolicyMap, shapes, modes, group: int) -> tuple[list[str], int]:
+    """The (mode, shape) type keys a seeded profile will sweep in full because the seed never timed
+    them (other shapes, modes or group size), and how many keys there are."""
+    keys = [type_key(mode, group if mode.startswith("w4") else 0, n, k) for _, n, k in shapes for mode in modes]
+    return [key for key in keys if key not in seed.timings], len(keys)
+
+
 def relative_error(y: torch.Tensor, ref: torch.Tensor) -> float:
     """||y - ref|| / ||ref|| in fp32 (NaN if y holds NaN or inf)."""
     y = y.float()
