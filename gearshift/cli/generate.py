@@ -131,6 +131,8 @@ def run(args) -> int:
     stats = dict(engine.last_stats)
     stats["model"] = loaded.source
     stats["weights"] = loaded.weight_summary()
+    if "policy_map" in loaded.info:  # on a GPU: which kernel policy map the dispatcher ran (own, borrowed, rules)
+        stats["policy_map"] = loaded.info["policy_map"]
     if args.json:
         out = {"outputs": [{"text": r.text, "token_ids": r.token_ids, "finish_reason": r.finish_reason,
                             "prompt_tokens": r.prompt_tokens, **({"stats": r.stats} if r.stats else {})}
