@@ -369,6 +369,9 @@ def test_a_gpu_nobody_profiled_borrows_the_nearest_map_of_its_architecture(tmp_p
     model = tmp_path / "model"
     _arch_map("Model GPU", "9.0", 132).save(model / "policy" / "Model_GPU.json")
     assert same_architecture_map("New GPU", h, model).device == "Model GPU"  # beside the model first on a tie
+    _arch_map("New GPU", None, None).save(tmp_path / "cache" / "policy" / "renamed.json")
+    own = load_policy_for_device("New GPU", traits=h)  # its own map under another file name wins
+    assert own.device == "New GPU" and own.path.endswith("renamed.json") and not hasattr(own, "borrowed_for")
     monkeypatch.setenv("GEARSHIFT_POLICY_FALLBACK", "0")
     assert load_policy_for_device("New GPU", traits=h) is None
     assert describe(None).startswith("built-in rules")

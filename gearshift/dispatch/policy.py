@@ -196,7 +196,8 @@ def same_architecture_map(device: str, traits: dict, model_dir: str | os.PathLik
     on a GPU of the same compute capability, the one with the nearest SM count first (ties: in that
     search order). Its kernels run here and compute the same as anywhere; only which tile is
     fastest may differ, which is far less than what the un-profiled rules give up (H200:
-    benchmarks/results/policy_ab_*H200*). Maps without a recorded capability are never borrowed."""
+    benchmarks/results/policy_ab_*H200*). Maps without a recorded capability are never borrowed; a
+    map of this very GPU saved under another file name is taken as its own."""
     dirs = ([Path(model_dir) / "policy"] if model_dir is not None else []) + [cache_dir(), bundled_dir()]
     best = None
     for order, d in enumerate(dirs):
@@ -206,16 +207,20 @@ def same_architecture_map(device: str, traits: dict, model_dir: str | os.PathLik
             except (OSError, ValueError, KeyError, TypeError, AttributeError):  # not a policy map: skip it
                 continue
             cap, sms = pm.meta.get("capability"), pm.meta.get("sms")
-            if pm.device == device or cap is None or str(cap) != str(traits["capability"]):
+            if pm.device == device:  # this GPU's own map under another file name: no borrowing needed
+                rank = (-1, order)
+            elif cap is None or str(cap) != str(traits["capability"]):
                 continue
-            rank = (abs(int(sms) - int(traits["sms"])) if sms is not None else 1 << 30, order)
+            else:
+                rank = (abs(int(sms) - int(traits["sms"])) if sms is not None else 1 << 30, order)
             if best is None or rank < best[0]:
                 best = (rank, p, pm)
     if best is None:
         return None
     _, p, pm = best
     pm.path = str(p)
-    pm.borrowed_for = device
+    if pm.device != device:
+        pm.borrowed_for = device
     return pm
 
 
