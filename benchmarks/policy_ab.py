@@ -1,8 +1,8 @@
 """A/B two policy maps on whole decode steps: the 128 Llama-3-8B linears of one 32-layer step
-(distinct random weights) through the dispatcher under map A and map B, alternating A, B, A, B...
-in one process so drift hits both alike; medians per M (GPU). Every choice of both maps is first
-checked against the torch reference. Per-shape profiles can disagree with
-whole steps (PDL overlaps a kernel's start with its predecessor), so a map change is judged here.
+(or another model's, `--preset`; distinct random weights) through the dispatcher under map A and
+map B, alternating A, B, A, B... in one process so drift hits both alike; medians per M (GPU).
+Every choice of both maps is first checked against the torch reference. Per-shape profiles can
+disagree with whole steps (PDL overlaps a kernel's start with its predecessor), so a map change is judged here.
 
     python benchmarks/policy_ab.py --a gearshift/data/policy/NVIDIA_H100_80GB_HBM3.json --b merged.json \\
         --mode w4a16 --m 1,2,4,8,16 --out benchmarks/results
@@ -29,7 +29,7 @@ from kernels import Model, codes_step_fn, producer_codes, step_fn, time_step, ti
 
 from gearshift.dispatch.dispatcher import AdaptiveDispatcher  # noqa: E402
 from gearshift.dispatch.policy import PolicyMap, device_slug  # noqa: E402
-from gearshift.dispatch.profiler import PRESETS  # noqa: E402
+from gearshift.dispatch.profiler import PRESETS, shapes_from_config  # noqa: E402
 from gearshift.kernels.library import to_tinygemm  # noqa: E402
 from gearshift.kernels.reference import linear_reference  # noqa: E402
 from gearshift.quant.modes import MODES  # noqa: E402
@@ -42,6 +42,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--a", required=True, help="policy map JSON of side A, or 'rules' (no map: the un-profiled rules)")
     ap.add_argument("--b", required=True, help="the same for side B")
+    ap.add_argument("--preset", default="llama3-8b",
+                    help="model whose linear shapes one step runs (a gearshift tiny-model preset, e.g. qwen2.5-7b)")
     ap.add_argument("--mode", default="w4a16")
     ap.add_argument("--m", default="1,2,4,8,16")
     ap.add_argument("--rounds", type=int, default=5)
@@ -83,8 +85,14 @@ def main() -> None:
             setattr(mod, attr, v)
         return name
 
-    shapes = PRESETS["llama3-8b"]["shapes"]
-    model = Model("int4p" if a.int4_prog else "int4", shapes, 32, 128, torch.bfloat16, a.layout_a)
+    if a.preset in PRESETS:
+        shapes, layers = PRESETS[a.preset]["shapes"], PRESETS[a.preset]["layers"]
+    else:  # another model family's shapes (the map may not hold them: the dispatcher's nearest-shape picks)
+        from gearshift.model.tiny import preset_config
+
+        cfg = preset_config(a.preset)
+        shapes, layers = shapes_from_config(cfg), int(cfg["num_hidden_layers"])
+    model = Model("int4p" if a.int4_prog else "int4", shapes, layers, 128, torch.bfloat16, a.layout_a)
     models = {"a": model, "b": model}
     if a.layout_b != a.layout_a:
         models["b"] = copy.copy(model)
@@ -93,7 +101,7 @@ def main() -> None:
     maps = {"a": AdaptiveDispatcher(None if a.a == RULES else PolicyMap.load(a.a), autoload=False),
             "b": AdaptiveDispatcher(None if a.b == RULES else PolicyMap.load(a.b), autoload=False)}
     same_map = a.a == a.b if RULES in (a.a, a.b) else Path(a.a).resolve() == Path(a.b).resolve()
-    dense = Model("dense", shapes, 32, 0, torch.bfloat16) if a.cublas else None
+    dense = Model("dense", shapes, layers, 0, torch.bfloat16) if a.cublas else None
     tg = [[(to_tinygemm(s), s.group_size) for s in layer] for layer in model.stores] if a.tinygemm else None
     res = {}
     # W4A4: the Triton and torch activation quantizers may round a tie apart, and one int4 code step
@@ -137,7 +145,7 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     tag = a.tag if not a.tag or a.tag.startswith("_") else "_" + a.tag
     (out / f"policy_ab_{device_slug(dev)}{tag}_{a.mode}.json").write_text(json.dumps(
-        {"device": dev, "a": a.a, "b": a.b, "layout_a": a.layout_a, "layout_b": a.layout_b, "mode": a.mode,
+        {"device": dev, "preset": a.preset, "a": a.a, "b": a.b, "layout_a": a.layout_a, "layout_b": a.layout_b, "mode": a.mode,
          "int4_prog": a.int4_prog, "set_a": a.set_a, "set_b": a.set_b, "norm_codes": a.norm_codes, "ms": res},
         indent=1))
 

@@ -435,3 +435,42 @@ def test_a_seed_that_never_timed_a_shape_is_reported():
     assert unseen_pairs(seed, [("s", 64, 256), ("t", 32, 256)], ["w4a16", "w4a8"], 128) == (
         ["w4a8:g128:64x256", "w4a16:g128:32x256", "w4a8:g128:32x256"], 4)
     assert unseen_pairs(seed, [("s", 64, 256)], ["w4a16"], 64)[0] == ["w4a16:g64:64x256"]
+
+
+def test_a_shape_the_map_never_saw_takes_the_nearest_profiled_shapes_pick():
+    """Another model's (N, K): the nearest profiled shape of the same mode and group lends its pick
+    (or its fastest timed candidate that runs this store), not the first-generation rule."""
+    pm = PolicyMap("dev")
+    near, far = type_key("w4a16", 128, 4096, 4096), type_key("w4a16", 128, 28672, 4096)
+    tc = TileConfig(16, 64, 256, 4)
+    pm.set(near, 256, Choice("dequant_cublas", None, 5.0))
+    pm.set(far, 256, Choice("w4a16_tc", tc, 9.0))
+    d = AdaptiveDispatcher(pm, autoload=False)
+    st = quantize_int4(torch.randn(4608, 3584), 128)  # Qwen2.5-7B's qkv
+    assert d.choose(st, None, 256).strategy == "dequant_cublas"
+    assert d.choose(st, None, 256) == d.choose(st, None, 300)  # same bucket: served from the cache
+    wide = quantize_int4(torch.randn(37888, 3584), 128)  # its gate_up: nearer the 28672-row shape
+    assert d.choose(wide, None, 256) == Choice("w4a16_tc", tc, 9.0)
+    from gearshift.dispatch.dispatcher import default_choice
+
+    assert d.choose(st, ActQuantSpec("int8"), 256) == default_choice("w4a8", 256, 4608)  # no w4a8 in the map
+    # a pick this store cannot run gives way to that shape's fastest candidate that can
+    k8, k4 = TileConfig(16, 0, 128, 1, 8, 1, kwarps=8), TileConfig(16, 0, 128, 1, 8, 1, kwarps=4)  # 28 blocks: not 8 ways
+    odd = PolicyMap("dev", timings={near: {"1": {candidate_name("w4a16_mma", k8): 1.0,
+                                                 candidate_name("w4a16_mma", k4): 3.0}}})
+    odd.set(near, 1, Choice("w4a16_mma", k8, 1.0))
+    assert AdaptiveDispatcher(odd, autoload=False).choose(st, None, 1) == Choice("w4a16_mma", k4, 3.0)
+
+
+def test_the_shipped_map_serves_other_models_shapes(tmp_path, monkeypatch):
+    """Qwen2.5-7B / Llama-2-7B shapes on the shipped H100 map: every M bucket gets a profiled
+    kernel that runs the store (the rules would give first-generation kernels above 16 tokens)."""
+    from gearshift.dispatch.dispatcher import default_choice
+
+    monkeypatch.setenv("GEARSHIFT_CACHE", str(tmp_path))
+    d = AdaptiveDispatcher(load_policy_for_device("NVIDIA H100 80GB HBM3"), autoload=False)
+    for n, k in ((4608, 3584), (3584, 3584), (37888, 3584), (3584, 18944), (12288, 4096), (4096, 11008)):
+        st = quantize_int4(torch.randn(n, k), 128)
+        for m in (1, 16, 64, 256, 2048):
+            c = d.choose(st, None, m)
+            assert c is not None and c != default_choice("w4a16", m, n) and d._serves(c, st, None, m), (n, k, m, c)

@@ -3,13 +3,15 @@
 `run_linear` is the hook `QuantLinear.forward` calls. The base `Dispatcher` always runs the
 torch reference (the CPU path). `AdaptiveDispatcher` (the default) runs the reference on CPU,
 for fp32 inputs, for activation quantizers that are not a plain per-token `ActQuantSpec`, and
-for modes without a kernel; on CUDA it looks (mode, group, N, K, M) up in the policy map and
-falls back to a fixed rule where the map has no entry.
+for modes without a kernel; on CUDA it looks (mode, group, N, K, M) up in the policy map, takes
+the nearest profiled shape's pick for a shape the map never saw, and falls back to a fixed rule
+where the map has nothing for the mode.
 """
 
 from __future__ import annotations
 
 import functools
+import math
 
 import torch
 
@@ -100,6 +102,7 @@ class AdaptiveDispatcher(Dispatcher):
         self.static = static  # force one strategy (ablations); None: use the map
         self.calls: dict[str, int] = {}
         self._served_memo: dict[tuple, Choice] = {}  # `_best_served`, per map, type key, bucket and store kind
+        self._nearest_memo: dict[tuple, Choice | None] = {}  # `_nearest_shape`, the same plus the shape
 
     def _policy(self) -> PolicyMap | None:
         if self._autoload:
@@ -142,6 +145,10 @@ class AdaptiveDispatcher(Dispatcher):
                 c = self._best_served(pm, key, store, act, m)
                 if c is not None:
                     return c
+            elif key not in pm.entries:  # a shape the map never saw (another model): its nearest shape's picks
+                c = self._nearest_shape(pm, mode, group_of(store), n, k, store, act, m)
+                if c is not None:
+                    return c
         for c in small_m_choices(mode, m, n, k):
             if self._serves(c, store, act, m):
                 return c
@@ -173,6 +180,37 @@ class AdaptiveDispatcher(Dispatcher):
                 memo[kind] = c
                 return c
         return None
+
+    def _nearest_shape(self, pm: PolicyMap, mode: str, group: int, n: int, k: int, store: WeightFormat,
+                       act: ActQuantSpec | None, m: int) -> Choice | None:
+        """For a (N, K) the map never profiled, e.g. a model other than the one it was made for: the
+        pick of the profiled shape of the same mode and group nearest in log N + log K (then the next
+        nearest) whose kernel runs this store, its map entry first, else its fastest timed candidate
+        that does. The un-profiled rules pick first-generation kernels above 16 tokens, 2-5x slower
+        on Hopper (docs/kernels.md, stop 31). Cached per map, shape, bucket and store kind."""
+        bucket = pm.buckets[pm.bucket_index(m)]
+        kind = (id(pm), mode, group, n, k, bucket, getattr(store, "layout", None),
+                getattr(store, "row_units", None) is None, None if act is None else (act.dtype, act.bits, act.group_size))
+        if kind in self._nearest_memo:
+            hit = self._nearest_memo[kind]
+            if hit is None or self._serves(hit, store, act, m):
+                return hit
+        prefix = f"{mode}:g{group}:"
+        near = []
+        for key in pm.entries:
+            dims = key[len(prefix):].split("x") if key.startswith(prefix) else ()
+            if len(dims) == 2 and all(d.isdigit() and int(d) > 0 for d in dims):
+                near.append((abs(math.log2(int(dims[0]) / n)) + abs(math.log2(int(dims[1]) / k)), key))
+        found = None
+        for _, key in sorted(near):
+            c = pm.lookup(key, m)
+            if c is not None and not self._serves(c, store, act, m):
+                c = self._best_served(pm, key, store, act, m)
+            if c is not None:
+                found = c
+                break
+        self._nearest_memo[kind] = found
+        return found
 
     def _stale_small_m(self, pm: PolicyMap, mode: str, m: int) -> bool:
         """A map profiled before the small-M kernels existed must not override them at M <= 16."""
