@@ -157,3 +157,53 @@ def test_profile_bad_seed_is_one_line(capsys, tmp_path):
                           "holds no candidate timings")
     assert_one_line_error(*cli(capsys, "profile", "--model", "llama3-8b", "--seed", "auto", "--top", "0")[::2],
                           "--top must be at least 1")
+
+
+def test_profile_needs_a_model_or_shapes(capsys):
+    assert_one_line_error(*cli(capsys, "profile")[::2], "say what to profile")
+
+
+def test_profile_extends_this_gpus_map(tmp_path, monkeypatch):
+    """A profile run extends the map of this GPU at its output path (at the default path with none
+    there yet, the shipped one), refuses another GPU's, and reads no map for a fresh path."""
+    from gearshift.cli.profile import extend_base
+    from gearshift.dispatch.policy import PolicyMap
+    from gearshift.errors import GearshiftError
+
+    monkeypatch.setattr("gearshift.dispatch.policy.bundled_dir", lambda: tmp_path / "bundled")
+    PolicyMap("Toy GPU", meta={"shipped": True}).save(tmp_path / "bundled" / "Toy_GPU.json")
+    out = tmp_path / "cache" / "Toy_GPU.json"
+    assert extend_base(out, "Toy GPU", default_out=True).meta == {"shipped": True}
+    assert extend_base(out, "Toy GPU", default_out=False) is None  # an explicit new path: fresh
+    assert extend_base(out, "Other GPU", default_out=True) is None
+    PolicyMap("Toy GPU", meta={"mine": True}).save(out)
+    assert extend_base(out, "Toy GPU", default_out=True).meta == {"mine": True}
+    with pytest.raises(GearshiftError, match="not this Other GPU"):
+        extend_base(out, "Other GPU", default_out=False)
+    out.write_text("[]")
+    with pytest.raises(GearshiftError, match="not a policy map"):
+        extend_base(out, "Toy GPU", default_out=True)
+
+
+def test_extending_a_map_keeps_its_other_points_and_the_fastest_timing():
+    import torch
+
+    from gearshift.dispatch.policy import Choice, PolicyMap, candidate_name, type_key
+    from gearshift.dispatch.profiler import profile
+    from gearshift.dispatch.strategies import STRATEGIES, DPRPartition, Strategy, register
+    from gearshift.kernels.reference import linear_reference
+
+    key, other = type_key("w4a16", 128, 64, 256), type_key("w4a16", 128, 4096, 4096)
+    base = PolicyMap("test")
+    base.set(other, 1, Choice("w4a16_tc", None, 1.0))
+    base.timings[key] = {"1": {"old_fast": 0.5}}
+    register(Strategy("test_new", DPRPartition((4,), (16,), "any", "library"), ("w4a16",),
+                      lambda x, st, act, cfg: linear_reference(x.float(), st, act).to(x.dtype), gpu_only=False))
+    try:
+        pm = profile([("s", 64, 256)], ["w4a16"], [1], group=128, device_name="test", strategies=["test_new"],
+                     dtype=torch.float32, int4_layout="rows", timer=lambda calls: 2.0, device="cpu", policy=base)
+    finally:
+        STRATEGIES.pop("test_new")
+    assert pm.lookup(other, 1).strategy == "w4a16_tc"  # another shape's entry is kept
+    assert pm.timings[key]["1"] == {"old_fast": 0.5, candidate_name("test_new", None): 2.0}
+    assert pm.lookup(key, 1).strategy == "old_fast"  # the fastest over old and new timings

@@ -474,3 +474,13 @@ def test_the_shipped_map_serves_other_models_shapes(tmp_path, monkeypatch):
         for m in (1, 16, 64, 256, 2048):
             c = d.choose(st, None, m)
             assert c is not None and c != default_choice("w4a16", m, n) and d._serves(c, st, None, m), (n, k, m, c)
+
+
+def test_unprofiled_shapes_are_those_no_entry_covers():
+    from gearshift.dispatch.policy import unprofiled_shapes
+
+    pm = PolicyMap("dev")
+    pm.set(type_key("w4a16", 128, 4096, 4096), 1, Choice("w4a16_tc", TileConfig(), 1.0))
+    pm.set(type_key("w4a8", 128, 6144, 4096), 1, Choice("w4a16_tc", TileConfig(), 1.0))
+    assert unprofiled_shapes(pm, [(4096, 4096), (6144, 4096), (4608, 3584), (4608, 3584)]) == [(4608, 3584)]
+    assert unprofiled_shapes(pm, []) == []

@@ -1,8 +1,11 @@
 """`gearshift profile`: build the ADAngel policy map for a model on this GPU.
 
-Enumerates the model's unique linear shapes (from its config.json, or a preset), times every
-strategy and tile config over the M buckets, and writes the map to
-~/.cache/gearshift/policy/<device>.json (or --out), where the engine finds it at model load.
+Enumerates the model's unique linear shapes (from its config.json, a preset, or --shapes), times
+every strategy and tile config over the M buckets, and writes the map to
+~/.cache/gearshift/policy/<device>.json (or --out), where the engine finds it at model load. An
+existing map of this GPU there is extended, not replaced. A GPU without a map of its own runs the
+map of the nearest GPU of its architecture meanwhile; --seed auto times only what that map found
+fastest, which takes minutes instead of a full sweep.
 """
 
 from __future__ import annotations
@@ -12,9 +15,15 @@ import sys
 
 
 def register(subparsers) -> argparse.ArgumentParser:
-    p = subparsers.add_parser("profile", help="profile GEMM strategies on this GPU and write the policy map")
-    p.add_argument("--model", required=True, help="model directory (config.json) or a preset: llama3-8b")
-    p.add_argument("--out", default=None, help="policy JSON path (default: ~/.cache/gearshift/policy/<device>.json)")
+    p = subparsers.add_parser("profile", help="profile GEMM strategies on this GPU and write the policy map",
+                              description=__doc__.split("\n", 2)[2].strip(),
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default=None, help="model directory (config.json) or a preset: llama3-8b")
+    p.add_argument("--out", default=None,
+                   help="policy JSON path (default: ~/.cache/gearshift/policy/<device>.json). A map of this GPU "
+                        "already there (at the default path: else the one shipped for this GPU) is extended: "
+                        "its other shapes and modes are kept")
+    p.add_argument("--replace", action="store_true", help="write a map of only what this run profiles")
     p.add_argument("--m", default=None, help="comma-separated M buckets (default: 1,2,4,...,4096)")
     p.add_argument("--modes", default="w4a16,w4a8,w4a8fp8,w4a4",
                    help="comma-separated precision modes (default: w4a16,w4a8,w4a8fp8,w4a4; w4a4 is QSPEC's "
@@ -27,7 +36,8 @@ def register(subparsers) -> argparse.ArgumentParser:
                    help="time int4 stores whose groups are exact int8 multiples of a row unit (models quantized "
                         "with --quantize int4-prog): adds the int8 tensor-core W4A8/W4A4 kernel "
                         "w4a8_progressive; plain int4 models then run the fastest other kernel the map timed")
-    p.add_argument("--shapes", default=None, help="explicit NxK list, e.g. 6144x4096,4096x4096 (overrides --model)")
+    p.add_argument("--shapes", default=None,
+                   help="explicit NxK list, e.g. 6144x4096,4096x4096 (instead of, or overriding, --model)")
     p.add_argument("--strategies", default=None,
                    help="time only these strategies (comma-separated names, e.g. w4a16_mma,w4a8_mma), e.g. to "
                         "re-profile one kernel family for benchmarks/policy_merge.py; default: all")
@@ -43,6 +53,34 @@ def register(subparsers) -> argparse.ArgumentParser:
     return p
 
 
+def extend_base(out, device: str, default_out: bool):
+    """The map a profile run extends: the one at `out` if it is this GPU's; at the default path with
+    nothing there yet, the map shipped for this GPU (so profiling another model's shapes does not
+    hide the shipped ones); else None (a fresh map)."""
+    from pathlib import Path
+
+    from gearshift.dispatch.policy import PolicyMap, bundled_dir, device_slug
+    from gearshift.errors import GearshiftError
+
+    p = Path(out)
+    if p.is_file():
+        try:
+            pm = PolicyMap.load(p)
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+            raise GearshiftError(f"{p} exists and is not a policy map ({e}); move it or pass --replace") from None
+        if pm.device != device:
+            raise GearshiftError(f"{p} holds the map of {pm.device}, not this {device}; choose another --out "
+                                 "or pass --replace")
+        pm.path = str(p)
+        return pm
+    shipped = bundled_dir() / f"{device_slug(device)}.json"
+    if default_out and shipped.is_file():
+        pm = PolicyMap.load(shipped)
+        pm.path = str(shipped)
+        return pm
+    return None
+
+
 def run(args) -> int:
     import torch
     from tqdm import tqdm
@@ -51,6 +89,9 @@ def run(args) -> int:
     from gearshift.dispatch.profiler import ablations, model_shapes, profile, unseen_pairs
     from gearshift.errors import GearshiftError
 
+    if not args.model and not args.shapes:
+        raise GearshiftError("say what to profile: --model (a model directory or a preset such as llama3-8b) "
+                             "or --shapes NxK,...")
     strategies = None
     if args.strategies:
         from gearshift.dispatch.strategies import STRATEGIES
@@ -99,19 +140,27 @@ def run(args) -> int:
         if unseen:
             print(f"gearshift: the seed map ({seed.device}) never timed {len(unseen)} of the {total} "
                   f"(mode, shape) pairs, e.g. {unseen[0]}: those are swept in full", file=sys.stderr)
+    out = args.out or (cache_dir() / f"{device_slug(device)}.json")
+    base = None if args.replace else extend_base(out, device, default_out=args.out is None)
+    if base is not None:
+        print(f"gearshift: extending the map at {getattr(base, 'path', out)} ({len(base.entries)} shape/mode "
+              "entries kept unless profiled again; --replace starts afresh)", file=sys.stderr)
     with tqdm(total=len(shapes) * len(modes) * len(m_list), desc=f"profile {device}", unit="point") as bar:
         skipped: list[str] = []
         pm = profile(shapes, modes, m_list, group=args.group_size, device_name=device, progress=bar,
                      int4_layout=args.int4_layout, int4_progressive=args.int4_prog, strategies=strategies,
-                     log=skipped.append, seed=seed, top=args.top)
+                     log=skipped.append, seed=seed, top=args.top, policy=base)
     if skipped:  # configs that did not compile / launch, or whose output missed the reference
         print(f"{len(skipped)} candidate(s) left out of the map:", file=sys.stderr)
         for line in skipped[:10]:
             print(f"  {line}", file=sys.stderr)
         if len(skipped) > 10:
             print(f"  ... and {len(skipped) - 10} more", file=sys.stderr)
-    pm.meta.update({"model": str(args.model), "layers": layers, "shapes": shapes})
-    out = args.out or (cache_dir() / f"{device_slug(device)}.json")
+    run = {"model": str(args.model or "--shapes"), "layers": layers, "shapes": shapes, "modes": modes, "m": m_list}
+    if base is None:
+        pm.meta.update({k: run[k] for k in ("model", "layers", "shapes")})
+    else:
+        pm.meta["extended"] = list(pm.meta.get("extended", [])) + [run]
     path = pm.save(out)
     for mode in modes:
         ab = ablations(pm, shapes, layers, mode, group=args.group_size)

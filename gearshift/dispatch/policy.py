@@ -224,6 +224,17 @@ def same_architecture_map(device: str, traits: dict, model_dir: str | os.PathLik
     return pm
 
 
+def unprofiled_shapes(pm: PolicyMap, shapes) -> list[tuple[int, int]]:
+    """The (N, K) among `shapes` that no entry of the map covers, in any mode: the dispatcher runs
+    the nearest profiled shape's picks for them."""
+    have = set()
+    for key in pm.entries:
+        dims = key.rsplit(":", 1)[-1].split("x")
+        if len(dims) == 2 and all(d.isdigit() for d in dims):
+            have.add((int(dims[0]), int(dims[1])))
+    return sorted({(int(n), int(k)) for n, k in shapes} - have)
+
+
 def describe(pm: PolicyMap | None) -> str:
     """One line on which map the dispatcher runs, for `gearshift` notes and load info."""
     if pm is None:

@@ -191,7 +191,8 @@ def profile(shapes: Iterable[tuple[str, int, int]], modes: Iterable[str], m_list
             strategies: list[str] | None = None, dtype=torch.bfloat16, log=None,
             int4_layout: str = "blocks16", int4_progressive: bool = False, timer=time_us,
             device: str = "cuda", seed: PolicyMap | None = None, top: int = 3) -> PolicyMap:
-    """Sweep (shape, mode, M, strategy, config); return (or extend) the policy map. Int4 weights
+    """Sweep (shape, mode, M, strategy, config); return the policy map, or `policy` extended (its
+    other points kept; at a point timed again, the fastest over old and new timings). Int4 weights
     are timed in `int4_layout`, the engine's layout on GPU (`model.loader.use_int4_layout`);
     with `int4_progressive` as stores with row units, which every int4 kernel runs and
     `w4a8_progressive` needs (plain stores then run the fastest other timed candidate).
@@ -247,8 +248,11 @@ def profile(shapes: Iterable[tuple[str, int, int]], modes: Iterable[str], m_list
                         cands[name] = None
                         if log:
                             log(f"{key} M={m} {name}: {type(e).__name__}: {str(e)[:200]}")
-                pm.timings.setdefault(key, {})[str(m)] = cands
-                ok = [(us, c) for c, us in cands.items() if us is not None]
+                # extending a map (policy=...): this run's timings join the point's earlier ones (newer
+                # win) and the entry is the fastest of all, so a narrowed re-profile cannot drop others
+                point = pm.timings.setdefault(key, {}).setdefault(str(m), {})
+                point.update(cands)
+                ok = [(us, c) for c, us in point.items() if us is not None]
                 if ok and m in pm.buckets:
                     us, c = min(ok)
                     name, cfg = parse_candidate(c)

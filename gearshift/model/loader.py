@@ -325,10 +325,21 @@ def load_model(path: str | Path | None = None, *, dtype: torch.dtype | None = No
         from gearshift.dispatch import install_policy
 
         model.use_cuda_graphs = cuda_graphs
-        from gearshift.dispatch.policy import describe
+        from gearshift.dispatch.policy import describe, unprofiled_shapes
 
         d = install_policy(p.parent if p.is_file() else p)
         info["policy_map"] = describe(d.policy)
         if d.policy is None or getattr(d.policy, "borrowed_for", None):
             note(f"kernel policy map: {info['policy_map']}")
+        if d.policy is not None:
+            shapes = {(lin.store.out_features, lin.store.in_features) for name, lin in model.linear_layers()
+                      if name != "lm_head"}
+            missing = unprofiled_shapes(d.policy, shapes)
+            if missing:
+                info["policy_unprofiled_shapes"] = [f"{n}x{k}" for n, k in missing]
+                note(f"the kernel policy map has no entries for {len(missing)} of this model's {len(shapes)} linear "
+                     f"shapes ({', '.join(info['policy_unprofiled_shapes'][:4])}{', ...' if len(missing) > 4 else ''}): "
+                     "they run the kernels picked for the nearest profiled shapes; 'gearshift profile --shapes "
+                     f"{','.join(info['policy_unprofiled_shapes'])} --seed auto' profiles them into this GPU's "
+                     "map (minutes)")
     return LoadedModel(model, tokenizer, config, str(p), info)
