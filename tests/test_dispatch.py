@@ -396,6 +396,12 @@ def test_seeded_candidates_are_the_seeds_fastest_and_each_strategys_best():
     assert seeded_candidates(seed, key, 1, 1) == {("a", cfgs[0]), ("c", None), ("b", cfgs[0])}
     assert seeded_candidates(seed, key, 4, 2) is None  # never timed there: sweep everything
     assert seeded_candidates(seed, "w4a8:g128:1x1", 1, 2) is None
+    # a shape the seed never timed: ranked by its nearest timed shape of the mode and group
+    far = type_key("w4a16", 128, 8192, 8192)
+    seed.timings[far] = {"1": {"d": 1.0}}
+    assert seeded_candidates(seed, type_key("w4a16", 128, 96, 256), 1, 1) == seeded_candidates(seed, key, 1, 1)
+    assert seeded_candidates(seed, type_key("w4a16", 128, 6000, 9000), 1, 1) == {("d", None)}
+    assert seeded_candidates(seed, type_key("w4a16", 64, 96, 256), 1, 1) is None
 
 
 def test_a_seeded_profile_times_only_the_seeds_picks():
@@ -432,8 +438,9 @@ def test_a_seed_that_never_timed_a_shape_is_reported():
     key = type_key("w4a16", 128, 64, 256)
     seed = PolicyMap("seed GPU", timings={key: {"1": {"w4a16_tc": 1.0}}})
     assert unseen_pairs(seed, [("s", 64, 256)], ["w4a16"], 128) == ([], 1)
+    # another shape of a timed mode is ranked by its nearest timed shape: only untimed modes are swept
     assert unseen_pairs(seed, [("s", 64, 256), ("t", 32, 256)], ["w4a16", "w4a8"], 128) == (
-        ["w4a8:g128:64x256", "w4a16:g128:32x256", "w4a8:g128:32x256"], 4)
+        ["w4a8:g128:64x256", "w4a8:g128:32x256"], 4)
     assert unseen_pairs(seed, [("s", 64, 256)], ["w4a16"], 64)[0] == ["w4a16:g64:64x256"]
 
 

@@ -11,11 +11,10 @@ where the map has nothing for the mode.
 from __future__ import annotations
 
 import functools
-import math
 
 import torch
 
-from gearshift.dispatch.policy import Choice, PolicyMap, load_policy_for_device, type_key
+from gearshift.dispatch.policy import Choice, PolicyMap, load_policy_for_device, nearest_shape_keys, type_key
 from gearshift.dispatch.strategies import MAX_TOKENS, STRATEGIES, group_of, mode_key
 from gearshift.kernels._triton import HAS_TRITON
 from gearshift.kernels.act_quant import ActCodes, CodesSpec, codes_qmax
@@ -195,14 +194,8 @@ class AdaptiveDispatcher(Dispatcher):
             hit = self._nearest_memo[kind]
             if hit is None or self._serves(hit, store, act, m):
                 return hit
-        prefix = f"{mode}:g{group}:"
-        near = []
-        for key in pm.entries:
-            dims = key[len(prefix):].split("x") if key.startswith(prefix) else ()
-            if len(dims) == 2 and all(d.isdigit() and int(d) > 0 for d in dims):
-                near.append((abs(math.log2(int(dims[0]) / n)) + abs(math.log2(int(dims[1]) / k)), key))
         found = None
-        for _, key in sorted(near):
+        for key in nearest_shape_keys(pm.entries, mode, group, n, k):
             c = pm.lookup(key, m)
             if c is not None and not self._serves(c, store, act, m):
                 c = self._best_served(pm, key, store, act, m)

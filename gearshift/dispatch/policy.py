@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import bisect
 import json
+import math
 import os
 import re
 from dataclasses import dataclass
@@ -222,6 +223,19 @@ def same_architecture_map(device: str, traits: dict, model_dir: str | os.PathLik
     if pm.device != device:
         pm.borrowed_for = device
     return pm
+
+
+def nearest_shape_keys(keys, mode: str, group: int, n: int, k: int) -> list[str]:
+    """The type keys among `keys` of this mode and group, nearest (N, K) first in log N + log K: whose
+    picks or timings stand in for a shape nobody profiled (the tile configs are shape-agnostic; each
+    use still checks that the kernel runs the store)."""
+    prefix = f"{mode}:g{group}:"
+    near = []
+    for key in keys:
+        dims = key[len(prefix):].split("x") if key.startswith(prefix) else ()
+        if len(dims) == 2 and all(d.isdigit() and int(d) > 0 for d in dims):
+            near.append((abs(math.log2(int(dims[0]) / n)) + abs(math.log2(int(dims[1]) / k)), key))
+    return [key for _, key in sorted(near)]
 
 
 def unprofiled_shapes(pm: PolicyMap, shapes) -> list[tuple[int, int]]:

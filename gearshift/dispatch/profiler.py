@@ -18,7 +18,8 @@ from typing import Callable, Iterable
 
 import torch
 
-from gearshift.dispatch.policy import M_BUCKETS, Choice, PolicyMap, candidate_name, parse_candidate, type_key
+from gearshift.dispatch.policy import (M_BUCKETS, Choice, PolicyMap, candidate_name, nearest_shape_keys,
+                                      parse_candidate, type_key)
 from gearshift.dispatch.strategies import STRATEGIES, group_of, mode_key, rule_strategies, strategies_for
 from gearshift.kernels.reference import linear_reference
 from gearshift.quant.activations import ActQuantSpec
@@ -267,9 +268,18 @@ def profile(shapes: Iterable[tuple[str, int, int]], modes: Iterable[str], m_list
 def seeded_candidates(seed: PolicyMap, key: str, m: int, top: int) -> set | None:
     """The (strategy, config) pairs worth timing at (key, m) on a GPU like the one `seed` was
     profiled on: its `top` fastest there, and the fastest of each other strategy it timed (so
-    stores that cannot run the winners, and the ablations, still find theirs). None where the seed
-    never timed the point: then everything is timed."""
+    stores that cannot run the winners, and the ablations, still find theirs). A shape the seed never
+    timed is ranked by the seed's nearest shape of the same mode and group that it timed at m (another
+    model's shapes: minutes, not a full sweep). None where the seed has nothing of the mode at m:
+    then everything is timed."""
     cands = seed.timings.get(key, {}).get(str(m))
+    if not cands:
+        mode, group, shape = key.split(":")
+        n, k = (int(v) for v in shape.split("x"))
+        for near in nearest_shape_keys(seed.timings, mode, int(group[1:]), n, k):
+            cands = seed.timings[near].get(str(m))
+            if cands:
+                break
     if not cands:
         return None
     ranked = sorted(((us, c) for c, us in cands.items() if us is not None), key=lambda t: t[0])
@@ -284,10 +294,12 @@ def seeded_candidates(seed: PolicyMap, key: str, m: int, top: int) -> set | None
 
 
 def unseen_pairs(seed: PolicyMap, shapes, modes, group: int) -> tuple[list[str], int]:
-    """The (mode, shape) type keys a seeded profile will sweep in full because the seed never timed
-    them (other shapes, modes or group size), and how many keys there are."""
+    """The (mode, shape) type keys a seeded profile will sweep in full because the seed timed no shape
+    of that mode and group, and how many keys there are (other shapes of a timed mode are ranked by
+    the nearest timed shape: `seeded_candidates`)."""
     keys = [type_key(mode, group if mode.startswith("w4") else 0, n, k) for _, n, k in shapes for mode in modes]
-    return [key for key in keys if key not in seed.timings], len(keys)
+    timed = {key.rsplit(":", 1)[0] for key in seed.timings}
+    return [key for key in keys if key.rsplit(":", 1)[0] not in timed], len(keys)
 
 
 def relative_error(y: torch.Tensor, ref: torch.Tensor) -> float:
