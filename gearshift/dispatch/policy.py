@@ -41,6 +41,18 @@ def type_key(mode: str, group: int, n: int, k: int) -> str:
     return f"{mode}:g{group}:{n}x{k}"
 
 
+def parse_type_key(key: str) -> tuple[str, int, int, int] | None:
+    """`type_key`'s inverse: (mode, group, N, K), or None for a key of another form."""
+    parts = key.split(":")
+    dims = parts[2].split("x") if len(parts) == 3 else ()
+    if len(dims) != 2 or not parts[1].startswith("g"):
+        return None
+    try:
+        return parts[0], int(parts[1][1:]), int(dims[0]), int(dims[1])
+    except ValueError:
+        return None
+
+
 def device_slug(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("_")
 
@@ -229,23 +241,18 @@ def nearest_shape_keys(keys, mode: str, group: int, n: int, k: int) -> list[str]
     """The type keys among `keys` of this mode and group, nearest (N, K) first in log N + log K: whose
     picks or timings stand in for a shape nobody profiled (the tile configs are shape-agnostic; each
     use still checks that the kernel runs the store)."""
-    prefix = f"{mode}:g{group}:"
     near = []
     for key in keys:
-        dims = key[len(prefix):].split("x") if key.startswith(prefix) else ()
-        if len(dims) == 2 and all(d.isdigit() and int(d) > 0 for d in dims):
-            near.append((abs(math.log2(int(dims[0]) / n)) + abs(math.log2(int(dims[1]) / k)), key))
+        t = parse_type_key(key)
+        if t is not None and t[:2] == (mode, group) and t[2] > 0 and t[3] > 0:
+            near.append((abs(math.log2(t[2] / n)) + abs(math.log2(t[3] / k)), key))
     return [key for _, key in sorted(near)]
 
 
 def unprofiled_shapes(pm: PolicyMap, shapes) -> list[tuple[int, int]]:
     """The (N, K) among `shapes` that no entry of the map covers, in any mode: the dispatcher runs
     the nearest profiled shape's picks for them."""
-    have = set()
-    for key in pm.entries:
-        dims = key.rsplit(":", 1)[-1].split("x")
-        if len(dims) == 2 and all(d.isdigit() for d in dims):
-            have.add((int(dims[0]), int(dims[1])))
+    have = {t[2:] for t in map(parse_type_key, pm.entries) if t is not None}
     return sorted({(int(n), int(k)) for n, k in shapes} - have)
 
 

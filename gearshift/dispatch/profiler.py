@@ -18,8 +18,8 @@ from typing import Callable, Iterable
 
 import torch
 
-from gearshift.dispatch.policy import (M_BUCKETS, Choice, PolicyMap, candidate_name, nearest_shape_keys,
-                                      parse_candidate, type_key)
+from gearshift.dispatch.policy import (M_BUCKETS, Choice, PolicyMap, candidate_name, gpu_traits, nearest_shape_keys,
+                                      parse_candidate, parse_type_key, type_key)
 from gearshift.dispatch.strategies import STRATEGIES, group_of, mode_key, rule_strategies, strategies_for
 from gearshift.kernels.reference import linear_reference
 from gearshift.quant.activations import ActQuantSpec
@@ -207,8 +207,6 @@ def profile(shapes: Iterable[tuple[str, int, int]], modes: Iterable[str], m_list
     if int4_progressive:
         pm.meta["int4_row_units"] = True
     if dev.type == "cuda":
-        from gearshift.dispatch.policy import gpu_traits
-
         pm.meta.update(gpu_traits(dev.index))
     if seed is not None:
         pm.meta["seeded_from"] = {"device": seed.device, "top": top}
@@ -274,9 +272,7 @@ def seeded_candidates(seed: PolicyMap, key: str, m: int, top: int) -> set | None
     then everything is timed."""
     cands = seed.timings.get(key, {}).get(str(m))
     if not cands:
-        mode, group, shape = key.split(":")
-        n, k = (int(v) for v in shape.split("x"))
-        for near in nearest_shape_keys(seed.timings, mode, int(group[1:]), n, k):
+        for near in nearest_shape_keys(seed.timings, *parse_type_key(key)):
             cands = seed.timings[near].get(str(m))
             if cands:
                 break
@@ -298,8 +294,8 @@ def unseen_pairs(seed: PolicyMap, shapes, modes, group: int) -> tuple[list[str],
     of that mode and group, and how many keys there are (other shapes of a timed mode are ranked by
     the nearest timed shape: `seeded_candidates`)."""
     keys = [type_key(mode, group if mode.startswith("w4") else 0, n, k) for _, n, k in shapes for mode in modes]
-    timed = {key.rsplit(":", 1)[0] for key in seed.timings}
-    return [key for key in keys if key.rsplit(":", 1)[0] not in timed], len(keys)
+    timed = {t[:2] for t in map(parse_type_key, seed.timings) if t is not None}
+    return [key for key in keys if parse_type_key(key)[:2] not in timed], len(keys)
 
 
 def relative_error(y: torch.Tensor, ref: torch.Tensor) -> float:

@@ -323,10 +323,9 @@ def load_model(path: str | Path | None = None, *, dtype: torch.dtype | None = No
     use_int4_layout(model, int4_layout)
     if torch.device(device).type == "cuda":
         from gearshift.dispatch import install_policy
-
-        model.use_cuda_graphs = cuda_graphs
         from gearshift.dispatch.policy import describe, unprofiled_shapes
 
+        model.use_cuda_graphs = cuda_graphs
         d = install_policy(p.parent if p.is_file() else p)
         info["policy_map"] = describe(d.policy)
         if d.policy is None or getattr(d.policy, "borrowed_for", None):
