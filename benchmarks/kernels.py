@@ -111,13 +111,14 @@ def step_fn(model, xs, fn):
 PRODUCER_FED = ("qkv", "gate_up", "down")
 
 
-def producer_codes(d, shapes, stores, xs, act, m, fed=PRODUCER_FED) -> list:
+def producer_codes(d, shapes, stores, xs, act, m, fed=PRODUCER_FED, every_m: bool = False) -> list:
     """Per shape: the codes the engine's producer kernel (RMSNorm, SwiGLU) would hand that linear
     under dispatcher d, for the shapes in `fed` (made here by the quantizer, whose helpers the
-    producers use, so the same bits), else None."""
+    producers use, so the same bits), else None. every_m: down gets them at every M too (what-if
+    timing: a SwiGLU that emits codes at few tokens as cheaply as without)."""
     out = []
     for (name, _, k), store, x in zip(shapes, stores, xs):
-        if name == "down" and not emits_codes(m, k):  # SwiGLU emits codes only from 64 tokens
+        if name == "down" and not every_m and not emits_codes(m, k):  # SwiGLU emits codes only from 64 tokens
             out.append(None)
             continue
         spec = d.codes_for(store, act, m, x.dtype) if name in fed else None

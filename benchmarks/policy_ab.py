@@ -63,6 +63,10 @@ def main() -> None:
                     "before timing, as the engine's RMSNorms (qkv, gate_up) and SwiGLU (down, since stop 30) "
                     "write them (QuantLinear.codes_for); the rest run the quantizer. --norm-codes qkv,gate_up "
                     "is stop 29's count. Without it every linear quantizes its own input")
+    ap.add_argument("--free-codes-b", default="", metavar="SHAPES",
+                    help="what-if timing: side B hands these linears (e.g. qkv,o,gate_up,down) codes made before "
+                    "timing at every M, as if every producer wrote them at no cost; side A keeps --norm-codes. "
+                    "B - A is then what the remaining quantizer launches cost in the step")
     a = ap.parse_args()
     import importlib
 
@@ -109,8 +113,10 @@ def main() -> None:
     tol = 5e-2 if a.mode == "w4a4" else 5e-3
     for m in (int(v) for v in a.m.split(",")):
         xs = [torch.randn(m, k, device="cuda", dtype=torch.bfloat16) for _, _, k in shapes]
-        fed = a.norm_codes.split(",") if a.norm_codes else []
-        codes = {name: producer_codes(d, shapes, models[side(name)].stores[0], xs, act, m, fed)
+        fed = {"a": a.norm_codes.split(",") if a.norm_codes else []}
+        fed["b"] = a.free_codes_b.split(",") if a.free_codes_b else fed["a"]
+        codes = {name: producer_codes(d, shapes, models[side(name)].stores[0], xs, act, m, fed[name],
+                                      every_m=name == "b" and bool(a.free_codes_b))
                  for name, d in maps.items()}
         for i, store in enumerate(model.stores[0]):  # every choice of both maps against the reference
             ref = linear_reference(xs[i].float(), store, act)
@@ -146,7 +152,8 @@ def main() -> None:
     tag = a.tag if not a.tag or a.tag.startswith("_") else "_" + a.tag
     (out / f"policy_ab_{device_slug(dev)}{tag}_{a.mode}.json").write_text(json.dumps(
         {"device": dev, "preset": a.preset, "a": a.a, "b": a.b, "layout_a": a.layout_a, "layout_b": a.layout_b, "mode": a.mode,
-         "int4_prog": a.int4_prog, "set_a": a.set_a, "set_b": a.set_b, "norm_codes": a.norm_codes, "ms": res},
+         "int4_prog": a.int4_prog, "set_a": a.set_a, "set_b": a.set_b, "norm_codes": a.norm_codes,
+         "free_codes_b": a.free_codes_b, "ms": res},
         indent=1))
 
 

@@ -163,7 +163,7 @@ def test_gpu_l2_prefetch_is_bit_identical(rows, split, warps, kwarps, layout, mo
     torch.manual_seed(rows + warps)
     store = quantize_int4(torch.randn(208, 4096), 128).cuda().to_layout(layout)
     cfg = TileConfig(rows, 0, 128, split, warps, 1, kwarps=kwarps)
-    monkeypatch.setitem(pdl._STATE, "l2", True)  # the whole-slice switch, GEARSHIFT_L2_PREFETCH=1
+    monkeypatch.setattr(pdl, "L2_PREFETCH", True)  # the whole-slice switch, GEARSHIFT_L2_PREFETCH=1
     for m in (1, 3, 9):
         x = torch.randn(m, 4096, device="cuda", dtype=torch.bfloat16)
         monkeypatch.setattr(mg, "L2_AHEAD", 0)

@@ -23,6 +23,13 @@ def test_switch_and_cpu():
         assert not pdl._STATE["pdl"]
     finally:
         pdl.set_pdl(True)
+    # the L2 switch is a module attribute, so policy_ab.py --set-b pdl.L2_PREFETCH=1 reaches it
+    before = pdl.L2_PREFETCH
+    try:
+        pdl.set_l2_prefetch(True)
+        assert pdl.L2_PREFETCH is True and not pdl.l2_prefetch_enabled(x)  # (never on CPU)
+    finally:
+        pdl.set_l2_prefetch(before)
     assert [pdl_trigger(m) for m in (1, 2, 4, 8, 16)] == [1, 1, 2, 0, 0]
 
 

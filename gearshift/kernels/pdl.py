@@ -36,7 +36,10 @@ def _env_on(name: str) -> bool:
     return os.environ.get(name, "1") not in ("0", "", "false", "False")
 
 
-_STATE = {"pdl": _env_on("GEARSHIFT_PDL"), "l2": os.environ.get("GEARSHIFT_L2_PREFETCH", "0") == "1"}
+_STATE = {"pdl": _env_on("GEARSHIFT_PDL")}
+#: the fragment kernel's whole-slice bulk L2 prefetch before the PDL wait (a module switch, so
+#: `benchmarks/policy_ab.py --set-b pdl.L2_PREFETCH=1` can A/B it)
+L2_PREFETCH = os.environ.get("GEARSHIFT_L2_PREFETCH", "0") == "1"
 
 
 def set_pdl(enabled: bool) -> None:
@@ -44,7 +47,8 @@ def set_pdl(enabled: bool) -> None:
 
 
 def set_l2_prefetch(enabled: bool) -> None:
-    _STATE["l2"] = bool(enabled)
+    global L2_PREFETCH
+    L2_PREFETCH = bool(enabled)
 
 
 @functools.lru_cache(maxsize=None)
@@ -74,7 +78,7 @@ def pdl_enabled(t: torch.Tensor) -> bool:
 
 def l2_prefetch_enabled(t: torch.Tensor) -> bool:
     """Bulk L2 prefetch of the weight slice (cp.async.bulk.prefetch, sm_90+) on t's device."""
-    return _STATE["l2"] and _hopper(t)
+    return L2_PREFETCH and _hopper(t)
 
 
 def launch_kwargs(on: bool) -> dict:
