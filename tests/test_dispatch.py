@@ -152,6 +152,60 @@ def test_gpu_dispatch_matches_reference():
             assert ((y.float() - ref).norm() / ref.norm()).item() < 1e-2
 
 
+def test_linear_from_codes_alone_is_the_linear_of_their_activations():
+    """A producer that stored only the codes (SwiGLU for down, `QuantLinear.forward_codes`): on
+    CPU the reference on the dequantized codes, which is `linear` of the activations they came from;
+    codes of another range are refused, as is a dispatcher installed without the method."""
+    from gearshift.dispatch import run_linear_codes
+    from gearshift.errors import GearshiftError
+    from gearshift.kernels.act_quant import ActCodes
+    from gearshift.quant.activations import quantize_activations
+
+    st = quantize_int4(torch.randn(64, 256), 128)
+    act = ActQuantSpec("int8")
+    x = torch.randn(5, 256)
+    q, s = quantize_activations(x, act)
+    codes = ActCodes(q, s.reshape(-1), 127.0)
+    for d in (Dispatcher(), AdaptiveDispatcher(None, autoload=False)):
+        assert torch.equal(d.linear_codes(codes, st, act, None, torch.float32), d.linear(x, st, act))
+        with pytest.raises(GearshiftError, match="range"):
+            d.linear_codes(ActCodes(q, s.reshape(-1), 7.0), st, act, None, torch.float32)
+    with pytest.raises(GearshiftError, match="range"):
+        Dispatcher().linear_codes(codes, st, None, None, torch.float32)
+
+    class Old:  # a dispatcher from before codes-only calls
+        name = "old"
+
+    before = get_dispatcher()
+    set_dispatcher(Old())
+    try:
+        with pytest.raises(GearshiftError, match="takes no activation codes"):
+            run_linear_codes(codes, st, act, None, torch.float32)
+    finally:
+        set_dispatcher(before)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("m", [1, 16, 64, 300])
+def test_gpu_linear_from_codes_alone_gives_the_same_bits(m):
+    """Where `codes_for` asks for codes, the codes-only call runs the same kernel on the same codes
+    as `linear` with them, so the bits are the same."""
+    from gearshift.kernels.act_quant import ActCodes, quantize_act_triton
+    from gearshift.quant.int4 import quantize_int4_progressive
+
+    d = AdaptiveDispatcher()
+    act = ActQuantSpec("int8")
+    for st in (quantize_int4(torch.randn(4096, 4096), 128).cuda(), quantize_int4_progressive(
+            torch.randn(4096, 4096), 128).cuda()):
+        x = torch.randn(m, 4096, device="cuda", dtype=torch.bfloat16)
+        spec = d.codes_for(st, act, m, x.dtype)
+        if spec is None:
+            continue
+        q, s = quantize_act_triton(x, act, codes_dtype=spec.dtype)
+        codes = ActCodes(q, s, spec.qmax)
+        assert torch.equal(d.linear_codes(codes, st, act, None, x.dtype), d.linear(x, st, act, codes=codes))
+
+
 def test_small_m_choices_prefer_the_fragment_kernels():
     d = AdaptiveDispatcher(None, autoload=False)
     st = quantize_int4(torch.randn(256, 1024), 128)

@@ -44,6 +44,12 @@ class CodesDispatcher(Dispatcher):
             assert codes.codes.dtype == q.dtype and torch.equal(codes.codes, q) and torch.equal(codes.scales, s)
         return linear_reference(x, store, act, bias)
 
+    def linear_codes(self, codes, store, act, bias, dtype):
+        """SwiGLU stored only the codes (their bits are checked in test_kernels_silu_mul.py)."""
+        self.seen.append((store.out_features, store.in_features, True))
+        assert codes.codes.dtype == (dtype if self.float_codes else torch.int8)
+        return super().linear_codes(codes, store, act, bias, dtype)
+
 
 @pytest.fixture(params=[False, True], ids=["int8-codes", "float-codes"])
 def codes_dispatcher(request):
@@ -96,3 +102,28 @@ def test_fused_path_matches_the_torch_ops(codes_dispatcher, swiglu_min_rows, mod
         assert got == ({qkv, gate_up, down} if any(fed_down) else {qkv, gate_up})
         per_layer = [3 if f else 2 for f in fed_down]
         assert sum(c for *_, c in codes_dispatcher.seen) == sum(per_layer) * cfg.num_hidden_layers
+
+
+def test_observed_down_proj_gets_the_stored_product(codes_dispatcher):
+    """With a forward hook on down_proj (calibration's statistics) SwiGLU stores the product and
+    down_proj's forward sees it; without one only the codes are made. Same outputs either way."""
+    set_swiglu_codes(True, 1)
+    try:
+        torch.manual_seed(0)
+        model = build_random_model("tiny", weights="int4", device="cpu", dtype=torch.float32)
+        ids = torch.randint(0, 512, (2, 7))
+        fused_on_cpu(True)
+        plain, *_ = _prefill_and_step(model, ids, "w4a8")
+        seen = []
+        down = model.model.layers[0].mlp.down_proj
+        hook = down.register_forward_pre_hook(lambda mod, args: seen.append(args[0].shape))
+        try:
+            assert down.observed()
+            hooked, *_ = _prefill_and_step(model, ids, "w4a8")
+        finally:
+            hook.remove()
+        assert not down.observed()
+        assert seen and seen[0][-1] == model.config.intermediate_size
+        assert torch.equal(hooked, plain)
+    finally:
+        set_swiglu_codes(True, 64)

@@ -64,6 +64,8 @@ def test_silu_mul_emits_the_quantizers_codes(shape, dtype, qmax, act):
     assert codes.codes.abs().max().item() == int(qmax)
     _, as_float = silu_mul_codes_triton(gu, qmax, codes_dtype=dtype if dtype != torch.float32 else torch.float16)
     assert torch.equal(as_float.codes.to(torch.int8), q)  # the 16-bit float codes hold the same integers
+    none, alone = silu_mul_codes_triton(gu, qmax, product=False)  # the codes without storing the product
+    assert none is None and torch.equal(alone.codes, q) and torch.equal(alone.scales, sc)
 
 
 def test_silu_mul_codes_width_limit():

@@ -16,10 +16,11 @@ import torch
 
 from gearshift.dispatch.policy import Choice, PolicyMap, load_policy_for_device, nearest_shape_keys, type_key
 from gearshift.dispatch.strategies import MAX_TOKENS, STRATEGIES, group_of, mode_key
+from gearshift.errors import GearshiftError
 from gearshift.kernels._triton import HAS_TRITON
 from gearshift.kernels.act_quant import ActCodes, CodesSpec, codes_qmax
 from gearshift.kernels.config import TileConfig, block_m_for
-from gearshift.kernels.reference import linear_reference
+from gearshift.kernels.reference import linear_reference, linear_reference_codes
 from gearshift.quant.activations import ActQuantSpec
 from gearshift.quant.base import WeightFormat
 
@@ -45,6 +46,15 @@ class Dispatcher:
         """`codes_qmax` and the dtype the kernel takes the codes in, for activations of `dtype`."""
         qmax = self.codes_qmax(store, act, m)
         return None if qmax is None else CodesSpec(qmax, torch.int8)
+
+    def linear_codes(self, codes: ActCodes, store: WeightFormat, act: ActQuantSpec | None,
+                     bias: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
+        """The linear on activations that exist only as their per-token codes (a producer that did
+        not store them because `codes_for` said the kernel takes codes): here the reference on the
+        dequantized codes, which is `linear` on the activations they came from."""
+        if not isinstance(act, ActQuantSpec) or act.group_size is not None or codes.qmax != codes_qmax(act):
+            raise GearshiftError(f"activation codes of range {codes.qmax} do not fit the activation quantizer {act}")
+        return linear_reference_codes(codes.codes, codes.scales, store, act, bias, dtype)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -248,15 +258,38 @@ class AdaptiveDispatcher(Dispatcher):
             strat = STRATEGIES.get(c.strategy)
         if strat is None or not strat.supports(store, act, c.config):
             return linear_reference(x, store, act, bias)
-        if (codes is not None and strat.run_codes is not None and codes.qmax == codes_qmax(act)
-                and codes.codes.shape == x2.shape
-                and codes.codes.dtype == (x2.dtype if strat.codes_float else torch.int8)):
+        if codes is not None and _takes(strat, codes, act, x2.shape, x2.dtype):
             y = strat.run_codes(codes, store, c.config, x2.dtype)
         else:
             y = strat.run(x2, store, act, c.config)
         if bias is not None:
             y = y + bias.to(y.dtype)
         return y if x.dim() == 2 else y.reshape(*x.shape[:-1], store.out_features)
+
+    def linear_codes(self, codes: ActCodes, store: WeightFormat, act: ActQuantSpec | None,
+                     bias: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
+        """`linear` for activations the producer never stored (only their codes). Where `linear`
+        runs the reference (CPU, fp32), so does this, on the dequantized codes; on the GPU the kernel
+        `linear` would choose must take them, else this raises (there is nothing else to run on)."""
+        if not codes.codes.is_cuda or not HAS_TRITON or dtype not in (torch.float16, torch.bfloat16):
+            return super().linear_codes(codes, store, act, bias, dtype)
+        m = codes.codes.shape[0]
+        c = self.choose(store, act, m)
+        strat = None if c is None else STRATEGIES.get(c.strategy)
+        if (strat is None or not strat.supports(store, act, c.config)
+                or not _takes(strat, codes, act, (m, store.in_features), dtype)):
+            raise GearshiftError(
+                f"no kernel takes these activation codes ({m} x {store.in_features}, range {codes.qmax}, "
+                f"{codes.codes.dtype}) for {mode_key(store, act)}; the producer must store its activations "
+                "unless codes_for() asked for the codes")
+        y = strat.run_codes(codes, store, c.config, dtype)
+        return y if bias is None else y + bias.to(y.dtype)
+
+
+def _takes(strat, codes: ActCodes, act, shape, dtype: torch.dtype) -> bool:
+    """Whether strategy `strat` takes these codes for activations of `shape` and `dtype`."""
+    return (strat.run_codes is not None and codes.qmax == codes_qmax(act) and tuple(codes.codes.shape) == tuple(shape)
+            and codes.codes.dtype == (dtype if strat.codes_float else torch.int8))
 
 
 _active: Dispatcher = AdaptiveDispatcher()
@@ -286,3 +319,12 @@ def run_linear(x: torch.Tensor, store: WeightFormat, act: ActQuantSpec | None,
     if codes is None:  # a dispatcher installed with set_dispatcher may predate the codes argument
         return _active.linear(x, store, act, bias)
     return _active.linear(x, store, act, bias, codes)
+
+
+def run_linear_codes(codes: ActCodes, store: WeightFormat, act: ActQuantSpec | None, bias: torch.Tensor | None,
+                     dtype: torch.dtype) -> torch.Tensor:
+    """`run_linear` on activations that exist only as codes (`Dispatcher.linear_codes`)."""
+    run = getattr(_active, "linear_codes", None)
+    if run is None:
+        raise GearshiftError(f"the installed dispatcher {type(_active).__name__} takes no activation codes")
+    return run(codes, store, act, bias, dtype)

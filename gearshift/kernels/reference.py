@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from gearshift.quant.activations import ActQuantSpec, fake_quantize
+from gearshift.quant.activations import ActQuantSpec, dequantize_activations, fake_quantize
 from gearshift.quant.base import WeightFormat
 
 _CACHE_ATTR = "_gs_dequant_cache"
@@ -48,3 +48,11 @@ def linear_reference(x: torch.Tensor, store: WeightFormat, act: ActQuantSpec | N
     elif act is not None:  # a calibrated quantizer object (outlier channels, rotation, ...)
         x = act.fake_quantize(x)
     return F.linear(x, w, bias)
+
+
+def linear_reference_codes(q: torch.Tensor, scales: torch.Tensor, store: WeightFormat, act: ActQuantSpec,
+                           bias: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
+    """`linear_reference` for activations given only as their per-token codes q (any dtype holding
+    the integers) and fp32 scales, in `dtype`: the same Q_act(x) when q, scales = Q(x)."""
+    x = dequantize_activations(q, scales.reshape(*q.shape[:-1], 1), act, dtype)  # (one group per token)
+    return F.linear(x, dequantized_weight(store, dtype), bias)

@@ -53,7 +53,8 @@ if HAS_TRITON:
 
     @triton.jit
     def _silu_mul_codes_kernel(gu_ptr, y_ptr, q_ptr, qs_ptr, I, stride_gu, stride_y, stride_q, BLOCK: tl.constexpr,
-                               PDL: tl.constexpr, QMAX: tl.constexpr):
+                               PDL: tl.constexpr, QMAX: tl.constexpr, STORE_Y: tl.constexpr = True):
+        """STORE_Y=False: the codes only (the product is rounded to y's dtype all the same)."""
         launch_dependents(PDL)
         grid_wait(PDL)
         row = tl.program_id(0)
@@ -62,7 +63,8 @@ if HAS_TRITON:
         g = tl.load(gu_ptr + row * stride_gu + offs, mask=mask, other=0.0)
         u = tl.load(gu_ptr + row * stride_gu + I + offs, mask=mask, other=0.0)
         y = _silu_mul(g, u).to(y_ptr.dtype.element_ty)
-        tl.store(y_ptr + row * stride_y + offs, y, mask=mask)
+        if STORE_Y:
+            tl.store(y_ptr + row * stride_y + offs, y, mask=mask)
         row_codes(y, q_ptr + row * stride_q, qs_ptr + row, offs, mask, QMAX)
 
 
@@ -81,15 +83,17 @@ def emits_codes(rows: int, width: int) -> bool:
     return swiglu_codes_for(rows) and codes_supported(width)
 
 
-def _rows(gate_up: torch.Tensor):
-    """gate_up as [rows, 2I] with unit stride along the row, I, and the output [rows, I]."""
+def _rows(gate_up: torch.Tensor, product: bool = True):
+    """gate_up as [rows, 2I] with unit stride along the row, I, and the output [rows, I] (without
+    `product`, a one-element stand-in of its dtype that the kernel never writes)."""
     two_i = gate_up.shape[-1]
     if two_i % 2:
         raise ValueError(f"gate_up's last dimension must be even (gate then up), got {two_i}")
     gu = gate_up.reshape(-1, two_i)
     if gu.stride(-1) != 1:
         gu = gu.contiguous()
-    return gu, two_i // 2, torch.empty((gu.shape[0], two_i // 2), device=gate_up.device, dtype=gate_up.dtype)
+    shape = (gu.shape[0], two_i // 2) if product else (1, 1)
+    return gu, two_i // 2, torch.empty(shape, device=gate_up.device, dtype=gate_up.dtype)
 
 
 def silu_mul_triton(gate_up: torch.Tensor) -> torch.Tensor:
@@ -102,12 +106,14 @@ def silu_mul_triton(gate_up: torch.Tensor) -> torch.Tensor:
 
 
 def silu_mul_codes_triton(gate_up: torch.Tensor, qmax: float, codes_dtype: torch.dtype = torch.int8,
-                          warps: int | None = None) -> tuple[torch.Tensor, ActCodes]:
+                          warps: int | None = None, product: bool = True) -> tuple[torch.Tensor | None, ActCodes]:
     """`silu_mul_triton` and, from the same pass, the product's per-token integer codes for the down
     projection (W4A8 / W4A4): what `quantize_act_triton` makes of the stored product, bit for bit.
     codes_dtype: int8, or the 16-bit float the next kernel multiplies in (exact integers). warps:
-    the program's warps (default by row width; benchmarks/swiglu_codes.py times others)."""
-    gu, i, y = _rows(gate_up)
+    the program's warps (default by row width; benchmarks/swiglu_codes.py times others).
+    product=False: the codes only, the product is not stored (None is returned for it): where the
+    down projection's kernel takes the codes, the product's 2 bytes per element are never read."""
+    gu, i, y = _rows(gate_up, product)
     q, qs, sq = codes_buffers(gu.shape[0], i, qmax, y, codes_dtype)
     block = next_pow2(i)
     if block > CODES_MAX_WIDTH:
@@ -115,5 +121,5 @@ def silu_mul_codes_triton(gate_up: torch.Tensor, qmax: float, codes_dtype: torch
     warps = warps or (4 if block <= 4096 else 8 if block <= 8192 else 32)  # swiglu_codes.py: 32 best at 14336
     pdl = pdl_enabled(y)
     _silu_mul_codes_kernel[(gu.shape[0],)](gu, y, q, qs, i, gu.stride(0), y.stride(0), sq, BLOCK=block, PDL=pdl,
-                                           QMAX=qmax, num_warps=warps, **launch_kwargs(pdl))
-    return y.reshape(*gate_up.shape[:-1], i), ActCodes(q, qs, qmax)
+                                           QMAX=qmax, STORE_Y=product, num_warps=warps, **launch_kwargs(pdl))
+    return (y.reshape(*gate_up.shape[:-1], i) if product else None), ActCodes(q, qs, qmax)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from gearshift.dispatch import get_dispatcher, run_linear
+from gearshift.dispatch import get_dispatcher, run_linear, run_linear_codes
 from gearshift.errors import GearshiftError
 from gearshift.kernels.act_quant import ActCodes, CodesSpec
 from gearshift.quant.base import WeightFormat
@@ -66,6 +66,22 @@ class QuantLinear(nn.Module):
         act = self._act(mode)
         bias = None if self.bias is None else self.bias.to(x.dtype)
         return run_linear(x, self.store, act, bias, codes)
+
+    def forward_codes(self, codes: ActCodes, mode: str | PrecisionMode, dtype: torch.dtype,
+                      lead_shape: tuple[int, ...]) -> torch.Tensor:
+        """`forward` for activations whose producer stored only their codes (in the range and dtype
+        `codes_for` asked for): the output [*lead_shape, out_features] in `dtype`. Raises where no
+        kernel takes them. Forward hooks do not see such a call: producers ask `observed` first."""
+        act = self._act(mode)
+        bias = None if self.bias is None else self.bias.to(dtype)
+        y = run_linear_codes(codes, self.store, act, bias, dtype)
+        return y.reshape(*lead_shape, self.out_features)
+
+    def observed(self) -> bool:
+        """Whether forward hooks (calibration's statistics) want this layer's activations, so a
+        producer must store them even where the kernel would take codes alone."""
+        return bool(self._forward_pre_hooks or self._forward_hooks or nn.modules.module._global_forward_pre_hooks
+                    or nn.modules.module._global_forward_hooks)
 
     def codes_qmax(self, mode: str | PrecisionMode, tokens: int) -> float | None:
         """Whether the kernel for `tokens` rows in this mode would take its activations already

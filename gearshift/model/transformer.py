@@ -97,9 +97,12 @@ class MLP(nn.Module):
         spec = None
         if emits_codes(rows, gate_up.shape[-1] // 2):
             spec = self.down_proj.codes_for(mode, rows, gate_up.dtype)
-        if spec is not None:
+        if spec is not None and self.down_proj.observed():  # (calibration's hooks read the product)
             h, down_codes = silu_mul_codes_triton(gate_up, spec.qmax, spec.dtype)
             return self.down_proj(h, mode, down_codes)
+        if spec is not None:  # down's kernel reads only the codes: the product is never stored
+            _, down_codes = silu_mul_codes_triton(gate_up, spec.qmax, spec.dtype, product=False)
+            return self.down_proj.forward_codes(down_codes, mode, gate_up.dtype, gate_up.shape[:-1])
         return self.down_proj(silu_mul_triton(gate_up), mode)
 
 
