@@ -80,6 +80,13 @@ def test_norm_emits_the_quantizers_codes(shape, dtype, qmax, act, with_add):
     assert codes.qmax == qmax and codes.codes.dtype == torch.int8
     assert torch.equal(codes.codes, q) and torch.equal(codes.scales, sc)
     assert codes.codes.abs().max().item() == int(qmax)
+    # the codes alone (the next linear takes them): the normed rows are not stored, the rest the same
+    if with_add:
+        s1, none, alone = add_rms_norm_codes_triton(x, d, w, 1e-5, qmax, normed=False)
+        assert torch.equal(s1, s0)
+    else:
+        none, alone = rms_norm_codes_triton(x, w, 1e-5, qmax, normed=False)
+    assert none is None and torch.equal(alone.codes, q) and torch.equal(alone.scales, sc)
 
 
 def test_norm_codes_need_an_integer_range():

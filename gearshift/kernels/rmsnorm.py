@@ -36,33 +36,35 @@ if HAS_TRITON:
 
     @triton.jit
     def _rms_norm_kernel(x_ptr, w_ptr, y_ptr, q_ptr, qs_ptr, D, stride_x, stride_y, stride_q, eps, BD: tl.constexpr,
-                         PDL: tl.constexpr, QMAX: tl.constexpr):
+                         PDL: tl.constexpr, QMAX: tl.constexpr, STORE_Y: tl.constexpr = True):
         launch_dependents(PDL)  # the next kernel may start prefetching its weights
         grid_wait(PDL)
         row = tl.program_id(0)
         offs = tl.arange(0, BD)
         mask = offs < D
         x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0)
-        y = _norm_row(x, w_ptr, y_ptr + row * stride_y, offs, mask, D, eps)
+        y = _norm_row(x, w_ptr, y_ptr + row * stride_y, offs, mask, D, eps, STORE_Y)
         if QMAX > 0:
             row_codes(y, q_ptr + row * stride_q, qs_ptr + row, offs, mask, QMAX)
 
     @triton.jit
-    def _norm_row(x, w_ptr, y_row_ptr, offs, mask, D, eps):
+    def _norm_row(x, w_ptr, y_row_ptr, offs, mask, D, eps, STORE_Y: tl.constexpr = True):
         """One row's RMSNorm: fp32 statistics, the normalized row rounded to x's dtype, then the
         weight multiply rounded to y's (both kernels share it: the same arithmetic). Returns the
-        stored row."""
+        row, stored unless STORE_Y is off (the next linear takes only its codes)."""
         xf = x.to(tl.float32)
         var = tl.sum(xf * xf, 0) / D
         h = (xf * (1.0 / tl.sqrt(var + eps))).to(x.dtype)
         w = tl.load(w_ptr + offs, mask=mask, other=0.0)
         y = (w.to(tl.float32) * h.to(tl.float32)).to(y_row_ptr.dtype.element_ty)
-        tl.store(y_row_ptr + offs, y, mask=mask)
+        if STORE_Y:
+            tl.store(y_row_ptr + offs, y, mask=mask)
         return y
 
     @triton.jit
     def _add_rms_norm_kernel(x_ptr, d_ptr, w_ptr, s_ptr, y_ptr, q_ptr, qs_ptr, D, stride_x, stride_d, stride_s,
-                             stride_y, stride_q, eps, BD: tl.constexpr, PDL: tl.constexpr, QMAX: tl.constexpr):
+                             stride_y, stride_q, eps, BD: tl.constexpr, PDL: tl.constexpr, QMAX: tl.constexpr,
+                             STORE_Y: tl.constexpr = True):
         launch_dependents(PDL)
         grid_wait(PDL)
         row = tl.program_id(0)
@@ -72,7 +74,7 @@ if HAS_TRITON:
         d = tl.load(d_ptr + row * stride_d + offs, mask=mask, other=0.0)
         s = (x.to(tl.float32) + d.to(tl.float32)).to(x.dtype)  # torch's x + delta: one rounding
         tl.store(s_ptr + row * stride_s + offs, s, mask=mask)
-        y = _norm_row(s, w_ptr, y_ptr + row * stride_y, offs, mask, D, eps)
+        y = _norm_row(s, w_ptr, y_ptr + row * stride_y, offs, mask, D, eps, STORE_Y)
         if QMAX > 0:
             row_codes(y, q_ptr + row * stride_q, qs_ptr + row, offs, mask, QMAX)
 
@@ -83,17 +85,24 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
     return x2 if x2.stride(-1) == 1 else x2.contiguous()
 
 
+def _normed_buffer(rows: int, d: int, x: torch.Tensor, weight: torch.Tensor, normed: bool) -> torch.Tensor:
+    """The normed rows' output, or (normed=False, codes only) a one-element stand-in of its dtype
+    that the kernel never writes."""
+    return torch.empty((rows, d) if normed else (1, 1), device=x.device, dtype=torch.promote_types(weight.dtype, x.dtype))
+
+
 def _launch_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, qmax: float | None,
-                 codes_dtype: torch.dtype = torch.int8):
+                 codes_dtype: torch.dtype = torch.int8, normed: bool = True):
     d = x.shape[-1]
     x2 = _rows(x)
-    y = torch.empty((x2.shape[0], d), device=x.device, dtype=torch.promote_types(weight.dtype, x.dtype))
+    y = _normed_buffer(x2.shape[0], d, x, weight, normed)
     q, qs, sq = codes_buffers(x2.shape[0], d, qmax, y, codes_dtype)
     bd = next_pow2(d)
     pdl = pdl_enabled(y)
     _rms_norm_kernel[(x2.shape[0],)](x2, weight, y, q, qs, d, x2.stride(0), y.stride(0), sq, eps, BD=bd, PDL=pdl,
-                                     QMAX=qmax or 0.0, num_warps=4 if bd <= 4096 else 8, **launch_kwargs(pdl))
-    return y.reshape(*x.shape[:-1], d), (None if qmax is None else ActCodes(q, qs, qmax))
+                                     QMAX=qmax or 0.0, STORE_Y=normed, num_warps=4 if bd <= 4096 else 8,
+                                     **launch_kwargs(pdl))
+    return (y.reshape(*x.shape[:-1], d) if normed else None), (None if qmax is None else ActCodes(q, qs, qmax))
 
 
 def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -101,28 +110,31 @@ def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.
 
 
 def rms_norm_codes_triton(x: torch.Tensor, weight: torch.Tensor, eps: float, qmax: float,
-                          codes_dtype: torch.dtype = torch.int8) -> tuple[torch.Tensor, ActCodes]:
+                          codes_dtype: torch.dtype = torch.int8,
+                          normed: bool = True) -> tuple[torch.Tensor | None, ActCodes]:
     """The norm and, from the same pass, its per-token integer codes for the next linear (W4A8 /
     W4A4): what `quantize_act_triton` would make of the result, without its launch and re-read.
-    codes_dtype: int8, or the 16-bit float the next kernel multiplies in (exact integers)."""
-    return _launch_norm(x, weight, eps, qmax, codes_dtype)
+    codes_dtype: int8, or the 16-bit float the next kernel multiplies in (exact integers).
+    normed=False: the codes only (None for the normed rows, which are not stored)."""
+    return _launch_norm(x, weight, eps, qmax, codes_dtype, normed)
 
 
 def _launch_add_norm(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float, qmax: float | None,
-                     codes_dtype: torch.dtype = torch.int8):
+                     codes_dtype: torch.dtype = torch.int8, normed: bool = True):
     if x.shape != delta.shape or x.dtype != delta.dtype:
         raise ValueError(f"residual {tuple(x.shape)} {x.dtype} and update {tuple(delta.shape)} {delta.dtype} differ")
     d = x.shape[-1]
     x2, d2 = _rows(x), _rows(delta)
     s = torch.empty((x2.shape[0], d), device=x.device, dtype=x.dtype)
-    y = torch.empty((x2.shape[0], d), device=x.device, dtype=torch.promote_types(weight.dtype, x.dtype))
+    y = _normed_buffer(x2.shape[0], d, x, weight, normed)
     q, qs, sq = codes_buffers(x2.shape[0], d, qmax, y, codes_dtype)
     bd = next_pow2(d)
     pdl = pdl_enabled(y)
     _add_rms_norm_kernel[(x2.shape[0],)](x2, d2, weight, s, y, q, qs, d, x2.stride(0), d2.stride(0), s.stride(0),
-                                         y.stride(0), sq, eps, BD=bd, PDL=pdl, QMAX=qmax or 0.0,
+                                         y.stride(0), sq, eps, BD=bd, PDL=pdl, QMAX=qmax or 0.0, STORE_Y=normed,
                                          num_warps=4 if bd <= 4096 else 8, **launch_kwargs(pdl))
-    return s.reshape(x.shape), y.reshape(*x.shape[:-1], d), (None if qmax is None else ActCodes(q, qs, qmax))
+    return (s.reshape(x.shape), y.reshape(*x.shape[:-1], d) if normed else None,
+            None if qmax is None else ActCodes(q, qs, qmax))
 
 
 def add_rms_norm_triton(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor,
@@ -133,6 +145,7 @@ def add_rms_norm_triton(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tens
 
 
 def add_rms_norm_codes_triton(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float, qmax: float,
-                              codes_dtype: torch.dtype = torch.int8) -> tuple[torch.Tensor, torch.Tensor, ActCodes]:
+                              codes_dtype: torch.dtype = torch.int8,
+                              normed: bool = True) -> tuple[torch.Tensor, torch.Tensor | None, ActCodes]:
     """`add_rms_norm_triton` plus the normed rows' integer codes (see `rms_norm_codes_triton`)."""
-    return _launch_add_norm(x, delta, weight, eps, qmax, codes_dtype)
+    return _launch_add_norm(x, delta, weight, eps, qmax, codes_dtype, normed)

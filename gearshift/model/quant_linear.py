@@ -7,6 +7,8 @@ what lets QSPEC draft and verify with one model and GEARBX swap gears without a 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import nn
 
@@ -23,6 +25,16 @@ _STORE_VERSION = [0]
 def store_version() -> int:
     """Bumped on every store or activation-quantizer swap, so cached CUDA graphs can tell."""
     return _STORE_VERSION[0]
+
+
+@dataclass(frozen=True)
+class CodesOnly:
+    """Activations whose producer (an RMSNorm, SwiGLU) stored only their per-token codes, because
+    the next linear's kernel takes those (`QuantLinear.codes_for`) and nothing observes the layer:
+    the shape and dtype the activations would have had. `QuantLinear.forward` takes it as x."""
+    codes: ActCodes
+    shape: tuple[int, ...]
+    dtype: torch.dtype
 
 
 class QuantLinear(nn.Module):
@@ -59,10 +71,13 @@ class QuantLinear(nn.Module):
                 f"{self.store.format_name} ({self.store.weight_bits}-bit); load or quantize the model for it")
         return self.act_overrides.get(m.name, m.act)
 
-    def forward(self, x: torch.Tensor, mode: str | PrecisionMode = "w4a16",
+    def forward(self, x: torch.Tensor | CodesOnly, mode: str | PrecisionMode = "w4a16",
                 codes: ActCodes | None = None) -> torch.Tensor:
         """codes: x already quantized per token (from the RMSNorm before this layer, in the range
-        `codes_qmax` asked for); the kernel then skips its own quantizer. Same result either way."""
+        `codes_qmax` asked for); the kernel then skips its own quantizer. Same result either way.
+        x may be `CodesOnly` (the codes without the activations)."""
+        if isinstance(x, CodesOnly):
+            return self.forward_codes(x.codes, mode, x.dtype, x.shape[:-1])
         act = self._act(mode)
         bias = None if self.bias is None else self.bias.to(x.dtype)
         return run_linear(x, self.store, act, bias, codes)

@@ -21,7 +21,7 @@ from gearshift.kernels.silu_mul import emits_codes, silu_mul_codes_triton, silu_
 from gearshift.kernels.switches import fused_for, set_fused_kernels  # noqa: F401 (re-exported)
 from gearshift.model.config import ModelConfig
 from gearshift.model.kv_cache import KVCache
-from gearshift.model.quant_linear import QuantLinear
+from gearshift.model.quant_linear import CodesOnly, QuantLinear
 from gearshift.model.rope import Rotary, apply_rotary
 
 
@@ -43,12 +43,17 @@ class RMSNorm(nn.Module):
         return add_rms_norm_reference(x, delta, self.weight, self.eps)
 
     def with_codes(self, x: torch.Tensor, delta: torch.Tensor | None, qmax: float,
-                   codes_dtype: torch.dtype = torch.int8):
+                   codes_dtype: torch.dtype = torch.int8, normed: bool = True):
         """(residual, normed, ActCodes): the norm (after the residual add, if delta) also emits the
-        per-token integer codes the next linear's kernel takes, in its dtype (fused kernels)."""
+        per-token integer codes the next linear's kernel takes, in its dtype (fused kernels).
+        normed=False: the normed rows are not stored (`CodesOnly` stands for them)."""
         if delta is None:
-            return (x, *rms_norm_codes_triton(x, self.weight, self.eps, qmax, codes_dtype))
-        return add_rms_norm_codes_triton(x, delta, self.weight, self.eps, qmax, codes_dtype)
+            s, (h, codes) = x, rms_norm_codes_triton(x, self.weight, self.eps, qmax, codes_dtype, normed)
+        else:
+            s, h, codes = add_rms_norm_codes_triton(x, delta, self.weight, self.eps, qmax, codes_dtype, normed)
+        if h is None:
+            h = CodesOnly(codes, tuple(x.shape), torch.promote_types(self.weight.dtype, x.dtype))
+        return s, h, codes
 
 
 class Attention(nn.Module):
@@ -60,9 +65,9 @@ class Attention(nn.Module):
         self.q_norm, self.k_norm = q_norm, k_norm
 
     def forward(self, x, cos, sin, cache: KVCache, layer: int, targets, mask, upto, mode, codes=None):
-        b, t, _ = x.shape
+        b, t, _ = x.shape  # (x may be CodesOnly: the norm stored only the codes qkv_proj takes)
         qkv = self.qkv_proj(x, mode, codes)
-        fused = fused_for(x)
+        fused = fused_for(qkv)
         if fused and self.q_norm is None:  # RoPE of q and k and the cache write in one launch
             q = cache.write_rotated(layer, qkv, self.n_heads, cos, sin, targets)
         else:
@@ -102,7 +107,8 @@ class MLP(nn.Module):
             return self.down_proj(h, mode, down_codes)
         if spec is not None:  # down's kernel reads only the codes: the product is never stored
             _, down_codes = silu_mul_codes_triton(gate_up, spec.qmax, spec.dtype, product=False)
-            return self.down_proj.forward_codes(down_codes, mode, gate_up.dtype, gate_up.shape[:-1])
+            shape = (*gate_up.shape[:-1], gate_up.shape[-1] // 2)
+            return self.down_proj(CodesOnly(down_codes, shape, gate_up.dtype), mode)
         return self.down_proj(silu_mul_triton(gate_up), mode)
 
 
@@ -130,8 +136,8 @@ class DecoderLayer(nn.Module):
         spec = None
         if fused_for(x):
             spec = linear.codes_for(mode, x.shape[0] * x.shape[1], x.dtype)
-        if spec is not None:
-            return norm.with_codes(x, delta, spec.qmax, spec.dtype)
+        if spec is not None:  # the normed rows are stored only for an observed linear (calibration)
+            return norm.with_codes(x, delta, spec.qmax, spec.dtype, normed=linear.observed())
         x, h = (x, norm(x)) if delta is None else norm.add(x, delta)
         return x, h, None
 
