@@ -51,7 +51,8 @@ def main() -> None:
                                                  for g in gus])}
         rows.append({"m": m, "us": t})
         print(f"M={m:5}: " + "  ".join(f"{k} {v:6.1f}" for k, v in t.items())
-              + f"  | per step (x32) saved {(t['silu_mul_then_quantizer'] - t['silu_mul_codes_only']) * 32 / 1000:.3f} ms",
+              + f"  | per step (x32) saved "
+              f"{(t['silu_mul_then_quantizer'] - t['silu_mul_codes_only']) * 32 / 1000:.3f} ms",
               flush=True)
         del gus
     Path(a.out).mkdir(parents=True, exist_ok=True)

@@ -88,7 +88,8 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
 def _normed_buffer(rows: int, d: int, x: torch.Tensor, weight: torch.Tensor, normed: bool) -> torch.Tensor:
     """The normed rows' output, or (normed=False, codes only) a one-element stand-in of its dtype
     that the kernel never writes."""
-    return torch.empty((rows, d) if normed else (1, 1), device=x.device, dtype=torch.promote_types(weight.dtype, x.dtype))
+    return torch.empty((rows, d) if normed else (1, 1), device=x.device,
+                       dtype=torch.promote_types(weight.dtype, x.dtype))
 
 
 def _launch_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, qmax: float | None,
