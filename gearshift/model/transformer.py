@@ -102,13 +102,11 @@ class MLP(nn.Module):
         spec = None
         if emits_codes(rows, gate_up.shape[-1] // 2):
             spec = self.down_proj.codes_for(mode, rows, gate_up.dtype)
-        if spec is not None and self.down_proj.observed():  # (calibration's hooks read the product)
-            h, down_codes = silu_mul_codes_triton(gate_up, spec.qmax, spec.dtype)
+        if spec is not None:  # the product is stored only for an observed down_proj (calibration)
+            h, down_codes = silu_mul_codes_triton(gate_up, spec.qmax, spec.dtype, product=self.down_proj.observed())
+            if h is None:  # down's kernel reads only the codes
+                h = CodesOnly(down_codes, (*gate_up.shape[:-1], gate_up.shape[-1] // 2), gate_up.dtype)
             return self.down_proj(h, mode, down_codes)
-        if spec is not None:  # down's kernel reads only the codes: the product is never stored
-            _, down_codes = silu_mul_codes_triton(gate_up, spec.qmax, spec.dtype, product=False)
-            shape = (*gate_up.shape[:-1], gate_up.shape[-1] // 2)
-            return self.down_proj(CodesOnly(down_codes, shape, gate_up.dtype), mode)
         return self.down_proj(silu_mul_triton(gate_up), mode)
 
 
