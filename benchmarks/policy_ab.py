@@ -151,7 +151,8 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     tag = a.tag if not a.tag or a.tag.startswith("_") else "_" + a.tag
     (out / f"policy_ab_{device_slug(dev)}{tag}_{a.mode}.json").write_text(json.dumps(
-        {"device": dev, "preset": a.preset, "a": a.a, "b": a.b, "layout_a": a.layout_a, "layout_b": a.layout_b, "mode": a.mode,
+        {"device": dev, "preset": a.preset, "a": a.a, "b": a.b, "layout_a": a.layout_a, "layout_b": a.layout_b,
+         "mode": a.mode,
          "int4_prog": a.int4_prog, "set_a": a.set_a, "set_b": a.set_b, "norm_codes": a.norm_codes,
          "free_codes_b": a.free_codes_b, "ms": res},
         indent=1))

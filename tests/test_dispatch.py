@@ -516,7 +516,8 @@ def test_a_shape_the_map_never_saw_takes_the_nearest_profiled_shapes_pick():
 
     assert d.choose(st, ActQuantSpec("int8"), 256) == default_choice("w4a8", 256, 4608)  # no w4a8 in the map
     # a pick this store cannot run gives way to that shape's fastest candidate that can
-    k8, k4 = TileConfig(16, 0, 128, 1, 8, 1, kwarps=8), TileConfig(16, 0, 128, 1, 8, 1, kwarps=4)  # 28 blocks: not 8 ways
+    # 28 blocks: not 8 ways
+    k8, k4 = TileConfig(16, 0, 128, 1, 8, 1, kwarps=8), TileConfig(16, 0, 128, 1, 8, 1, kwarps=4)
     odd = PolicyMap("dev", timings={near: {"1": {candidate_name("w4a16_mma", k8): 1.0,
                                                  candidate_name("w4a16_mma", k4): 3.0}}})
     odd.set(near, 1, Choice("w4a16_mma", k8, 1.0))

@@ -51,8 +51,8 @@ def advise(model, draft_mode: str, verify_mode: str, gamma: int, alpha: float = 
     if est is None:
         return None
     verdict = "expect no speed-up" if est["speedup"] < 1 else "speculation can pay"
-    whose = f"policy map profiled on {pm.device}" + (" (borrowed: same architecture)" if getattr(pm, "borrowed_for", None)
-                                                      else "")
+    borrowed = " (borrowed: same architecture)" if getattr(pm, "borrowed_for", None) else ""
+    whose = f"policy map profiled on {pm.device}{borrowed}"
     note(f"{whose}: a {draft_mode} draft step of the linears costs {est['t_draft_ms']:.2f} ms, "
          f"a {verify_mode} step {est['t_ar_ms']:.2f} ms, verifying {gamma + 1} tokens {est['t_verify_ms']:.2f} ms "
          f"(batch 1); at {alpha:.0%} acceptance QSPEC is modeled at {est['speedup']:.2f}x plain {verify_mode} "

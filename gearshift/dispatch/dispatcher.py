@@ -198,8 +198,9 @@ class AdaptiveDispatcher(Dispatcher):
         that does. The un-profiled rules pick first-generation kernels above 16 tokens, 2-5x slower
         on Hopper (docs/kernels.md, stop 31). Cached per map, shape, bucket and store kind."""
         bucket = pm.buckets[pm.bucket_index(m)]
+        act_kind = None if act is None else (act.dtype, act.bits, act.group_size)
         kind = (id(pm), mode, group, n, k, bucket, getattr(store, "layout", None),
-                getattr(store, "row_units", None) is None, None if act is None else (act.dtype, act.bits, act.group_size))
+                getattr(store, "row_units", None) is None, act_kind)
         if kind in self._nearest_memo:
             hit = self._nearest_memo[kind]
             if hit is None or self._serves(hit, store, act, m):

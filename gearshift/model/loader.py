@@ -335,10 +335,10 @@ def load_model(path: str | Path | None = None, *, dtype: torch.dtype | None = No
                       if name != "lm_head"}
             missing = unprofiled_shapes(d.policy, shapes)
             if missing:
-                info["policy_unprofiled_shapes"] = [f"{n}x{k}" for n, k in missing]
+                names = info["policy_unprofiled_shapes"] = [f"{n}x{k}" for n, k in missing]
+                listed = ", ".join(names[:4]) + (", ..." if len(names) > 4 else "")
                 note(f"the kernel policy map has no entries for {len(missing)} of this model's {len(shapes)} linear "
-                     f"shapes ({', '.join(info['policy_unprofiled_shapes'][:4])}{', ...' if len(missing) > 4 else ''}): "
-                     "they run the kernels picked for the nearest profiled shapes; 'gearshift profile --shapes "
-                     f"{','.join(info['policy_unprofiled_shapes'])} --seed auto' profiles them into this GPU's "
+                     f"shapes ({listed}): they run the kernels picked for the nearest profiled shapes; "
+                     f"'gearshift profile --shapes {','.join(names)} --seed auto' profiles them into this GPU's "
                      "map (minutes)")
     return LoadedModel(model, tokenizer, config, str(p), info)
