@@ -71,7 +71,7 @@ def test_ptx_matches_the_plan():
         assert f"prmt.b32 b0, {a}, {b}, 0x5410;" in asm and f"prmt.b32 b1, {a}, {b}, 0x7632;" in asm
     assert MMA_ASM[("bf16", 16, 1)].count("mma.sync") == 16 and "0x64006400" in MMA_ASM[("f16", 8, 1)]
     two_tiles = MMA_ASM[("bf16", 16, 2)]  # 9..16 tokens: the second tile reuses every A fragment
-    assert two_tiles.count("mma.sync") == 32 and two_tiles.count("and.b32 a0") == 8
+    assert two_tiles.count("mma.sync") == 32 and two_tiles.count("lop3.b32 a0") == 8
     assert "[$21+0]" in two_tiles and "[$20+48]" in two_tiles  # 12 outputs, 8 words, then the 2 pointers
 
 
@@ -82,7 +82,7 @@ def test_ptx_32_rows_per_warp():
         asm, asm16 = MMA_ASM[("bf16", 32, tiles)], MMA_ASM[("bf16", 16, tiles)]
         assert asm.count("mma.sync") == 24 * tiles and asm.count("ld.global") == asm16.count("ld.global") == 4 * tiles
         n_out = 10 * tiles
-        assert f"and.b32 c0, ${n_out + 8}, 0x000F000F;" in asm  # row c's first word follows rows a and b
+        assert f"lop3.b32 c0, ${n_out + 8}, 0x000F000F, mg, 0xEA;" in asm  # row c's first word follows rows a and b
         assert f"[${n_out + 16}+0]" in asm and f"[${n_out + 16 + tiles - 1}+48]" in asm
         assert "{c0, c1, c2, c3}" in asm
     assert CONSTRAINTS[(32, 2)].count("=r") == 20 and CONSTRAINTS[(32, 2)].count(",r") == 16
@@ -194,6 +194,148 @@ for rows, tiled, ahead in ((16, True, 0), (16, True, 2), (32, True, 2), (16, Fal
         if count[key]:  # the loop's prefetch sits after the wait, the first one before it
             wait = p.index("griddepcontrol.wait")
             assert p.index("cp.async.bulk.prefetch.L2") < wait < p.rindex("cp.async.bulk.prefetch.L2")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the PTX needs a CUDA GPU")
+@pytest.mark.parametrize("rows,split,warps,kwarps,preload", [
+    (16, 1, 8, 4, False), (16, 1, 8, 8, True), (16, 2, 4, 2, False), (32, 1, 4, 4, False), (8, 1, 4, 1, True)])
+def test_gpu_x_prefetch_is_bit_identical(rows, split, warps, kwarps, preload, monkeypatch):
+    """X_PREFETCH (stop 33) only asks L1 for the activations early: the same bits as without, for
+    one and two token tiles, and with an activation row stride that does not start rows on a line."""
+    from gearshift.kernels import int4_mma_gemv as mg
+
+    torch.manual_seed(rows + warps)
+    store = quantize_int4(torch.randn(208, 2048), 128).cuda().to_layout("blocks16")
+    cfg = TileConfig(rows, 0, 128, split, warps, 1, kwarps=kwarps, preload=preload)
+    assert mma_gemv_supports(store, cfg, 16)
+    for m in (1, 3, 8, 9, 16):
+        x = torch.randn(m, 2048 + 8, device="cuda", dtype=torch.bfloat16)[:, 8:]
+        monkeypatch.setattr(mg, "X_PREFETCH", 0)
+        ref = mg.mma_gemv(x, store, cfg)
+        monkeypatch.setattr(mg, "X_PREFETCH", 1)
+        assert torch.equal(mg.mma_gemv(x, store, cfg), ref), m
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the PTX needs a CUDA GPU")
+@pytest.mark.parametrize("rows,split,warps,kwarps,stages", [
+    (16, 1, 8, 4, 4), (16, 1, 8, 8, 3), (16, 2, 4, 2, 2), (32, 1, 4, 4, 3), (8, 1, 4, 4, 6), (8, 1, 8, 8, 2)])
+def test_gpu_bulk_ring_is_bit_identical(rows, split, warps, kwarps, stages):
+    """TileConfig.stages > 1 (the bulk ring, stop 33) only changes where the weights wait: the same
+    bits as the register-prefetch tile, with slices shorter and longer than the ring, rows past N."""
+    from gearshift.kernels.int4_mma_gemv import mma_gemv
+
+    torch.manual_seed(rows + warps + stages)
+    for k in (1024, 4096):
+        store = quantize_int4(torch.randn(208, k), 128).cuda().to_layout("blocks16")
+        cfg = TileConfig(rows, 0, 128, split, warps, 1, kwarps=kwarps)
+        ring = dataclasses.replace(cfg, stages=stages)
+        assert mma_gemv_supports(store, ring, 16)
+        for m in (1, 3, 9, 16):
+            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+            assert torch.equal(mma_gemv(x, store, ring), mma_gemv(x, store, cfg)), (k, m)
+
+
+def test_bulk_ring_supports_only_blocks16_and_48kb():
+    store = quantize_int4(torch.randn(64, 1024), 128)
+    ring = TileConfig(16, 0, 128, 1, 8, 4, kwarps=4)
+    assert not mma_gemv_supports(store, ring, 1)  # rows layout: a warp's block is not one chunk
+    tiled = store.to_layout("blocks16")
+    assert mma_gemv_supports(tiled, ring, 1)
+    assert not mma_gemv_supports(tiled, dataclasses.replace(ring, warps=16, kwarps=8, stages=4), 1)  # 64 KB
+    assert not mma_gemv_supports(tiled, dataclasses.replace(ring, preload=True), 1)
+    assert not mma_gemv_supports(tiled, dataclasses.replace(ring, prefetch=True), 1)
+
+
+def test_bulk_ring_compiles_to_bulk_copies_and_mbarrier_waits(compile_sm90):
+    """The ring's PTX: `stages` bulk copies per 16-row chunk before the PDL wait and one in the loop,
+    the mbarrier wait before the shared-memory reads; the MMAs as in the register tile."""
+    out = compile_sm90(r"""
+from gearshift.kernels import int4_mma_gemv as mg
+from gearshift.kernels.config import TileConfig
+sig = {"x_ptr": "*bf16", "qw_ptr": "*u8", "s_ptr": "*fp16", "mn_ptr": "*fp16", "y_ptr": "*bf16", "ws_ptr": "*fp32",
+       "cnt_ptr": "*i32", "xs_ptr": "*bf16", "M": "i32", "N": "i32", "K": "i32", "stride_xm": "i32", "stride_ym": "i32"}
+for rows, stages in ((16, 4), (32, 2), (8, 2)):
+    cfg = TileConfig(rows, 0, 128, 1, 8, stages, kwarps=4)
+    ce = dict(G=128, WARPS=8, SPLIT_K=1, ASM=mg.MMA_ASM[("bf16", rows, 1)], CONSTRAINTS=mg.CONSTRAINTS[(rows, 1)],
+              ROWS=rows, TILES=1, OFFSET=128.0, U=1, HAS_XS=False, PDL=True, L2_PREFETCH=False,
+              LOAD=mg.WEIGHT_LOADS["plain"], SHINT=0, TILED=True, TRIGGER=1, TAIL=0, KWARPS=4, **mg.ring_args(cfg))
+    out[f"{rows}:{stages}"] = ptx(mg._mma_gemv_kernel, sig, ce, num_warps=8, ints16=("K",))
+""")
+    for key, p in out.items():
+        rows, stages = map(int, key.split(":"))
+        copies = 2 if rows == 32 else 1
+        wait = p.index("griddepcontrol.wait")
+        assert p.count("cp.async.bulk.shared::cluster.global") == copies * (stages + 1)
+        assert p[:wait].count("cp.async.bulk.shared::cluster.global") == copies * stages
+        assert p.index("mbarrier.try_wait.parity") < p.index("ld.shared.v4.b32")
+        assert "ld.global.nc.L1::no_allocate.v4" not in p  # no weight word goes through registers from global
+        assert p.count("mma.sync") == {8: 8, 16: 16, 32: 24}[rows]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the PTX needs a CUDA GPU")
+@pytest.mark.parametrize("rows,split,warps,kwarps,prefetch,preload,maxnreg", [
+    (16, 1, 8, 4, False, False, 0), (16, 1, 8, 4, False, False, 64), (16, 1, 8, 8, True, False, 0),
+    (16, 1, 8, 8, False, True, 80), (32, 1, 4, 4, False, False, 0), (8, 1, 4, 1, False, False, 0),
+    (16, 2, 4, 2, False, False, 0)])
+def test_gpu_fused_lop3_paired_loop_and_register_cap_give_the_same_bits(rows, split, warps, kwarps, prefetch, preload,
+                                                                         maxnreg, monkeypatch):
+    """Stop 33's instruction cuts (one LOP3 per nibble pair, two blocks per loop trip) and a register
+    cap change no result bit: against the AND + OR fragments with the one-block loop, uncapped."""
+    from gearshift.kernels import int4_mma_gemv as mg
+
+    torch.manual_seed(rows + warps + maxnreg)
+    store = quantize_int4(torch.randn(208, 2048), 128).cuda().to_layout("blocks16")
+    cfg = TileConfig(rows, 0, 128, split, warps, 1, prefetch=prefetch, kwarps=kwarps, preload=preload)
+    capped = dataclasses.replace(cfg, maxnreg=maxnreg, pairs=not (prefetch or preload))
+    assert mma_gemv_supports(store, capped, 16)
+    for m in (1, 3, 8, 9, 16):
+        x = torch.randn(m, 2048, device="cuda", dtype=torch.bfloat16)
+        monkeypatch.setattr(mg, "FUSED_LOP3", False)
+        ref = mg.mma_gemv(x, store, cfg)
+        monkeypatch.setattr(mg, "FUSED_LOP3", True)
+        assert torch.equal(mg.mma_gemv(x, store, cfg), ref), m
+        assert torch.equal(mg.mma_gemv(x, store, capped), ref), m
+
+
+def test_pairs_need_an_even_block_count_per_warp():
+    store = quantize_int4(torch.randn(64, 768), 128)  # 6 blocks of 128 columns
+    assert mma_gemv_supports(store, TileConfig(16, 0, 128, 1, 2, 1, pairs=True), 1)  # 6 per warp
+    assert not mma_gemv_supports(store, TileConfig(16, 0, 128, 1, 2, 1, kwarps=2, pairs=True), 1)  # 3 per warp
+    assert not mma_gemv_supports(store, TileConfig(16, 0, 128, 1, 2, 1, prefetch=True, pairs=True), 1)
+    assert not mma_gemv_supports(store, TileConfig(16, 0, 128, 1, 2, 1, preload=True, pairs=True), 1)
+
+
+def test_fragment_pairs_are_one_lop3_each():
+    """Each nibble pair becomes bf16/fp16 with one LOP3 ((w & 0x000F000F) | magic, the magic in a
+    register), not AND + OR; the switch's old form keeps both."""
+    from gearshift.kernels import int4_mma_gemv as mg
+
+    for (dt, rows, tiles), asm in mg.MMA_ASM.items():
+        pairs = 4 * 4 * max(2, rows // 8)  # 4 words x 4 pairs per A register set (8 rows: a0 and a2 only)
+        assert asm.count("lop3.b32") == pairs // (2 if rows == 8 else 1) and "and.b32" not in asm
+        old = mg.MMA_ASM_ANDOR[(dt, rows, tiles)]
+        assert old.count("and.b32") == asm.count("lop3.b32") and "lop3" not in old
+        assert asm.count("mma.sync") == old.count("mma.sync")
+
+
+def test_x_prefetch_compiles_to_l1_prefetches_after_the_wait(compile_sm90):
+    """X_PREFETCH: L1 prefetches of the activations after the PDL wait, none before it, the MMAs unchanged."""
+    out = compile_sm90(r"""
+from gearshift.kernels import int4_mma_gemv as mg
+sig = {"x_ptr": "*bf16", "qw_ptr": "*u8", "s_ptr": "*fp16", "mn_ptr": "*fp16", "y_ptr": "*bf16", "ws_ptr": "*fp32",
+       "cnt_ptr": "*i32", "xs_ptr": "*bf16", "M": "i32", "N": "i32", "K": "i32", "stride_xm": "i32", "stride_ym": "i32"}
+for xpf, pre, tiles in ((0, 0, 1), (1, 0, 1), (1, 4, 1), (1, 0, 2)):
+    ce = dict(G=128, WARPS=8, SPLIT_K=1, ASM=mg.MMA_ASM[("bf16", 16, tiles)], CONSTRAINTS=mg.CONSTRAINTS[(16, tiles)],
+              ROWS=16, TILES=tiles, OFFSET=128.0, U=1, HAS_XS=False, PDL=True, L2_PREFETCH=False,
+              LOAD=mg.WEIGHT_LOADS["plain"], SHINT=0, TILED=True, TRIGGER=1, TAIL=0, KWARPS=8, PRE=pre, XPF=xpf)
+    out[f"{xpf}{pre}{tiles}"] = ptx(mg._mma_gemv_kernel, sig, ce, num_warps=8, ints16=("K",))
+""")
+    assert "prefetch.global.L1" not in out["001"]
+    for key, p in out.items():
+        assert p.count("mma.sync") == 16 * int(key[2]) * max(1, int(key[1]))  # the preload unrolls its blocks
+        if key != "001":
+            assert p.index("griddepcontrol.wait") < p.index("prefetch.global.L1")
+    assert out["102"].count("prefetch.global.L1") == 2 * out["101"].count("prefetch.global.L1")
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the PTX needs a CUDA GPU")

@@ -174,7 +174,12 @@ def mma_configs(m: int) -> list[TileConfig]:
              # stop 23: 32 rows per warp (two A fragments per B fragment: half the activation loads)
              *ROWS32_TILES)] + [
              # stop 30: the warp's whole K slice loaded before the PDL wait (where it fits in registers)
-             TileConfig(rows, 0, 128, sk, w, 1, kwarps=kw, preload=True) for rows, sk, w, kw in PRELOAD_TILES]
+             TileConfig(rows, 0, 128, sk, w, 1, kwarps=kw, preload=True) for rows, sk, w, kw in PRELOAD_TILES] + [
+             # stop 33: two blocks per loop trip; register caps where 64 registers fit two more CTAs
+             TileConfig(rows, 0, 128, sk, w, 1, kwarps=kw, pairs=True) for rows, sk, w, kw in PAIRED_TILES] + [
+             TileConfig(rows, 0, 128, sk, w, 1, kwarps=kw, preload=pl, maxnreg=64) for rows, sk, w, kw, pl in CAPPED_TILES] + [
+             # 32 rows per warp at 9..16 tokens: 130 registers instead of 128 cost 2-warp CTAs one CTA per SM
+             TileConfig(32, 0, 128, sk, w, 1, prefetch=pf, kwarps=kw, maxnreg=128) for _, sk, w, pf, kw in ROWS32_TILES]
 
 
 #: (rows per warp, split, warps, 2-block steps, warps per row group) of the in-CTA K split
@@ -186,6 +191,16 @@ K_WARP_TILES = ((16, 1, 2, False, 2), (16, 1, 4, False, 4), (16, 1, 8, False, 8)
 #: (rows per warp, split, warps, warps per row group) of the preloading tiles (TileConfig.preload)
 PRELOAD_TILES = ((16, 1, 2, 2), (16, 1, 4, 4), (16, 1, 8, 8), (16, 1, 8, 4), (16, 1, 16, 16), (16, 1, 16, 8),
                  (8, 1, 8, 8), (8, 1, 4, 4), (32, 1, 8, 8), (32, 1, 4, 4))
+
+#: (rows per warp, split, warps, warps per row group) of the two-blocks-per-trip tiles (stop 33: the
+#: one-token loop's 149 instructions per block -> 136; at 16 tokens the 32-row tiles gained up to 11%)
+PAIRED_TILES = ((16, 1, 2, 2), (16, 1, 4, 4), (16, 1, 8, 4), (16, 1, 8, 8), (16, 1, 16, 8), (16, 2, 8, 8),
+                (32, 1, 2, 2), (32, 1, 4, 4), (32, 1, 8, 8), (32, 1, 8, 4), (32, 1, 4, 2), (32, 8, 2, 1),
+                (32, 2, 4, 1))
+#: (..., preload) of the tiles also offered under a 64-register cap (`benchmarks/mma_ablations/lop3.py`:
+#: 16-warp CTAs and the 8-row preload, whose uncapped counts lose a CTA per SM after stop 33's LOP3s)
+CAPPED_TILES = ((16, 1, 16, 16, False), (16, 1, 16, 8, False), (16, 2, 8, 8, False), (8, 1, 8, 8, True),
+                (8, 1, 4, 4, True), (16, 16, 4, 1, False), (16, 1, 2, 2, False))
 
 #: the same for 32 rows per warp, with and without a K split over programs
 ROWS32_TILES = ((32, 1, 2, False, 1), (32, 1, 4, False, 1), (32, 1, 2, False, 2), (32, 1, 4, False, 4),

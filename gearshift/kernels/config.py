@@ -28,13 +28,15 @@ class TileConfig:
     # grid, and only the iterations of the tiles left over are split evenly
     preload: bool = False  # fragment kernel: a warp's whole K slice loaded before the PDL wait, not one
     # step ahead: with an early trigger its weights stream while the predecessor still runs
+    pairs: bool = False  # fragment kernel: two blocks per loop trip, still one ahead (no register copies
+    # at the loop's end; needs an even number of blocks per warp)
 
     def key(self) -> str:
         return (f"m{self.bm}n{self.bn}k{self.bk}s{self.split_k}w{self.warps}p{self.stages}"
                 f"{'a' if self.scale_after else 'b'}{'j' if self.join else 's'}{'f' if self.prefetch else ''}"
                 f"{'S' if self.a_smem else ''}{f'r{self.maxnreg}' if self.maxnreg else ''}"
                 f"{f'q{self.kwarps}' if self.kwarps > 1 else ''}{f'z{self.stream_k}' if self.stream_k else ''}"
-                f"{'h' if self.hybrid else ''}{'L' if self.preload else ''}")
+                f"{'h' if self.hybrid else ''}{'L' if self.preload else ''}{'T' if self.pairs else ''}")
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -46,6 +48,8 @@ class TileConfig:
             del d["hybrid"]
         if not d["preload"]:  # likewise
             del d["preload"]
+        if not d["pairs"]:  # likewise
+            del d["pairs"]
         return d
 
     @classmethod
