@@ -27,6 +27,7 @@ import torch
 from sweep import SHAPES, keep_best, report, shape_cases
 
 import gearshift.kernels.int4_mma_gemv as mg
+from gearshift.dispatch.policy import parse_candidate
 from gearshift.dispatch.profiler import time_us
 from gearshift.dispatch.strategies import mma_configs
 from gearshift.kernels.config import TileConfig
@@ -41,7 +42,7 @@ def seed_tiles(seed: dict, shape_key: str, m: int, top: int) -> list[TileConfig]
         return mma_configs(m)
     timed = seed["timings"].get(shape_key, {}).get(str(m), {})
     best = sorted((us, k) for k, us in timed.items() if k.startswith("w4a16_mma@"))[:top]
-    return [TileConfig(**json.loads(k.split("@", 1)[1])) for _, k in best]
+    return [parse_candidate(k)[1] for _, k in best]
 
 
 def main() -> None:

@@ -146,7 +146,8 @@ WEIGHT_LOADS = {
     "l2_128": "ld.global.nc.L1::no_allocate.L2::128B.v4.b32 {$0, $1, $2, $3}, [$4];",
     "l2_256": "ld.global.nc.L1::no_allocate.L2::256B.v4.b32 {$0, $1, $2, $3}, [$4];",
 }
-MAX_RING_BYTES = 48 * 1024  # TileConfig.stages > 1: the ring and its mbarriers are static shared memory (48 KB at most)
+#: TileConfig.stages > 1: the ring and its mbarriers are static shared memory (48 KB at most)
+MAX_RING_BYTES = 48 * 1024
 
 
 def ring_slot_bytes(rows: int) -> int:
@@ -342,8 +343,8 @@ if HAS_TRITON:
                 TAKE, "=r,=r,=r,=r,=r,=r,=r,=r,r,r,r", [bar, parity, addr], dtype=(tl.int32,) * 8, is_pure=False,
                 pack=1)
             return a0, a1, a2, a3, b0, b1, b2, b3, a0, a1, a2, a3, b0, b1, b2, b3
-        return tl.inline_asm_elementwise(TAKE, "=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,r,r,r", [bar, parity, addr],
-                                         dtype=(tl.int32,) * 16, is_pure=False, pack=1)
+        return tl.inline_asm_elementwise(TAKE, "=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,r,r,r",
+                                         [bar, parity, addr], dtype=(tl.int32,) * 16, is_pure=False, pack=1)
 
 
     @triton.jit
@@ -529,14 +530,14 @@ if HAS_TRITON:
                 # the loop carries (a one-block loop copies 8+ registers per block at its end)
                 for it in range(0, kws, 32):
                     kw0 = k_lo + it
-                    wn, sn, wn2, sn2 = _load_step(w_ptrs, s_ptr, mn_ptr, s_offs, kw0 + 16, G, ROWS, LOAD, TILED,
-                                                  SHINT, 1)
+                    wn, sn, _, _ = _load_step(w_ptrs, s_ptr, mn_ptr, s_offs, kw0 + 16, G, ROWS, LOAD, TILED, SHINT, 1)
                     acc = _block(ASM, CONSTRAINTS, ROWS, TILES, OFFSET, w, x0 + kw0 * 8, x1 + kw0 * 8, sc, acc)
-                    w, sc, w2, sc2 = _load_step(w_ptrs, s_ptr, mn_ptr, s_offs, tl.minimum(kw0 + 32, k_last), G, ROWS,
-                                                LOAD, TILED, SHINT, 1)
+                    w, sc, _, _ = _load_step(w_ptrs, s_ptr, mn_ptr, s_offs, tl.minimum(kw0 + 32, k_last), G, ROWS,
+                                             LOAD, TILED, SHINT, 1)
                     acc = _block(ASM, CONSTRAINTS, ROWS, TILES, OFFSET, wn, x0 + (kw0 + 16) * 8, x1 + (kw0 + 16) * 8,
                                  sn, acc)
-            for it in range(0, kws if not (U == 1 and EVEN and L2_AHEAD == 0) else 0, 16 * U):
+                kws = 0  # the stepped loop below has nothing left to do
+            for it in range(0, kws, 16 * U):
                 kw0 = k_lo + it
                 nxt = tl.minimum(kw0 + 16 * U, k_last)
                 wn, sn, wn2, sn2 = _load_step(w_ptrs, s_ptr, mn_ptr, s_offs, nxt, G, ROWS, LOAD, TILED, SHINT, U)
@@ -650,14 +651,14 @@ def mma_gemv_supports(store: Int4Weight, cfg: TileConfig, m: int = 1, dtype=torc
     k, g = store.in_features, store.group_size
     step = BLOCK_COLS * cfg.split_k * cfg.kwarps * (2 if cfg.prefetch else 1)
     q = store.qweight
-    blocks = k // (BLOCK_COLS * cfg.split_k * cfg.kwarps) if k % (BLOCK_COLS * cfg.split_k * cfg.kwarps) == 0 else 1
+    blocks = k // (BLOCK_COLS * cfg.split_k * cfg.kwarps)  # per warp (k not tiled so fails below)
     if cfg.pairs and (cfg.prefetch or cfg.preload or cfg.stages > 1 or blocks % 2):
         return False
     if cfg.stages > 1 and (cfg.preload or cfg.prefetch or store.layout != BLOCKS16 or cfg.bm not in ROWS_PER_WARP
                            or cfg.warps * cfg.stages * (ring_slot_bytes(cfg.bm) + 8) > MAX_RING_BYTES):
         return False
     if cfg.preload and (cfg.prefetch or cfg.bm not in ROWS_PER_WARP or
-                        k // (BLOCK_COLS * cfg.split_k * cfg.kwarps) * 4 * (cfg.bm // 8) > PRELOAD_REGISTERS):
+                        blocks * 4 * (cfg.bm // 8) > PRELOAD_REGISTERS):
         return False
     return (1 <= m <= MAX_TOKENS and cfg.bm in ROWS_PER_WARP and g % BLOCK_COLS == 0 and k % step == 0
             and cfg.warps % cfg.kwarps == 0 and dtype in (torch.bfloat16, torch.float16)
@@ -702,7 +703,8 @@ def mma_gemv(x: torch.Tensor, store: Int4Weight, cfg: TileConfig, token_scales: 
         trigger = TRIGGER if TRIGGER >= 0 else pdl_trigger(m)
     _mma_gemv_kernel[grid](x2, store.qweight, store.scales, store.mins, y, ws, cnt, xs, m, n, store.in_features,
                            x2.stride(0), y.stride(0), G=store.group_size, WARPS=cfg.warps, SPLIT_K=cfg.split_k,
-                           ASM=(MMA_ASM if FUSED_LOP3 else MMA_ASM_ANDOR)[(dt, cfg.bm, tiles)], CONSTRAINTS=CONSTRAINTS[(cfg.bm, tiles)], ROWS=cfg.bm,
+                           ASM=(MMA_ASM if FUSED_LOP3 else MMA_ASM_ANDOR)[(dt, cfg.bm, tiles)],
+                           CONSTRAINTS=CONSTRAINTS[(cfg.bm, tiles)], ROWS=cfg.bm,
                            TILES=tiles, OFFSET=OFFSET[dt],
                            U=2 if cfg.prefetch else 1, HAS_XS=token_scales is not None, PDL=pdl,
                            L2_PREFETCH=l2_prefetch, TRIGGER=trigger, PRE=pre, L2_AHEAD=L2_AHEAD,
