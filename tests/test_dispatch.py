@@ -211,10 +211,12 @@ def test_small_m_choices_prefer_the_fragment_kernels():
     st = quantize_int4(torch.randn(256, 1024), 128)
     for m in (1, 7, 16):
         assert d.choose(st, None, m).strategy == "w4a16_mma"
-        for act in (ActQuantSpec("int8"), ActQuantSpec("int4"), ActQuantSpec("fp8")):
-            assert d.choose(st, act, m).strategy == "w4a8_mma"
+        for act in (ActQuantSpec("int8"), ActQuantSpec("int4")):  # int8 codes on the int8 MMA
+            assert d.choose(st, act, m).strategy == "w4a8_mma_int8"
+        assert d.choose(st, ActQuantSpec("fp8"), m).strategy == "w4a8_mma"  # e4m3 codes: as bf16
     assert d.choose(st, None, 17).strategy != "w4a16_mma"
-    assert d.choose(st, ActQuantSpec("int8", 32), 1) is None or d.choose(st, ActQuantSpec("int8", 32), 1).strategy != "w4a8_mma"
+    grouped = d.choose(st, ActQuantSpec("int8", 32), 1)
+    assert grouped is None or not grouped.strategy.startswith("w4a8_mma")
     gguf_like = quantize_int4(torch.randn(64, 256), 32)  # groups of 32: no fragment kernel
     c = d.choose(gguf_like, None, 1)
     assert c.strategy == "w4a16_fma" and c.config.bk == 32
@@ -340,14 +342,14 @@ def test_map_pick_a_store_cannot_run_falls_to_its_best_timed_alternative():
 
 def test_codes_are_asked_for_only_where_a_kernel_takes_them():
     """On CPU (the torch reference) nothing asks a norm for quantized activations, and codes handed
-    in anyway do not change the result; only w4a8_progressive takes them, for integer per-token
-    activations (as int8), and w4a8_mma (as exact integers in the activations' dtype)."""
+    in anyway do not change the result; only w4a8_progressive and w4a8_mma_int8 take them, for
+    integer per-token activations (as int8), and w4a8_mma (as exact integers in the activations' dtype)."""
     from gearshift.kernels.act_quant import ActCodes, codes_qmax, quantize_act_reference
     from gearshift.model.quant_linear import QuantLinear
     from gearshift.quant.int4 import quantize_int4_progressive
 
     takes = {s.name: s.codes_float for s in STRATEGIES.values() if s.run_codes is not None}
-    assert takes == {"w4a8_progressive": False, "w4a8_mma": True}
+    assert takes == {"w4a8_progressive": False, "w4a8_mma": True, "w4a8_mma_int8": False}
     assert codes_qmax(ActQuantSpec("int8")) == 127.0 and codes_qmax(ActQuantSpec("int4")) == 7.0
     assert codes_qmax(ActQuantSpec("fp8")) is None and codes_qmax(ActQuantSpec("int8", 128)) is None
     assert codes_qmax(None) is None

@@ -445,3 +445,153 @@ def test_dispatcher_takes_float_codes_from_the_norm(act_dtype, m, rows):
     assert not disp.linear(h, st, act, codes=zeros).any()
     as_int8 = rms_norm_codes_triton(x, w, 1e-5, qmax)[1]
     assert torch.equal(disp.linear(h, st, act, codes=as_int8), plain)
+
+
+def _ptx_step(lines: list[str], regs: dict, lanes: int = 32) -> None:
+    """Runs the register-only PTX lines of one block for a whole warp (regs[lane][name] -> int)."""
+    import re
+
+    def val(lane, tok):
+        tok = tok.strip()
+        return int(tok, 16) if tok.startswith("0x") else int(tok) if tok.lstrip("-").isdigit() else regs[lane][tok]
+
+    def s8(word, i):
+        b = (word >> (8 * i)) & 0xFF
+        return b - 256 if b > 127 else b
+
+    for line in lines:
+        op = line.split()[0]
+        if op in ("and.b32", "shr.b32", "prmt.b32", "mov.b32", "mov.s32", "cvt.rn.f32.s32"):
+            args = [a.strip() for a in line[len(op):].rstrip(";").split(",")]
+            for lane in range(lanes):
+                r = regs[lane]
+                if op == "and.b32":
+                    r[args[0]] = val(lane, args[1]) & val(lane, args[2])
+                elif op == "shr.b32":
+                    r[args[0]] = val(lane, args[1]) >> int(args[2])
+                elif op == "prmt.b32":
+                    both, sel = val(lane, args[1]) | (val(lane, args[2]) << 32), val(lane, args[3])
+                    r[args[0]] = sum(((both >> (8 * ((sel >> (4 * i)) & 7))) & 0xFF) << (8 * i) for i in range(4))
+                else:
+                    r[args[0]] = val(lane, args[1])
+        elif op.startswith("mma.sync.aligned.m16n8k32"):
+            d, a, b, _ = (g.split(",") for g in re.findall(r"\{([^}]*)\}", line))
+            A = [[0] * 32 for _ in range(16)]
+            B = [[0] * 8 for _ in range(32)]
+            for lane in range(lanes):
+                g, t = lane // 4, lane % 4
+                av = [val(lane, x) for x in a]
+                for i in range(4):  # a0: (g, 4t+i), a1: (g+8, 4t+i), a2: (g, 16+4t+i), a3: (g+8, 16+4t+i)
+                    A[g][4 * t + i], A[g + 8][4 * t + i] = s8(av[0], i), s8(av[1], i)
+                    A[g][16 + 4 * t + i], A[g + 8][16 + 4 * t + i] = s8(av[2], i), s8(av[3], i)
+                    B[4 * t + i][g], B[16 + 4 * t + i][g] = s8(val(lane, b[0]), i), s8(val(lane, b[1]), i)
+            acc = {}
+            for lane in range(lanes):
+                g, t = lane // 4, lane % 4
+                for i, (row, col) in enumerate(((g, 2 * t), (g, 2 * t + 1), (g + 8, 2 * t), (g + 8, 2 * t + 1))):
+                    acc[(lane, i)] = val(lane, d[i]) + sum(A[row][k] * B[k][col] for k in range(32))
+            for (lane, i), v in acc.items():
+                regs[lane][d[i].strip()] = v
+        elif not (op.startswith("{") or op.startswith("}") or op.startswith(".reg") or op.startswith("ld.global")):
+            raise AssertionError(f"unmodelled PTX: {line}")
+
+
+@pytest.mark.parametrize("rows,tiles", [(8, 1), (16, 1), (16, 2), (32, 2)])
+def test_int8_fragment_ptx_computes_the_block_products(rows, tiles):
+    """The int8-code block PTX (`_mma_asm_s8`), run line by line for a warp on random words and
+    codes, yields every lane's row x token products and the tokens' block sums: its nibble split,
+    PRMT gathers and k-order agree with the m16n8k32 fragment layouts."""
+    import re
+
+    from gearshift.kernels.int4_mma_gemv import MMA_ASM_S8
+
+    asm = MMA_ASM_S8[(rows, tiles)]
+    lines = [ln for ln in asm.splitlines() if ln and ln not in ("{", "}")]
+    per_lane, n_out = rows // 8, {8: 4, 16: 6, 32: 10}[rows] * tiles
+    g = torch.Generator().manual_seed(rows + tiles)
+    q = torch.randint(0, 16, (rows, 128), generator=g)  # the warp's rows of one block
+    x = torch.randint(-127, 128, (8 * tiles, 128), generator=g)  # tokens
+    regs = []
+    for lane in range(32):
+        gi, t = lane // 4, lane % 4
+        r = {}
+        for rr in range(per_lane):  # operand words: lane's row g + 8 rr, words 4t..4t+3 (8 nibbles each)
+            for j in range(4):
+                cols = q[gi + 8 * rr, 32 * t + 8 * j: 32 * t + 8 * j + 8]
+                r[f"${n_out + 4 * rr + j}"] = sum(int(c) << (4 * i) for i, c in enumerate(cols))
+        for tile in range(tiles):  # the loads: token (g of the tile)'s 32 codes from column 32t
+            xs = x[8 * tile + gi, 32 * t: 32 * t + 32]
+            words = [sum((int(v) & 0xFF) << (8 * i) for i, v in enumerate(xs[4 * w: 4 * w + 4])) for w in range(8)]
+            for w in range(8):
+                r[f"x{8 * tile + w}"] = words[w]
+        regs.append(r)
+    _ptx_step(lines, regs)
+    ref = q.double() @ x.double().T  # [rows, tokens]
+    sums = x.double().sum(1)
+    for lane in range(32):
+        gi, t = lane // 4, lane % 4
+        outs = [int(v) for v in (regs[lane][f"${i}"] for i in range(n_out))]
+        per_tile = n_out // tiles
+        for tile in range(tiles):
+            o = outs[tile * per_tile:(tile + 1) * per_tile]
+            toks = [8 * tile + 2 * t, 8 * tile + 2 * t + 1]
+            rows_here = [gi] if rows == 8 else [gi, gi + 8] if rows == 16 else [gi, gi + 8, gi + 16, gi + 24]
+            got = o[: 2 * len(rows_here)] if rows != 8 else o[:2]
+            want = [ref[r_, tk].item() for r_ in rows_here for tk in toks]
+            assert got == want, (lane, tile)
+            xs_got = o[2:4] if rows == 8 else o[2 * len(rows_here): 2 * len(rows_here) + 2]
+            assert xs_got == [sums[tk].item() for tk in toks], (lane, tile)
+    assert not re.search(r"mma.*f32", asm)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the PTX needs a CUDA GPU")
+@pytest.mark.parametrize("rows,split,warps,kwarps,prefetch,preload,pairs", [
+    (16, 1, 8, 4, False, False, True), (16, 1, 8, 8, True, False, False), (16, 1, 8, 8, False, True, False),
+    (32, 1, 4, 4, False, False, True), (8, 1, 4, 1, False, False, False), (16, 2, 4, 2, False, False, False),
+    (32, 2, 2, 1, True, False, False)])
+def test_gpu_int8_codes_match_the_16_bit_codes(rows, split, warps, kwarps, prefetch, preload, pairs):
+    """The int8 MMA on int8 codes computes the same integers as the bf16 MMA on the same codes as
+    bf16; only the fp32 epilogue rounds differently (no +128 offset to take back out)."""
+    from gearshift.kernels import int4_mma_gemv as mg
+
+    torch.manual_seed(rows + warps + split)
+    store = quantize_int4(torch.randn(208, 2048), 128).cuda().to_layout("blocks16")
+    cfg = TileConfig(rows, 0, 128, split, warps, 1, prefetch=prefetch, kwarps=kwarps, preload=preload, pairs=pairs)
+    assert mma_gemv_supports(store, cfg, 16, torch.int8)
+    for m in (1, 3, 8, 9, 16):
+        for qmax in (127, 7):
+            codes = torch.randint(-qmax, qmax + 1, (m, 2048), device="cuda", dtype=torch.int8)
+            scales = torch.rand(m, device="cuda") / 100
+            y16 = mg.mma_gemv(codes.to(torch.bfloat16), store, cfg, token_scales=scales, out_dtype=torch.bfloat16)
+            y8 = mg.mma_gemv(codes, store, cfg, token_scales=scales, out_dtype=torch.bfloat16)
+            ref = linear_reference(codes.float() * scales[:, None], store, None)
+            assert ((y8.float() - ref).norm() / ref.norm()).item() < 3e-3, (m, qmax)
+            assert ((y8.float() - y16.float()).norm() / y16.float().norm()).item() < 3e-3, (m, qmax)
+            assert torch.equal(mg.mma_gemv(codes, store, cfg, token_scales=scales, out_dtype=torch.bfloat16), y8)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the PTX needs a CUDA GPU")
+@pytest.mark.parametrize("act_dtype,m,rows", [("int8", 1, 16), ("int4", 4, 16), ("int8", 16, 32)])
+def test_dispatcher_takes_int8_codes_from_the_norm_for_the_int8_fragments(act_dtype, m, rows):
+    """Where the map picks w4a8_mma_int8, the norm is asked for int8 codes and the result equals
+    the kernel quantizing for itself."""
+    from gearshift.dispatch.dispatcher import AdaptiveDispatcher
+    from gearshift.dispatch.policy import Choice, PolicyMap, type_key
+    from gearshift.kernels.rmsnorm import rms_norm_codes_triton
+
+    torch.manual_seed(3)
+    act = ActQuantSpec(act_dtype)
+    st = quantize_int4(torch.randn(256, 1024), 128).cuda().to_layout("blocks16")
+    cfg = TileConfig(rows, 0, 128, 1, 4, 1, kwarps=4)
+    pm = PolicyMap("test", [m], {type_key(f"w4a{act.bits}", 128, 256, 1024): [Choice("w4a8_mma_int8", cfg)]})
+    disp = AdaptiveDispatcher(pm)
+    qmax = 127.0 if act_dtype == "int8" else 7.0
+    spec = disp.codes_for(st, act, m, torch.bfloat16)
+    assert spec is not None and spec.qmax == qmax and spec.dtype == torch.int8
+    x = torch.randn(m, 1024, device="cuda", dtype=torch.bfloat16)
+    w = torch.ones(1024, device="cuda", dtype=torch.bfloat16)
+    h, codes = rms_norm_codes_triton(x, w, 1e-5, qmax, torch.int8)
+    plain = disp.linear(h, st, act)
+    assert torch.equal(disp.linear(h, st, act, codes=codes), plain)
+    ref = linear_reference(h.float(), st, act)
+    assert ((plain.float() - ref).norm() / ref.norm()).item() < 3e-2

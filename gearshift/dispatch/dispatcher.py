@@ -66,7 +66,11 @@ def small_m_choices(mode: str, m: int, n: int, k: int) -> tuple[Choice, ...]:
         return ()
     from gearshift.kernels.int4_mma_gemv import mma_config
 
-    out = [Choice("w4a16_mma" if mode == "w4a16" else "w4a8_mma", mma_config(n, k, m))]
+    cfg = mma_config(n, k, m)
+    if mode == "w4a16":
+        out = [Choice("w4a16_mma", cfg)]
+    else:  # int8 codes on the int8 MMA where the codes are integers (not e4m3), else bf16 codes
+        out = [Choice("w4a8_mma_int8", cfg)] * (mode != "w4a8fp8") + [Choice("w4a8_mma", cfg)]
     if mode == "w4a16" and m == 1:
         out.append(Choice("w4a16_fma", TileConfig(1, 32, 128, 4, 2, 2)))
         out.append(Choice("w4a16_fma", TileConfig(1, 32, 32, 4, 2, 2)))
@@ -224,7 +228,7 @@ class AdaptiveDispatcher(Dispatcher):
             self._known_pm = (id(pm),)
             self._knows_mma = (any("_mma" in str(c) for cands in pm.timings.values() for per_m in cands.values()
                                    for c in per_m)
-                               or any(c is not None and c.strategy.endswith("_mma")
+                               or any(c is not None and "_mma" in c.strategy
                                       for row in pm.entries.values() for c in row))
         return not self._knows_mma
 

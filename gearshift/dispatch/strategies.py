@@ -227,13 +227,21 @@ def _run_w4a8_mma_codes(codes, store, cfg, out_dtype):
     return mma_gemv(codes.codes, store, cfg, token_scales=codes.scales, out_dtype=out_dtype)
 
 
-def _sup_mma(quantized: bool):
+def _run_w4a8_mma_int8(x2, store, act, cfg):
+    from gearshift.kernels.int4_mma_gemv import mma_gemv_quantized
+
+    return mma_gemv_quantized(x2, store, act, cfg, int8=True)
+
+
+def _sup_mma(quantized: bool, int8: bool = False):
     def sup(store, act, cfg):
         from gearshift.kernels.int4_mma_gemv import mma_gemv_supports
 
         if not isinstance(store, Int4Weight) or cfg is None or (act is None) == quantized:
             return False
         if act is not None and (not isinstance(act, ActQuantSpec) or act.group_size is not None):
+            return False
+        if int8 and act.dtype == "fp8":  # e4m3 codes are not integers
             return False
         return mma_gemv_supports(store, cfg)
 
@@ -261,7 +269,7 @@ def _sup_fma(store, act, cfg):
 
 
 #: strategies that serve at most this many tokens per call (the dispatcher never sends more)
-MAX_TOKENS = {"w4a16_mma": 16, "w4a8_mma": 16, "w4a16_fma": 1, "w4a16_rowgemv": 1}
+MAX_TOKENS = {"w4a16_mma": 16, "w4a8_mma": 16, "w4a8_mma_int8": 16, "w4a16_fma": 1, "w4a16_rowgemv": 1}
 
 
 def gemv_configs(m: int) -> list[TileConfig]:
@@ -465,6 +473,8 @@ register(Strategy("w4a16_fma", DPRPartition((4,), (16,), "fp32-fma", "padding"),
                   fma_gemv_configs, _sup_fma))
 register(Strategy("w4a8_mma", DPRPartition((4,), (8,), "bf16-mma.sync", "padding"), ("w4a8", "w4a4", "w4a8fp8"),
                   _run_w4a8_mma, mma_configs, _sup_mma(True), run_codes=_run_w4a8_mma_codes, codes_float=True))
+register(Strategy("w4a8_mma_int8", DPRPartition((4,), (8,), "int8-mma.sync", "padding"), ("w4a8", "w4a4"),
+                  _run_w4a8_mma_int8, mma_configs, _sup_mma(True, int8=True), run_codes=_run_w4a8_mma_codes))
 register(Strategy("w4a8_pad", DPRPartition((4,), (8,), "int8", "padding"), ("w4a8", "w4a4"),
                   _w4a8_runner(1, 1), a8_configs, _sup_w4a8(False)))
 register(Strategy("w4a8_split", DPRPartition((4,), (4, 4), "int8", "split"), ("w4a8",),

@@ -131,6 +131,69 @@ def _mma_asm(dt: str, magic: int, rows: int, tiles: int = 1, chains: int = 1, fu
     return "\n".join(lines)
 
 
+def _mma_asm_s8(rows: int, tiles: int = 1) -> str:
+    """PTX for one 128-column block on int8 activation codes (W4A8 / W4A4): `mma.m16n8k32` s8.
+
+    Same operands and outputs as `_mma_asm` (the outputs as fp32), but a nibble becomes an int8 in
+    place: w & 0x0F0F0F0F holds the word's even columns 0, 2, 4, 6 as four bytes and (w >> 4) &
+    0x0F0F0F0F the odd ones (three instructions per word for 8 weights, against seven for bf16
+    pairs). Word j of the lane is k-step j: A = (even | odd) x (rows), B = the token's codes at the
+    same columns, gathered from its 8-byte run by two PRMTs. The products and per-block sums are
+    exact int32 (|x| <= 127, q <= 15), converted to fp32 once per block; no +128 offset. A lane
+    reads 32 bytes of each token per block, half of the 16-bit codes' traffic, and runs half the MMAs.
+    """
+    per_lane = rows // 8
+    mma = "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32"
+    n_out = {1: 4, 2: 6, 4: 10}[per_lane] * tiles
+    w0 = [n_out + 4 * r for r in range(per_lane)]
+    xp0 = n_out + 4 * per_lane
+    banks = "def" if per_lane == 4 else "de"
+    lines = ["{", ".reg .b32 a0, a1, a2, a3, one, b0, b1, t;" + (" .reg .b32 c0, c1, c2, c3;" if per_lane == 4 else ""),
+             f".reg .b32 x<{8 * tiles}>;", ".reg .s32 " + ", ".join(f"{r}<{4 * tiles}>" for r in banks) + ";",
+             ".reg .f32 cv;", "mov.b32 one, 0x01010101;"]
+    lines += [f"mov.s32 {r}{i}, 0;" for r in banks for i in range(4 * tiles)]
+    for tile in range(tiles):
+        for j in range(2):
+            x = [f"x{8 * tile + 4 * j + i}" for i in range(4)]
+            lines.append(f"ld.global.v4.b32 {{{', '.join(x)}}}, [${xp0 + tile}+{16 * j}];")
+
+    def split(even: str, odd: str, word: str) -> None:
+        lines.extend([f"and.b32 {even}, {word}, 0x0F0F0F0F;", f"shr.b32 t, {word}, 4;",
+                      f"and.b32 {odd}, t, 0x0F0F0F0F;"])
+
+    for j in range(4):
+        split("a0", "a2", f"${w0[0] + j}")
+        if per_lane >= 2:
+            split("a1", "a3", f"${w0[1] + j}")
+        if per_lane == 4:
+            split("c0", "c2", f"${w0[2] + j}")
+            split("c1", "c3", f"${w0[3] + j}")
+        for tile in range(tiles):
+            lo, hi = f"x{8 * tile + 2 * j}", f"x{8 * tile + 2 * j + 1}"
+            d, e, f = (", ".join(f"{r}{4 * tile + i}" for i in range(4)) for r in "def")
+            lines.append(f"prmt.b32 b0, {lo}, {hi}, 0x6420;")
+            lines.append(f"prmt.b32 b1, {lo}, {hi}, 0x7531;")
+            if per_lane >= 2:
+                lines.append(f"{mma} {{{d}}}, {{a0, a1, a2, a3}}, {{b0, b1}}, {{{d}}};")
+                if per_lane == 4:
+                    lines.append(f"{mma} {{{f}}}, {{c0, c1, c2, c3}}, {{b0, b1}}, {{{f}}};")
+                lines.append(f"{mma} {{{e}}}, {{one, one, one, one}}, {{b0, b1}}, {{{e}}};")
+            else:
+                lines.append(f"{mma} {{{d}}}, {{a0, one, a2, one}}, {{b0, b1}}, {{{d}}};")
+    outs = []
+    for tile in range(tiles):
+        o = 4 * tile
+        outs += [f"d{o}", f"d{o + 1}", f"d{o + 2}", f"d{o + 3}"]
+        if per_lane == 4:
+            outs += [f"f{o}", f"f{o + 1}", f"f{o + 2}", f"f{o + 3}"]
+        if per_lane >= 2:
+            outs += [f"e{o}", f"e{o + 1}"]
+    for i, v in enumerate(outs):
+        lines += [f"cvt.rn.f32.s32 cv, {v};", f"mov.b32 ${i}, cv;"]
+    lines.append("}")
+    return "\n".join(lines)
+
+
 ROWS_PER_WARP = (8, 16, 32)  # TileConfig.bm of the fragment kernel: 1, 2 or 4 weight rows per lane
 MMA_ASM = {(dt, rows, tiles): _mma_asm(dt, magic, rows, tiles) for dt, magic in (("bf16", 0x4300), ("f16", 0x6400))
            for rows in ROWS_PER_WARP for tiles in (1, 2)}
@@ -138,7 +201,9 @@ MMA_ASM = {(dt, rows, tiles): _mma_asm(dt, magic, rows, tiles) for dt, magic in 
 MMA_ASM_ANDOR = {(dt, rows, tiles): _mma_asm(dt, magic, rows, tiles, fused=False)
                  for dt, magic in (("bf16", 0x4300), ("f16", 0x6400)) for rows in ROWS_PER_WARP for tiles in (1, 2)}
 FUSED_LOP3 = True
-OFFSET = {"bf16": 128.0, "f16": 1024.0}
+#: int8 activation codes: `_mma_asm_s8`
+MMA_ASM_S8 = {(rows, tiles): _mma_asm_s8(rows, tiles) for rows in ROWS_PER_WARP for tiles in (1, 2)}
+OFFSET = {"bf16": 128.0, "f16": 1024.0, "s8": 0.0}
 # PTX of the weight loads (16 bytes per lane and row, read once: no L1 allocation). The L2 prefetch-size
 # forms make the row's next blocks L2 hits; benchmarks/mma_ablations/loads.py times them.
 WEIGHT_LOADS = {
@@ -661,7 +726,7 @@ def mma_gemv_supports(store: Int4Weight, cfg: TileConfig, m: int = 1, dtype=torc
                         blocks * 4 * (cfg.bm // 8) > PRELOAD_REGISTERS):
         return False
     return (1 <= m <= MAX_TOKENS and cfg.bm in ROWS_PER_WARP and g % BLOCK_COLS == 0 and k % step == 0
-            and cfg.warps % cfg.kwarps == 0 and dtype in (torch.bfloat16, torch.float16)
+            and cfg.warps % cfg.kwarps == 0 and dtype in (torch.bfloat16, torch.float16, torch.int8)
             and q.is_contiguous() and q.data_ptr() % 16 == 0)
 
 
@@ -694,7 +759,9 @@ def mma_gemv(x: torch.Tensor, store: Int4Weight, cfg: TileConfig, token_scales: 
     grid = (cdiv(n, bn), cfg.split_k, cdiv(m, 8 * tiles))
     ws, cnt = splitk_buffers(y, cfg.split_k, m * n, grid[0] * grid[2])
     xs = token_scales if token_scales is not None else y
-    dt = "bf16" if x2.dtype == torch.bfloat16 else "f16"
+    dt = {torch.bfloat16: "bf16", torch.float16: "f16", torch.int8: "s8"}[x2.dtype]
+    if dt == "s8" and (token_scales is None or out_dtype is None):
+        raise ValueError("int8 activation codes need their token_scales and an out_dtype")
     pdl = pdl_enabled(y) if pdl is None else (pdl and pdl_enabled(y))
     l2_prefetch = l2_prefetch_enabled(y) if l2_prefetch is None else (l2_prefetch and l2_prefetch_enabled(y))
     blocks = store.in_features // (BLOCK_COLS * cfg.split_k * cfg.kwarps)  # per warp
@@ -703,17 +770,24 @@ def mma_gemv(x: torch.Tensor, store: Int4Weight, cfg: TileConfig, token_scales: 
         trigger = TRIGGER if TRIGGER >= 0 else pdl_trigger(m)
     _mma_gemv_kernel[grid](x2, store.qweight, store.scales, store.mins, y, ws, cnt, xs, m, n, store.in_features,
                            x2.stride(0), y.stride(0), G=store.group_size, WARPS=cfg.warps, SPLIT_K=cfg.split_k,
-                           ASM=(MMA_ASM if FUSED_LOP3 else MMA_ASM_ANDOR)[(dt, cfg.bm, tiles)],
+                           ASM=block_asm(dt, cfg.bm, tiles),
                            CONSTRAINTS=CONSTRAINTS[(cfg.bm, tiles)], ROWS=cfg.bm,
                            TILES=tiles, OFFSET=OFFSET[dt],
                            U=2 if cfg.prefetch else 1, HAS_XS=token_scales is not None, PDL=pdl,
                            L2_PREFETCH=l2_prefetch, TRIGGER=trigger, PRE=pre, L2_AHEAD=L2_AHEAD,
-                           XPF=X_PREFETCH, **ring_args(cfg), EVEN=int(cfg.pairs),
+                           XPF=X_PREFETCH if dt != "s8" else 0, **ring_args(cfg), EVEN=int(cfg.pairs),
                            LOAD=WEIGHT_LOADS[WEIGHT_LOAD["name"]], SHINT=WEIGHT_LOAD["scales"], TILED=store.layout == BLOCKS16,
                            num_warps=cfg.warps, num_stages=1, TAIL=tail, KWARPS=cfg.kwarps,
                            **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {}),
                            **launch_kwargs(pdl))
     return y if x.dim() == 2 else y.reshape(*x.shape[:-1], n)
+
+
+def block_asm(dt: str, rows: int, tiles: int) -> str:
+    """The block PTX for activations of kind dt ('bf16', 'f16' or int8 codes 's8')."""
+    if dt == "s8":
+        return MMA_ASM_S8[(rows, tiles)]
+    return (MMA_ASM if FUSED_LOP3 else MMA_ASM_ANDOR)[(dt, rows, tiles)]
 
 
 def ring_args(cfg: TileConfig) -> dict:
@@ -734,14 +808,15 @@ def pdl_trigger(m: int) -> int:
     return 1 if m <= 2 else 2 if m <= 4 else 0
 
 
-def mma_gemv_quantized(x2: torch.Tensor, store: Int4Weight, act, cfg: TileConfig) -> torch.Tensor:
+def mma_gemv_quantized(x2: torch.Tensor, store: Int4Weight, act, cfg: TileConfig, int8: bool = False) -> torch.Tensor:
     """W4A8 / W4A4 / W4A8-fp8 for 1..16 tokens: the activations are quantized per token (Triton),
     their codes stored as exact 16-bit floats and run through the same bf16/fp16 fragments; with
     integer codes every product and per-block sum is an exact integer in fp32, so this computes
-    what an int8 MMA would (DPR padding: P_X = (8) padded to 16 bits)."""
+    what an int8 MMA would (DPR padding: P_X = (8) padded to 16 bits). int8 (W4A8 / W4A4): the
+    codes stay int8 and the int8 MMA runs them (`_mma_asm_s8`: half the code bytes and MMAs)."""
     from gearshift.kernels.act_quant import quantize_act_triton
 
-    codes, scales = quantize_act_triton(x2, act, codes_dtype=x2.dtype)
+    codes, scales = quantize_act_triton(x2, act, codes_dtype=torch.int8 if int8 else x2.dtype)
     return mma_gemv(codes, store, cfg, token_scales=scales, out_dtype=x2.dtype)
 
 
