@@ -92,7 +92,7 @@ def test_supports_and_config():
     st = quantize_int4(torch.randn(64, 512), 128)
     assert mma_gemv_supports(st, TileConfig(16, 0, 128, 4, 4, 1), 16)
     assert not mma_gemv_supports(st, TileConfig(16, 0, 128, 8, 4, 1))  # 512 columns do not split 8 ways
-    assert not mma_gemv_supports(st, TileConfig(16, 0, 128, 1, 4, 1), 17)
+    assert not mma_gemv_supports(st, TileConfig(16, 0, 128, 1, 4, 1), 65)
     assert not mma_gemv_supports(quantize_int4(torch.randn(64, 512), 64), TileConfig(16, 0, 128, 1, 4, 1))
     assert [(c.bm, c.kwarps, c.prefetch) for c in (mma_config(28672, 4096, 16), mma_config(4096, 14336, 9))] == \
         [(32, 4, True)] * 2
@@ -595,3 +595,32 @@ def test_dispatcher_takes_int8_codes_from_the_norm_for_the_int8_fragments(act_dt
     assert torch.equal(disp.linear(h, st, act, codes=codes), plain)
     ref = linear_reference(h.float(), st, act)
     assert ((plain.float() - ref).norm() / ref.norm()).item() < 3e-2
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the PTX needs a CUDA GPU")
+@pytest.mark.parametrize("rows,split,warps,kwarps,pairs", [(16, 1, 8, 4, True), (32, 1, 4, 4, False),
+                                                           (16, 2, 4, 1, False), (8, 1, 8, 8, False)])
+def test_gpu_17_to_64_tokens_run_as_16_token_groups(rows, split, warps, kwarps, pairs):
+    """Above 16 tokens each row tile runs one program per 16-token group: every group's columns
+    equal what the kernel gives those tokens alone (bf16 and int8 codes), and the reference."""
+    from gearshift.kernels import int4_mma_gemv as mg
+
+    torch.manual_seed(rows + split)
+    store = quantize_int4(torch.randn(208, 2048), 128).cuda().to_layout("blocks16")
+    cfg = TileConfig(rows, 0, 128, split, warps, 1, kwarps=kwarps, pairs=pairs)
+    for m in (17, 33, 64):
+        assert mma_gemv_supports(store, cfg, m) and mma_gemv_supports(store, cfg, m, torch.int8)
+        x = torch.randn(m, 2048, device="cuda", dtype=torch.bfloat16)
+        y = mg.mma_gemv(x, store, cfg)
+        ref = linear_reference(x.float(), store, None)
+        assert ((y.float() - ref).norm() / ref.norm()).item() < 3e-3, m
+        for g0 in range(0, m, 16):
+            part = x[g0:g0 + 16]
+            if part.shape[0] > 8:  # a group of 9..16 runs two tiles, as a call with those tokens alone does
+                assert torch.equal(y[g0:g0 + 16], mg.mma_gemv(part.contiguous(), store, cfg)), (m, g0)
+        codes = torch.randint(-127, 128, (m, 2048), device="cuda", dtype=torch.int8)
+        scales = torch.rand(m, device="cuda") / 100
+        y8 = mg.mma_gemv(codes, store, cfg, token_scales=scales, out_dtype=torch.bfloat16)
+        ref8 = linear_reference(codes.float() * scales[:, None], store, None)
+        assert ((y8.float() - ref8).norm() / ref8.norm()).item() < 3e-3, m
+    assert not mma_gemv_supports(store, cfg, 65)

@@ -159,8 +159,9 @@ def _sup_rowgemv(store, act, cfg):
 
 
 def mma_configs(m: int) -> list[TileConfig]:
-    """Register-fragment tensor-core tiles for 1..16 tokens: rows per warp (bm 8/16/32), K split, warps."""
-    if m > 16:
+    """Register-fragment tensor-core tiles for 1..64 tokens (16 per program): rows per warp (bm
+    8/16/32), K split, warps."""
+    if m > 64:
         return []
     return [TileConfig(rows, 0, 128, sk, w, 1, prefetch=pf, kwarps=kw) for rows, sk, w, pf, kw in
             ((16, 1, 4, False, 1), (16, 2, 4, False, 1), (16, 4, 4, False, 1), (16, 8, 4, False, 1),
@@ -269,7 +270,7 @@ def _sup_fma(store, act, cfg):
 
 
 #: strategies that serve at most this many tokens per call (the dispatcher never sends more)
-MAX_TOKENS = {"w4a16_mma": 16, "w4a8_mma": 16, "w4a8_mma_int8": 16, "w4a16_fma": 1, "w4a16_rowgemv": 1}
+MAX_TOKENS = {"w4a16_mma": 64, "w4a8_mma": 64, "w4a8_mma_int8": 64, "w4a16_fma": 1, "w4a16_rowgemv": 1}
 
 
 def gemv_configs(m: int) -> list[TileConfig]:

@@ -1,4 +1,4 @@
-"""W4A16 (and W4A8/W4A4 via exact codes) for 1..16 tokens: `mma.sync` fragments built in registers.
+"""W4A16 (and W4A8/W4A4 via exact codes) for 1..64 tokens: `mma.sync` fragments built in registers.
 
 Why: a CUDA-core GEMV spends >= 3 instructions per int4 weight (unpack, convert, FMA) and tops
 out near 2x the weight-read floor on the H100; Triton's `tl.dot` routes both operands through
@@ -41,7 +41,10 @@ from gearshift.kernels.splitk import splitk_buffers
 from gearshift.quant.int4 import BLOCKS16, Int4Weight
 
 BLOCK_COLS = 128  # columns per fragment call: 4 lanes x 4 words x 8 nibbles
-MAX_TOKENS = 16  # MMA n = 8 tokens per tile, two tiles per lane
+GROUP_TOKENS = 16  # tokens per program: MMA n = 8 tokens per tile, two tiles per lane
+#: 17..64 tokens run 16-token groups as neighbouring programs of each row tile (the later groups
+#: read the tile's weights from L2)
+MAX_TOKENS = 64
 
 
 def _mma_asm(dt: str, magic: int, rows: int, tiles: int = 1, chains: int = 1, fused: bool = True) -> str:
@@ -494,9 +497,10 @@ if HAS_TRITON:
         # CTA (shared memory) before the store: a K split without the global split-K tail.
         RG: tl.constexpr = WARPS // KWARPS
         BN: tl.constexpr = ROWS * RG
-        pid_n = tl.program_id(0)
+        n_tg = tl.cdiv(M, 8 * TILES)  # token groups (> 1 from 17 tokens), neighbours in the launch order
+        pid_n = tl.program_id(0) // n_tg
         pid_k = tl.program_id(1)
-        m0_tok = tl.program_id(2) * 8 * TILES  # B columns: tokens m0_tok + g (and m0_tok + 8 + g)
+        m0_tok = (tl.program_id(0) % n_tg) * 8 * TILES  # B columns: tokens m0_tok + g (and m0_tok + 8 + g)
         tid = _thread_id(tl.zeros([32 * WARPS], dtype=tl.int32))
         lane = tid % 32
         g = lane // 4
@@ -678,7 +682,7 @@ if HAS_TRITON:
         mask = (row < N) & (col < M)
         if HAS_XS:  # activation codes in, real outputs out: one scale per token
             out = out * tl.load(xs_ptr + col, mask=col < M, other=0.0)
-        tile = tl.program_id(2) * tl.num_programs(0) + pid_n  # one arrival counter per (token, row) tile
+        tile = tl.program_id(0)  # one arrival counter per (token group, row) tile
         splitk_finish(out, y_ptr + col * stride_ym + row, ws_ptr, cnt_ptr, col * N + row, mask, tile, pid_k,
                       M * N, SPLIT_K, TAIL)
 
@@ -733,8 +737,8 @@ def mma_gemv_supports(store: Int4Weight, cfg: TileConfig, m: int = 1, dtype=torc
 def mma_gemv(x: torch.Tensor, store: Int4Weight, cfg: TileConfig, token_scales: torch.Tensor | None = None,
              out_dtype: torch.dtype | None = None, pdl: bool | None = None,
              l2_prefetch: bool | None = None, trigger: int | None = None, tail: int = 0) -> torch.Tensor:
-    """y [M, N] = x [M, K] @ dequant(W).T for 1 <= M <= 16 (cfg: bm = 8, 16 or 32 weight rows per warp,
-    warps, split_k over programs, kwarps = warps sharing rows that split K inside the CTA,
+    """y [M, N] = x [M, K] @ dequant(W).T for 1 <= M <= 64, 16 tokens per program (cfg: bm = 8, 16 or
+    32 weight rows per warp, warps, split_k over programs, kwarps = warps sharing rows that split K inside the CTA,
     prefetch = 2 blocks per step, preload = the warp's whole K slice loaded before the PDL wait,
     pairs = two blocks per loop trip, stages > 1 = a bulk-copy ring (timing experiment), maxnreg = a
     register cap).
@@ -756,8 +760,8 @@ def mma_gemv(x: torch.Tensor, store: Int4Weight, cfg: TileConfig, token_scales: 
     # A fragments per B fragment, half the activation loads per weight)
     tiles = 2 if m > 8 else 1  # 9..16 tokens: both token tiles share each A fragment (weights read once)
     bn = cfg.bm * (cfg.warps // cfg.kwarps)
-    grid = (cdiv(n, bn), cfg.split_k, cdiv(m, 8 * tiles))
-    ws, cnt = splitk_buffers(y, cfg.split_k, m * n, grid[0] * grid[2])
+    grid = (cdiv(n, bn) * cdiv(m, 8 * tiles), cfg.split_k)
+    ws, cnt = splitk_buffers(y, cfg.split_k, m * n, grid[0])
     xs = token_scales if token_scales is not None else y
     dt = {torch.bfloat16: "bf16", torch.float16: "f16", torch.int8: "s8"}[x2.dtype]
     if dt == "s8" and (token_scales is None or out_dtype is None):
@@ -809,7 +813,7 @@ def pdl_trigger(m: int) -> int:
 
 
 def mma_gemv_quantized(x2: torch.Tensor, store: Int4Weight, act, cfg: TileConfig, int8: bool = False) -> torch.Tensor:
-    """W4A8 / W4A4 / W4A8-fp8 for 1..16 tokens: the activations are quantized per token (Triton),
+    """W4A8 / W4A4 / W4A8-fp8 for 1..64 tokens: the activations are quantized per token (Triton),
     their codes stored as exact 16-bit floats and run through the same bf16/fp16 fragments; with
     integer codes every product and per-block sum is an exact integer in fp32, so this computes
     what an int8 MMA would (DPR padding: P_X = (8) padded to 16 bits). int8 (W4A8 / W4A4): the
