@@ -461,7 +461,8 @@ def test_seeded_candidates_are_the_seeds_fastest_and_each_strategys_best():
 
 
 def test_a_seeded_profile_times_only_the_seeds_picks():
-    """`gearshift profile --seed`: at a point the seed timed, only its picks run; elsewhere the full sweep."""
+    """`gearshift profile --seed`: at a point the seed timed, only its picks run (and in full the
+    strategies it has no pick of); elsewhere the full sweep."""
     from gearshift.dispatch.profiler import profile
     from gearshift.dispatch.strategies import DPRPartition, Strategy, register
 
@@ -474,17 +475,22 @@ def test_a_seeded_profile_times_only_the_seeds_picks():
 
     register(Strategy("test_tiles", DPRPartition((4,), (16,), "any", "library"), ("w4a16",), run,
                       configs=lambda m: list(cfgs), gpu_only=False))
+    register(Strategy("test_new", DPRPartition((4,), (16,), "any", "library"), ("w4a16",), run,
+                      configs=lambda m: cfgs[:2], gpu_only=False))
     key = type_key("w4a16", 128, 64, 256)
     seed = PolicyMap("seed GPU", timings={key: {"1": {candidate_name("test_tiles", c): us
                                                        for c, us in zip(cfgs, (3.0, 1.0, 2.0))}}})
     try:
-        pm = profile([("s", 64, 256)], ["w4a16"], [1, 4], group=128, device_name="test", strategies=["test_tiles"],
-                     dtype=torch.float32, int4_layout="rows", timer=lambda calls: float(len(ran)), device="cpu",
-                     seed=seed, top=1)
+        pm = profile([("s", 64, 256)], ["w4a16"], [1, 4], group=128, device_name="test",
+                     strategies=["test_tiles", "test_new"], dtype=torch.float32, int4_layout="rows",
+                     timer=lambda calls: float(len(ran)), device="cpu", seed=seed, top=1)
     finally:
         STRATEGIES.pop("test_tiles")
-    assert set(pm.timings[key]["1"]) == {candidate_name("test_tiles", cfgs[1])}
-    assert len(pm.timings[key]["4"]) == 3  # the seed never timed M = 4
+        STRATEGIES.pop("test_new")
+    # the seed's pick of the strategy it timed; the one it never timed, in full
+    assert set(pm.timings[key]["1"]) == {candidate_name("test_tiles", cfgs[1])} | {
+        candidate_name("test_new", c) for c in cfgs[:2]}
+    assert len(pm.timings[key]["4"]) == 5  # the seed never timed M = 4
     assert pm.meta["seeded_from"] == {"device": "seed GPU", "top": 1}
 
 

@@ -45,7 +45,8 @@ def register(subparsers) -> argparse.ArgumentParser:
                    help="time only what a map profiled on a similar GPU found fastest: a policy JSON path, or "
                         "'auto' for the map the engine runs on this GPU now (its own, or the shipped map of the "
                         "same architecture). All four modes took 5 minutes on an H200 seeded from the H100's "
-                        "map; points the seed never timed are swept in full")
+                        "map; points the seed never timed, and strategies it has no pick of at a point (new "
+                        "kernels, changed tiles), are swept in full")
     p.add_argument("--top", type=int, default=3,
                    help="with --seed: the seed's fastest this many candidates per point, plus the fastest of "
                         "each other strategy it timed (default: 3)")

@@ -228,8 +228,11 @@ def profile(shapes: Iterable[tuple[str, int, int]], modes: Iterable[str], m_list
                          if strategies is None or strat.name in strategies
                          for cfg in strat.configs(m) if strat.supports(stores[0], act, cfg)]
                 allowed = seeded_candidates(seed, key, m, top) if seed is not None else None
-                if allowed is not None and any((st.name, cfg) in allowed for st, cfg in sweep):
-                    sweep = [(st, cfg) for st, cfg in sweep if (st.name, cfg) in allowed]
+                if allowed is not None:
+                    # a strategy none of whose seeded picks this sweep has (one the seed never timed
+                    # here, or whose tiles changed since) is timed in full, not left out
+                    seeded = {st.name for st, cfg in sweep if (st.name, cfg) in allowed}
+                    sweep = [(st, cfg) for st, cfg in sweep if st.name not in seeded or (st.name, cfg) in allowed]
                 for strat, cfg in sweep:
                     name = candidate_name(strat.name, cfg)
                     try:
