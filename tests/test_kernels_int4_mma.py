@@ -93,6 +93,7 @@ def test_supports_and_config():
     assert mma_gemv_supports(st, TileConfig(16, 0, 128, 4, 4, 1), 16)
     assert not mma_gemv_supports(st, TileConfig(16, 0, 128, 8, 4, 1))  # 512 columns do not split 8 ways
     assert not mma_gemv_supports(st, TileConfig(16, 0, 128, 1, 4, 1), 65)
+    assert not mma_gemv_supports(st, TileConfig(16, 0, 128, 1, 4, 2), 1)  # the bulk ring is a patch now
     assert not mma_gemv_supports(quantize_int4(torch.randn(64, 512), 64), TileConfig(16, 0, 128, 1, 4, 1))
     assert [(c.bm, c.kwarps, c.prefetch) for c in (mma_config(28672, 4096, 16), mma_config(4096, 14336, 9))] == \
         [(32, 4, True)] * 2
@@ -197,82 +198,6 @@ for rows, tiled, ahead in ((16, True, 0), (16, True, 2), (32, True, 2), (16, Fal
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the PTX needs a CUDA GPU")
-@pytest.mark.parametrize("rows,split,warps,kwarps,preload", [
-    (16, 1, 8, 4, False), (16, 1, 8, 8, True), (16, 2, 4, 2, False), (32, 1, 4, 4, False), (8, 1, 4, 1, True)])
-def test_gpu_x_prefetch_is_bit_identical(rows, split, warps, kwarps, preload, monkeypatch):
-    """X_PREFETCH (stop 33) only asks L1 for the activations early: the same bits as without, for
-    one and two token tiles, and with an activation row stride that does not start rows on a line."""
-    from gearshift.kernels import int4_mma_gemv as mg
-
-    torch.manual_seed(rows + warps)
-    store = quantize_int4(torch.randn(208, 2048), 128).cuda().to_layout("blocks16")
-    cfg = TileConfig(rows, 0, 128, split, warps, 1, kwarps=kwarps, preload=preload)
-    assert mma_gemv_supports(store, cfg, 16)
-    for m in (1, 3, 8, 9, 16):
-        x = torch.randn(m, 2048 + 8, device="cuda", dtype=torch.bfloat16)[:, 8:]
-        monkeypatch.setattr(mg, "X_PREFETCH", 0)
-        ref = mg.mma_gemv(x, store, cfg)
-        monkeypatch.setattr(mg, "X_PREFETCH", 1)
-        assert torch.equal(mg.mma_gemv(x, store, cfg), ref), m
-
-
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="the PTX needs a CUDA GPU")
-@pytest.mark.parametrize("rows,split,warps,kwarps,stages", [
-    (16, 1, 8, 4, 4), (16, 1, 8, 8, 3), (16, 2, 4, 2, 2), (32, 1, 4, 4, 3), (8, 1, 4, 4, 6), (8, 1, 8, 8, 2)])
-def test_gpu_bulk_ring_is_bit_identical(rows, split, warps, kwarps, stages):
-    """TileConfig.stages > 1 (the bulk ring, stop 33) only changes where the weights wait: the same
-    bits as the register-prefetch tile, with slices shorter and longer than the ring, rows past N."""
-    from gearshift.kernels.int4_mma_gemv import mma_gemv
-
-    torch.manual_seed(rows + warps + stages)
-    for k in (1024, 4096):
-        store = quantize_int4(torch.randn(208, k), 128).cuda().to_layout("blocks16")
-        cfg = TileConfig(rows, 0, 128, split, warps, 1, kwarps=kwarps)
-        ring = dataclasses.replace(cfg, stages=stages)
-        assert mma_gemv_supports(store, ring, 16)
-        for m in (1, 3, 9, 16):
-            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-            assert torch.equal(mma_gemv(x, store, ring), mma_gemv(x, store, cfg)), (k, m)
-
-
-def test_bulk_ring_supports_only_blocks16_and_48kb():
-    store = quantize_int4(torch.randn(64, 1024), 128)
-    ring = TileConfig(16, 0, 128, 1, 8, 4, kwarps=4)
-    assert not mma_gemv_supports(store, ring, 1)  # rows layout: a warp's block is not one chunk
-    tiled = store.to_layout("blocks16")
-    assert mma_gemv_supports(tiled, ring, 1)
-    assert not mma_gemv_supports(tiled, dataclasses.replace(ring, warps=16, kwarps=8, stages=4), 1)  # 64 KB
-    assert not mma_gemv_supports(tiled, dataclasses.replace(ring, preload=True), 1)
-    assert not mma_gemv_supports(tiled, dataclasses.replace(ring, prefetch=True), 1)
-
-
-def test_bulk_ring_compiles_to_bulk_copies_and_mbarrier_waits(compile_sm90):
-    """The ring's PTX: `stages` bulk copies per 16-row chunk before the PDL wait and one in the loop,
-    the mbarrier wait before the shared-memory reads; the MMAs as in the register tile."""
-    out = compile_sm90(r"""
-from gearshift.kernels import int4_mma_gemv as mg
-from gearshift.kernels.config import TileConfig
-sig = {"x_ptr": "*bf16", "qw_ptr": "*u8", "s_ptr": "*fp16", "mn_ptr": "*fp16", "y_ptr": "*bf16", "ws_ptr": "*fp32",
-       "cnt_ptr": "*i32", "xs_ptr": "*bf16", "M": "i32", "N": "i32", "K": "i32", "stride_xm": "i32", "stride_ym": "i32"}
-for rows, stages in ((16, 4), (32, 2), (8, 2)):
-    cfg = TileConfig(rows, 0, 128, 1, 8, stages, kwarps=4)
-    ce = dict(G=128, WARPS=8, SPLIT_K=1, ASM=mg.MMA_ASM[("bf16", rows, 1)], CONSTRAINTS=mg.CONSTRAINTS[(rows, 1)],
-              ROWS=rows, TILES=1, OFFSET=128.0, U=1, HAS_XS=False, PDL=True, L2_PREFETCH=False,
-              LOAD=mg.WEIGHT_LOADS["plain"], SHINT=0, TILED=True, TRIGGER=1, TAIL=0, KWARPS=4, **mg.ring_args(cfg))
-    out[f"{rows}:{stages}"] = ptx(mg._mma_gemv_kernel, sig, ce, num_warps=8, ints16=("K",))
-""")
-    for key, p in out.items():
-        rows, stages = map(int, key.split(":"))
-        copies = 2 if rows == 32 else 1
-        wait = p.index("griddepcontrol.wait")
-        assert p.count("cp.async.bulk.shared::cluster.global") == copies * (stages + 1)
-        assert p[:wait].count("cp.async.bulk.shared::cluster.global") == copies * stages
-        assert p.index("mbarrier.try_wait.parity") < p.index("ld.shared.v4.b32")
-        assert "ld.global.nc.L1::no_allocate.v4" not in p  # no weight word goes through registers from global
-        assert p.count("mma.sync") == {8: 8, 16: 16, 32: 24}[rows]
-
-
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="the PTX needs a CUDA GPU")
 @pytest.mark.parametrize("rows,split,warps,kwarps,prefetch,preload,maxnreg", [
     (16, 1, 8, 4, False, False, 0), (16, 1, 8, 4, False, False, 64), (16, 1, 8, 8, True, False, 0),
     (16, 1, 8, 8, False, True, 80), (32, 1, 4, 4, False, False, 0), (8, 1, 4, 1, False, False, 0),
@@ -316,26 +241,6 @@ def test_fragment_pairs_are_one_lop3_each():
         old = mg.MMA_ASM_ANDOR[(dt, rows, tiles)]
         assert old.count("and.b32") == asm.count("lop3.b32") and "lop3" not in old
         assert asm.count("mma.sync") == old.count("mma.sync")
-
-
-def test_x_prefetch_compiles_to_l1_prefetches_after_the_wait(compile_sm90):
-    """X_PREFETCH: L1 prefetches of the activations after the PDL wait, none before it, the MMAs unchanged."""
-    out = compile_sm90(r"""
-from gearshift.kernels import int4_mma_gemv as mg
-sig = {"x_ptr": "*bf16", "qw_ptr": "*u8", "s_ptr": "*fp16", "mn_ptr": "*fp16", "y_ptr": "*bf16", "ws_ptr": "*fp32",
-       "cnt_ptr": "*i32", "xs_ptr": "*bf16", "M": "i32", "N": "i32", "K": "i32", "stride_xm": "i32", "stride_ym": "i32"}
-for xpf, pre, tiles in ((0, 0, 1), (1, 0, 1), (1, 4, 1), (1, 0, 2)):
-    ce = dict(G=128, WARPS=8, SPLIT_K=1, ASM=mg.MMA_ASM[("bf16", 16, tiles)], CONSTRAINTS=mg.CONSTRAINTS[(16, tiles)],
-              ROWS=16, TILES=tiles, OFFSET=128.0, U=1, HAS_XS=False, PDL=True, L2_PREFETCH=False,
-              LOAD=mg.WEIGHT_LOADS["plain"], SHINT=0, TILED=True, TRIGGER=1, TAIL=0, KWARPS=8, PRE=pre, XPF=xpf)
-    out[f"{xpf}{pre}{tiles}"] = ptx(mg._mma_gemv_kernel, sig, ce, num_warps=8, ints16=("K",))
-""")
-    assert "prefetch.global.L1" not in out["001"]
-    for key, p in out.items():
-        assert p.count("mma.sync") == 16 * int(key[2]) * max(1, int(key[1]))  # the preload unrolls its blocks
-        if key != "001":
-            assert p.index("griddepcontrol.wait") < p.index("prefetch.global.L1")
-    assert out["102"].count("prefetch.global.L1") == 2 * out["101"].count("prefetch.global.L1")
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the PTX needs a CUDA GPU")

@@ -13,7 +13,11 @@ enough weight copies to exceed L2 (blocks16). Families: `registers` = the regist
 the map chooses from (in-CTA K split, 2-block steps, preloads), `ringS` = the bulk ring of depth S
 on the in-CTA base tiles. Prints per M the per-shape bests and their 32-layer step sums.
 
+    git apply benchmarks/results/mma_bulk_ring_x_prefetch.patch   # the ring left the kernel in stop 34
     PYTHONPATH=. python benchmarks/mma_ablations/ring.py --ms 1,4,8 --out benchmarks/results
+
+Measured (stop 33, `results/ring_stop33_*`): never faster on the best tiles, and the deeper the
+ring the slower; see docs/kernels.md, "Stop 33".
 """
 import dataclasses
 

@@ -16,7 +16,7 @@ to natural; xsum: against the torch reference) and timed over enough weight copi
 the inputs are permuted and summed before timing. Prints per M and variant the per-shape bests and
 their 32-layer step sums.
 
-    git apply benchmarks/results/fragment_order_block_sums.patch   # the variants (not kept)
+    git checkout 009e1f9 && git apply benchmarks/results/fragment_order_block_sums.patch   # (not kept)
     PYTHONPATH=. python benchmarks/mma_ablations/xorder.py --ms 1,2,4,8,16 --out benchmarks/results
 
 Measured (H100, `results/xorder_stop34_{a,b}_*.json`): per-shape best step sums 1.599 / 1.604 /

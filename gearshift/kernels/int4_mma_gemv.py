@@ -214,70 +214,16 @@ WEIGHT_LOADS = {
     "l2_128": "ld.global.nc.L1::no_allocate.L2::128B.v4.b32 {$0, $1, $2, $3}, [$4];",
     "l2_256": "ld.global.nc.L1::no_allocate.L2::256B.v4.b32 {$0, $1, $2, $3}, [$4];",
 }
-#: TileConfig.stages > 1: the ring and its mbarriers are static shared memory (48 KB at most)
-MAX_RING_BYTES = 48 * 1024
-
-
-def ring_slot_bytes(rows: int) -> int:
-    """Bytes of one block of a warp's rows in the blocks16 store: half a 1 KB chunk, one chunk, two chunks."""
-    return {8: 512, 16: 1024, 32: 2048}[rows]
-
-
-def ring_decl_asm(nbytes: int, nbars: int) -> str:
-    """The CTA's bulk ring and its mbarriers as static shared memory declared by the PTX itself
-    (Triton's own shared memory is untouched); each thread gets both base addresses."""
-    return (f"{{ .shared .align 128 .b8 gs_ring[{nbytes}]; .shared .align 8 .b64 gs_bar[{nbars}]; "
-            "mov.u32 $0, gs_ring; mov.u32 $1, gs_bar; }")
-
-
-def ring_init_asm(stages: int) -> str:
-    """Lane 0 of each warp initializes the warp's `stages` mbarriers (one arrival each: its own)."""
-    body = " ".join(f"@p mbarrier.init.shared::cta.b64 [$1+{8 * i}], 1;" for i in range(stages))
-    return ("{ .reg .pred p; setp.ne.s32 p, $2, 0; " + body +
-            " @p fence.mbarrier_init.release.cluster; bar.warp.sync -1; mov.u32 $0, 0; }")
-
-
-def ring_issue_asm(rows: int) -> str:
-    """Lane 0 (pred) arms the slot's mbarrier for one block and asks the TMA unit for it: one bulk
-    copy per 16-row chunk ($4: the chunk of rows a/b, $5: of rows c/d). The fence orders the warp's
-    earlier shared-memory reads of the slot before the copy that overwrites it."""
-    nb = ring_slot_bytes(rows)
-    per = min(nb, 1024)
-    cp = "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes"
-    ops = [f"@p {cp} [$3], [$4], {per}, [$2];"]
-    if rows == 32:
-        ops.append(f"@p {cp} [$3+1024], [$5], {per}, [$2];")
-    return ("{ .reg .pred p; setp.ne.s32 p, $1, 0; @p fence.proxy.async.shared::cta; "
-            f"@p mbarrier.arrive.expect_tx.shared::cta.b64 _, [$2], {nb}; " + " ".join(ops) + " mov.u32 $0, 0; }")
-
-
-def ring_take_asm(rows: int) -> str:
-    """Wait for the slot's phase ($N: mbarrier, $N+1: parity), read the lane's 16 bytes of each of
-    its rows (the 512-byte halves of a chunk are rows 0..7 and 8..15), then a warp barrier so that
-    lane 0 may refill the slot."""
-    n = {8: 4, 16: 8, 32: 16}[rows]
-    bar, par, addr = n, n + 1, n + 2
-    reads = [f"ld.shared.v4.b32 {{${4 * i}, ${4 * i + 1}, ${4 * i + 2}, ${4 * i + 3}}}, [${addr}+{512 * i}];"
-             for i in range(n // 4)]
-    return ("{ .reg .pred p; gs_wait: mbarrier.try_wait.parity.shared::cta.b64 p, [$" + str(bar) + "], $" + str(par)
-            + "; @!p bra gs_wait; " + " ".join(reads) + " bar.warp.sync -1; }")
-
-
-RING_ASM = {rows: (ring_issue_asm(rows), ring_take_asm(rows)) for rows in ROWS_PER_WARP}
 PRELOAD_REGISTERS = 128  # TileConfig.preload: weight registers per lane (16 blocks at 16 rows per warp)
 TRIGGER = -1  # >= 0: overrides pdl_trigger(m) for every launch (timing experiments; results never change)
 L2_AHEAD = 0  # > 0: stepped tiles also bulk-prefetch into L2 this many steps beyond their register prefetch
 # (a timing experiment, stop 31; results never change)
-#: 1: right after the PDL wait each warp asks L1 for its whole K slice of the activations, so the
-#: per-block loads inside the fragment PTX (one L2 round trip each, serialized behind the MMAs)
-#: hit L1 (a timing switch, stop 33; results never change)
-X_PREFETCH = 0
 WEIGHT_LOAD = {"name": "plain", "scales": 0}  # scales 1: the scale/min loads with an L2 prefetch size too
 CONSTRAINTS = {(rows, tiles): ",".join(["=r"] * ({8: 4, 16: 6, 32: 10}[rows] * tiles) + ["r"] * (rows // 2)
                                        + ["l"] * tiles) for rows in ROWS_PER_WARP for tiles in (1, 2)}
 
 if HAS_TRITON:
-    from gearshift.kernels.pdl import grid_wait, launch_dependents, prefetch_l1, prefetch_l2
+    from gearshift.kernels.pdl import grid_wait, launch_dependents, prefetch_l2
     from gearshift.kernels.splitk import splitk_finish
 
     @triton.jit
@@ -370,52 +316,6 @@ if HAS_TRITON:
 
 
     @triton.jit
-    def _prefetch_x(x_ptr, tok0, tok1, stride_xm, k_lo, kws, g, t, M, m0_tok, TILES: tl.constexpr):
-        """L1 prefetch of the warp's K slice of its tokens' activations (128-byte lines, lane (g, t)
-        takes token g's lines t, t + 4, ...; one line more for rows that do not start on a line)."""
-        n_lines = kws // 8 + 1  # kws words = 8 * kws 16-bit columns = kws / 8 lines
-        p0 = x_ptr + tok0 * stride_xm + k_lo * 8
-        p1 = x_ptr + tok1 * stride_xm + k_lo * 8
-        for i in range(0, n_lines, 4):
-            line = i + t
-            prefetch_l1(p0 + line * 64, ((line < n_lines) & (m0_tok + g < M)).to(tl.int32))
-            if TILES == 2:
-                prefetch_l1(p1 + line * 64, ((line < n_lines) & (m0_tok + 8 + g < M)).to(tl.int32))
-
-
-    @triton.jit
-    def _ring_bases(like, DECL: tl.constexpr):
-        return tl.inline_asm_elementwise(DECL, "=r,=r,r", [like], dtype=(tl.int32, tl.int32), is_pure=False, pack=1)
-
-
-    @triton.jit
-    def _ring_init(bar, lead, INIT: tl.constexpr):
-        return tl.inline_asm_elementwise(INIT, "=r,r,r", [bar, lead], dtype=tl.int32, is_pure=False, pack=1)
-
-
-    @triton.jit
-    def _ring_issue(ISSUE: tl.constexpr, pred, bar, dst, src_a, src_c):
-        return tl.inline_asm_elementwise(ISSUE, "=r,r,r,r,l,l", [pred, bar, dst, src_a, src_c], dtype=tl.int32,
-                                         is_pure=False, pack=1)
-
-
-    @triton.jit
-    def _ring_take(TAKE: tl.constexpr, ROWS: tl.constexpr, bar, parity, addr):
-        """The lane's words of one block from its ring slot: 16 values, as `_load_rows` gives them."""
-        if ROWS == 8:
-            a0, a1, a2, a3 = tl.inline_asm_elementwise(TAKE, "=r,=r,=r,=r,r,r,r", [bar, parity, addr],
-                                                       dtype=(tl.int32,) * 4, is_pure=False, pack=1)
-            return a0, a1, a2, a3, a0, a1, a2, a3, a0, a1, a2, a3, a0, a1, a2, a3
-        if ROWS == 16:
-            a0, a1, a2, a3, b0, b1, b2, b3 = tl.inline_asm_elementwise(
-                TAKE, "=r,=r,=r,=r,=r,=r,=r,=r,r,r,r", [bar, parity, addr], dtype=(tl.int32,) * 8, is_pure=False,
-                pack=1)
-            return a0, a1, a2, a3, b0, b1, b2, b3, a0, a1, a2, a3, b0, b1, b2, b3
-        return tl.inline_asm_elementwise(TAKE, "=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,r,r,r",
-                                         [bar, parity, addr], dtype=(tl.int32,) * 16, is_pure=False, pack=1)
-
-
-    @triton.jit
     def _fold(d0, d1, e0, e1, sa, ma, acc0, acc1):
         return acc0 + sa * d0 + ma * e0, acc1 + sa * d1 + ma * e1
 
@@ -485,10 +385,7 @@ if HAS_TRITON:
                          OFFSET: tl.constexpr, U: tl.constexpr, HAS_XS: tl.constexpr, PDL: tl.constexpr,
                          L2_PREFETCH: tl.constexpr, LOAD: tl.constexpr, SHINT: tl.constexpr, TILED: tl.constexpr,
                          TRIGGER: tl.constexpr = 1, TAIL: tl.constexpr = 0, KWARPS: tl.constexpr = 1,
-                         PRE: tl.constexpr = 0, L2_AHEAD: tl.constexpr = 0, XPF: tl.constexpr = 0,
-                         RING: tl.constexpr = 0, SLOT: tl.constexpr = 1024, DECL: tl.constexpr = "",
-                         INIT: tl.constexpr = "", ISSUE: tl.constexpr = "", TAKE: tl.constexpr = "",
-                         EVEN: tl.constexpr = 0):
+                         PRE: tl.constexpr = 0, L2_AHEAD: tl.constexpr = 0, EVEN: tl.constexpr = 0):
         # Every per-lane quantity comes from the lane's own %tid.x, so the fragment plan holds
         # whatever layout Triton picks for these [32 * WARPS] tensors (one element per thread).
         # ROWS: weight rows per warp; lane (g, t) holds rows g, g+8, g+16, g+24 of them.
@@ -551,49 +448,14 @@ if HAS_TRITON:
                 wl = wl + (_load_rows(w_ptrs, k_lo + 16 * i, ROWS, LOAD, TILED),)
                 sl = sl + (_load_scales(s_ptr, mn_ptr, s_offs, ((k_lo + 16 * i) * 8) // G, ROWS, SHINT),)
             grid_wait(PDL)
-            if XPF:
-                _prefetch_x(x_ptr, tok0, tok1, stride_xm, k_lo, kws, g, t, M, m0_tok, TILES)
             for i in tl.static_range(PRE):
                 acc = _block(ASM, CONSTRAINTS, ROWS, TILES, OFFSET, wl[i], x0 + (k_lo + 16 * i) * 8,
                              x1 + (k_lo + 16 * i) * 8, sl[i], acc)
-        elif RING > 0:  # blocks16 only: each warp's blocks stream through a RING-slot ring in shared
-            # memory, filled by bulk copies (TMA unit): RING blocks in flight per warp without holding
-            # registers, the first RING of them before the PDL wait
-            ring, bars = _ring_bases(tid, DECL)
-            wring = ring + warp * (RING * SLOT)
-            wbar = bars + warp * (RING * 8)
-            lead = (lane == 0).to(tl.int32)
-            _ring_init(wbar, lead, INIT)
-            src_a = qw32 + (ra // 16).to(tl.int64) * KW * 16 + k_lo * 16
-            if ROWS == 8:
-                src_a += 128 * ((ra // 8) % 2)
-            src_c = qw32 + (rc // 16).to(tl.int64) * KW * 16 + k_lo * 16
-            nb = kws // 16
-            for j in tl.static_range(RING):
-                _ring_issue(ISSUE, lead & (j < nb).to(tl.int32), wbar + 8 * j, wring + SLOT * j, src_a + 256 * j,
-                            src_c + 256 * j)
-            sc = _load_scales(s_ptr, mn_ptr, s_offs, (k_lo * 8) // G, ROWS, SHINT)
-            grid_wait(PDL)
-            if XPF:
-                _prefetch_x(x_ptr, tok0, tok1, stride_xm, k_lo, kws, g, t, M, m0_tok, TILES)
-            for i in range(0, nb):
-                slot = i % RING
-                w = _ring_take(TAKE, ROWS, wbar + 8 * slot, tl.zeros_like(lane) + (i // RING) % 2,
-                               wring + SLOT * slot + 16 * lane)
-                _ring_issue(ISSUE, lead & (i + RING < nb).to(tl.int32), wbar + 8 * slot, wring + SLOT * slot,
-                            src_a + 256 * (i + RING), src_c + 256 * (i + RING))
-                sn = _load_scales(s_ptr, mn_ptr, s_offs, ((k_lo + 16 * tl.minimum(i + 1, nb - 1)) * 8) // G, ROWS,
-                                  SHINT)
-                acc = _block(ASM, CONSTRAINTS, ROWS, TILES, OFFSET, w, x0 + (k_lo + 16 * i) * 8,
-                             x1 + (k_lo + 16 * i) * 8, sc, acc)
-                sc = sn
         else:
             # U blocks per step, the next step's weights and scales loaded before this step's math:
             # 16*U bytes per lane and row in flight. Past the slice's end the last step re-reads itself.
             w, sc, w2, sc2 = _load_step(w_ptrs, s_ptr, mn_ptr, s_offs, k_lo, G, ROWS, LOAD, TILED, SHINT, U)
             grid_wait(PDL)  # weights only above this line: x, y and the split-K buffers below
-            if XPF:
-                _prefetch_x(x_ptr, tok0, tok1, stride_xm, k_lo, kws, g, t, M, m0_tok, TILES)
             if U == 1 and EVEN and L2_AHEAD == 0:
                 # two blocks per trip, still one block ahead: the loads land straight in the registers
                 # the loop carries (a one-block loop copies 8+ registers per block at its end)
@@ -721,10 +583,9 @@ def mma_gemv_supports(store: Int4Weight, cfg: TileConfig, m: int = 1, dtype=torc
     step = BLOCK_COLS * cfg.split_k * cfg.kwarps * (2 if cfg.prefetch else 1)
     q = store.qweight
     blocks = k // (BLOCK_COLS * cfg.split_k * cfg.kwarps)  # per warp (k not tiled so fails below)
-    if cfg.pairs and (cfg.prefetch or cfg.preload or cfg.stages > 1 or blocks % 2):
+    if cfg.stages > 1:  # a shared-memory ring (stop 33, never faster): results/mma_bulk_ring_x_prefetch.patch
         return False
-    if cfg.stages > 1 and (cfg.preload or cfg.prefetch or store.layout != BLOCKS16 or cfg.bm not in ROWS_PER_WARP
-                           or cfg.warps * cfg.stages * (ring_slot_bytes(cfg.bm) + 8) > MAX_RING_BYTES):
+    if cfg.pairs and (cfg.prefetch or cfg.preload or blocks % 2):
         return False
     if cfg.preload and (cfg.prefetch or cfg.bm not in ROWS_PER_WARP or
                         blocks * 4 * (cfg.bm // 8) > PRELOAD_REGISTERS):
@@ -740,8 +601,7 @@ def mma_gemv(x: torch.Tensor, store: Int4Weight, cfg: TileConfig, token_scales: 
     """y [M, N] = x [M, K] @ dequant(W).T for 1 <= M <= 64, 16 tokens per program (cfg: bm = 8, 16 or
     32 weight rows per warp, warps, split_k over programs, kwarps = warps sharing rows that split K inside the CTA,
     prefetch = 2 blocks per step, preload = the warp's whole K slice loaded before the PDL wait,
-    pairs = two blocks per loop trip, stages > 1 = a bulk-copy ring (timing experiment), maxnreg = a
-    register cap).
+    pairs = two blocks per loop trip, maxnreg = a register cap; stages must be 1).
     With token_scales [M] (fp32), x holds activation codes and y = token_scales[:, None] *
     (x @ dequant(W).T). pdl / l2_prefetch / trigger (defaults: `pdl.py`'s switches and
     `pdl_trigger`) change timing only, never the result; tail != 0 is a timing experiment with
@@ -779,7 +639,7 @@ def mma_gemv(x: torch.Tensor, store: Int4Weight, cfg: TileConfig, token_scales: 
                            TILES=tiles, OFFSET=OFFSET[dt],
                            U=2 if cfg.prefetch else 1, HAS_XS=token_scales is not None, PDL=pdl,
                            L2_PREFETCH=l2_prefetch, TRIGGER=trigger, PRE=pre, L2_AHEAD=L2_AHEAD,
-                           XPF=X_PREFETCH if dt != "s8" else 0, **ring_args(cfg), EVEN=int(cfg.pairs),
+                           EVEN=int(cfg.pairs),
                            LOAD=WEIGHT_LOADS[WEIGHT_LOAD["name"]], SHINT=WEIGHT_LOAD["scales"], TILED=store.layout == BLOCKS16,
                            num_warps=cfg.warps, num_stages=1, TAIL=tail, KWARPS=cfg.kwarps,
                            **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {}),
@@ -792,16 +652,6 @@ def block_asm(dt: str, rows: int, tiles: int) -> str:
     if dt == "s8":
         return MMA_ASM_S8[(rows, tiles)]
     return (MMA_ASM if FUSED_LOP3 else MMA_ASM_ANDOR)[(dt, rows, tiles)]
-
-
-def ring_args(cfg: TileConfig) -> dict:
-    """The bulk ring's constexprs (cfg.stages > 1: that many blocks per warp in shared memory)."""
-    if cfg.stages <= 1:
-        return {}
-    slot = ring_slot_bytes(cfg.bm)
-    issue, take = RING_ASM[cfg.bm]
-    return dict(RING=cfg.stages, SLOT=slot, DECL=ring_decl_asm(cfg.warps * cfg.stages * slot, cfg.warps * cfg.stages),
-                INIT=ring_init_asm(cfg.stages), ISSUE=issue, TAKE=take)
 
 
 def pdl_trigger(m: int) -> int:

@@ -106,15 +106,6 @@ if HAS_TRITON:
 
 
     @triton.jit
-    def prefetch_l1(ptr, pred):
-        """Bring the line holding ptr into this SM's L1, per element where pred != 0 (no registers
-        held, nothing waits on it: later loads of the line hit L1 or join the request in flight)."""
-        return tl.inline_asm_elementwise(
-            "{ .reg .pred p; setp.ne.s32 p, $2, 0; @p prefetch.global.L1 [$1]; mov.u32 $0, 0; }",
-            "=r,l,r", [ptr, pred], dtype=tl.int32, is_pure=False, pack=1)
-
-
-    @triton.jit
     def prefetch_l2(ptr, nbytes, pred):
         """One bulk L2 prefetch of nbytes (a multiple of 16, 16-byte aligned) at ptr, per element
         where pred != 0 (one element per thread; other threads issue nothing)."""
