@@ -322,11 +322,16 @@ def test_chained_accumulators_ptx():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the PTX needs a CUDA GPU")
-@pytest.mark.parametrize("act_dtype,m,rows", [("int8", 4, 16), ("int4", 4, 16), ("int8", 16, 32), ("int4", 13, 32)])
-def test_dispatcher_takes_float_codes_from_the_norm(act_dtype, m, rows):
-    """Where the map picks w4a8_mma (1..16 tokens), the dispatcher asks the norm for its codes as
-    exact integers in bf16, uses them (zeros give zeros) and, given the real ones, returns the bits
-    of quantizing itself; int8 codes (the int8 kernel's form) are ignored."""
+@pytest.mark.parametrize("strategy,codes_dtype,act_dtype,m,rows", [
+    ("w4a8_mma", torch.bfloat16, "int8", 4, 16), ("w4a8_mma", torch.bfloat16, "int4", 4, 16),
+    ("w4a8_mma", torch.bfloat16, "int8", 16, 32), ("w4a8_mma", torch.bfloat16, "int4", 13, 32),
+    ("w4a8_mma_int8", torch.int8, "int8", 1, 16), ("w4a8_mma_int8", torch.int8, "int4", 4, 16),
+    ("w4a8_mma_int8", torch.int8, "int8", 16, 32)])
+def test_dispatcher_takes_the_codes_the_chosen_fragment_kernel_takes(strategy, codes_dtype, act_dtype, m, rows):
+    """Where the map picks a fragment kernel for W4A8 / W4A4, the dispatcher asks the norm for its
+    codes in that kernel's form (exact integers in bf16 for w4a8_mma, int8 for w4a8_mma_int8), uses
+    them (zeros give zeros) and, given the real ones, returns the bits of quantizing itself; codes
+    in the other form are ignored."""
     from gearshift.dispatch.dispatcher import AdaptiveDispatcher
     from gearshift.dispatch.policy import Choice, PolicyMap, type_key
     from gearshift.kernels.act_quant import ActCodes
@@ -336,20 +341,22 @@ def test_dispatcher_takes_float_codes_from_the_norm(act_dtype, m, rows):
     act = ActQuantSpec(act_dtype)
     st = quantize_int4(torch.randn(256, 1024), 128).cuda().to_layout("blocks16")
     cfg = TileConfig(rows, 0, 128, 1, 4, 1, kwarps=4)
-    pm = PolicyMap("test", [m], {type_key(f"w4a{act.bits}", 128, 256, 1024): [Choice("w4a8_mma", cfg)]})
+    pm = PolicyMap("test", [m], {type_key(f"w4a{act.bits}", 128, 256, 1024): [Choice(strategy, cfg)]})
     disp = AdaptiveDispatcher(pm)
     qmax = 127.0 if act_dtype == "int8" else 7.0
     spec = disp.codes_for(st, act, m, torch.bfloat16)
-    assert spec is not None and spec.qmax == qmax and spec.dtype == torch.bfloat16
+    assert spec is not None and spec.qmax == qmax and spec.dtype == codes_dtype
     x = torch.randn(m, 1024, device="cuda", dtype=torch.bfloat16)
     w = torch.ones(1024, device="cuda", dtype=torch.bfloat16)
-    h, codes = rms_norm_codes_triton(x, w, 1e-5, qmax, torch.bfloat16)
+    h, codes = rms_norm_codes_triton(x, w, 1e-5, qmax, codes_dtype)
     plain = disp.linear(h, st, act)
     assert torch.equal(disp.linear(h, st, act, codes=codes), plain)
     zeros = ActCodes(torch.zeros_like(codes.codes), codes.scales, qmax)
     assert not disp.linear(h, st, act, codes=zeros).any()
-    as_int8 = rms_norm_codes_triton(x, w, 1e-5, qmax)[1]
-    assert torch.equal(disp.linear(h, st, act, codes=as_int8), plain)
+    other = rms_norm_codes_triton(x, w, 1e-5, qmax, torch.bfloat16 if codes_dtype == torch.int8 else torch.int8)[1]
+    assert torch.equal(disp.linear(h, st, act, codes=other), plain)
+    ref = linear_reference(h.float(), st, act)
+    assert ((plain.float() - ref).norm() / ref.norm()).item() < 3e-2
 
 
 def _ptx_step(lines: list[str], regs: dict, lanes: int = 32) -> None:
@@ -473,33 +480,6 @@ def test_gpu_int8_codes_match_the_16_bit_codes(rows, split, warps, kwarps, prefe
             assert ((y8.float() - ref).norm() / ref.norm()).item() < 3e-3, (m, qmax)
             assert ((y8.float() - y16.float()).norm() / y16.float().norm()).item() < 3e-3, (m, qmax)
             assert torch.equal(mg.mma_gemv(codes, store, cfg, token_scales=scales, out_dtype=torch.bfloat16), y8)
-
-
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="the PTX needs a CUDA GPU")
-@pytest.mark.parametrize("act_dtype,m,rows", [("int8", 1, 16), ("int4", 4, 16), ("int8", 16, 32)])
-def test_dispatcher_takes_int8_codes_from_the_norm_for_the_int8_fragments(act_dtype, m, rows):
-    """Where the map picks w4a8_mma_int8, the norm is asked for int8 codes and the result equals
-    the kernel quantizing for itself."""
-    from gearshift.dispatch.dispatcher import AdaptiveDispatcher
-    from gearshift.dispatch.policy import Choice, PolicyMap, type_key
-    from gearshift.kernels.rmsnorm import rms_norm_codes_triton
-
-    torch.manual_seed(3)
-    act = ActQuantSpec(act_dtype)
-    st = quantize_int4(torch.randn(256, 1024), 128).cuda().to_layout("blocks16")
-    cfg = TileConfig(rows, 0, 128, 1, 4, 1, kwarps=4)
-    pm = PolicyMap("test", [m], {type_key(f"w4a{act.bits}", 128, 256, 1024): [Choice("w4a8_mma_int8", cfg)]})
-    disp = AdaptiveDispatcher(pm)
-    qmax = 127.0 if act_dtype == "int8" else 7.0
-    spec = disp.codes_for(st, act, m, torch.bfloat16)
-    assert spec is not None and spec.qmax == qmax and spec.dtype == torch.int8
-    x = torch.randn(m, 1024, device="cuda", dtype=torch.bfloat16)
-    w = torch.ones(1024, device="cuda", dtype=torch.bfloat16)
-    h, codes = rms_norm_codes_triton(x, w, 1e-5, qmax, torch.int8)
-    plain = disp.linear(h, st, act)
-    assert torch.equal(disp.linear(h, st, act, codes=codes), plain)
-    ref = linear_reference(h.float(), st, act)
-    assert ((plain.float() - ref).norm() / ref.norm()).item() < 3e-2
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the PTX needs a CUDA GPU")

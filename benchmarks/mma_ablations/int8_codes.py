@@ -15,13 +15,10 @@ before timing, as an RMSNorm emits them). Prints per M and variant the per-shape
 
     PYTHONPATH=. python benchmarks/mma_ablations/int8_codes.py --ms 1,2,4,8,16 --out benchmarks/results
 """
-import argparse
 import dataclasses
-import json
-from pathlib import Path
 
 import torch
-from sweep import SHAPES, keep_best, report, shape_cases
+from sweep import keep_best, report, seeded_args, shape_cases
 
 import gearshift.kernels.int4_mma_gemv as mg
 from gearshift.dispatch.policy import parse_candidate
@@ -32,16 +29,7 @@ VARIANTS = ("bf16 codes", "int8 codes")
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--ms", default="1,2,4,8,16")
-    ap.add_argument("--top", type=int, default=6, help="seed tiles per shape and M")
-    ap.add_argument("--seed", default="gearshift/data/policy/NVIDIA_H100_80GB_HBM3.json")
-    ap.add_argument("--tag", default="")
-    ap.add_argument("--out", default="benchmarks/results")
-    a = ap.parse_args()
-    ms = [int(v) for v in a.ms.split(",")]
-    seed = json.loads(Path(a.seed).read_text())
-    dims = {s: (n, k) for s, n, k in SHAPES}
+    a, ms, seed, dims = seeded_args(__doc__, "1,2,4,8,16", 6)
     rows, best = [], {}
     for shape, m, x, stores, _ in shape_cases(ms):
         n, k = dims[shape]

@@ -18,13 +18,10 @@ copies to exceed L2. Prints per M and variant the per-shape bests and their 32-l
 
     PYTHONPATH=. python benchmarks/mma_ablations/lop3.py --ms 1,16 --out benchmarks/results
 """
-import argparse
 import dataclasses
-import json
-from pathlib import Path
 
 import torch
-from sweep import SHAPES, keep_best, report, shape_cases
+from sweep import keep_best, report, seeded_args, shape_cases
 
 import gearshift.kernels.int4_mma_gemv as mg
 from gearshift.dispatch.policy import parse_candidate
@@ -46,15 +43,7 @@ def seed_tiles(seed: dict, shape_key: str, m: int, top: int) -> list[TileConfig]
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--ms", default="1,16")
-    ap.add_argument("--top", type=int, default=8, help="seed tiles per shape and M (0: all fragment tiles)")
-    ap.add_argument("--seed", default="gearshift/data/policy/NVIDIA_H100_80GB_HBM3.json")
-    ap.add_argument("--out", default="benchmarks/results")
-    a = ap.parse_args()
-    ms = [int(v) for v in a.ms.split(",")]
-    seed = json.loads(Path(a.seed).read_text())
-    dims = {s: (n, k) for s, n, k in SHAPES}
+    a, ms, seed, dims = seeded_args(__doc__, "1,16", 8)  # --top 0: every fragment tile
     rows, best = [], {}
     for shape, m, x, stores, ref in shape_cases(ms):
         n, k = dims[shape]
@@ -73,7 +62,7 @@ def main() -> None:
                     rows.append(dict(shape=shape, m=m, variant=label, config=cfg.to_dict(), us=us, rel_err=rel))
                     keep_best(best, (shape, m, label), us, cfg)
         mg.FUSED_LOP3 = True
-    report(a.out, "lop3", rows, best, ms, list(VARIANTS))
+    report(a.out, f"lop3{a.tag}", rows, best, ms, list(VARIANTS))
 
 
 if __name__ == "__main__":

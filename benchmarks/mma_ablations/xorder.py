@@ -24,14 +24,11 @@ Measured (H100, `results/xorder_stop34_{a,b}_*.json`): per-shape best step sums 
 1.799 at 8, 2.316 / 2.273 / 2.314 at 16: within the runs' spread, although the loop lost 11-18% of
 its instructions. So after stop 33 the loop's instruction count no longer bounds it; not kept.
 """
-import argparse
 import dataclasses
-import json
-from pathlib import Path
 
 import torch
 from lop3 import seed_tiles
-from sweep import SHAPES, keep_best, report, shape_cases
+from sweep import keep_best, report, seeded_args, shape_cases
 
 import gearshift.kernels.int4_mma_gemv as mg
 from gearshift.dispatch.profiler import time_us
@@ -41,16 +38,7 @@ CAPS = (0, 64)
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--ms", default="1,2,4,8,16")
-    ap.add_argument("--top", type=int, default=8, help="seed tiles per shape and M (0: all fragment tiles)")
-    ap.add_argument("--seed", default="gearshift/data/policy/NVIDIA_H100_80GB_HBM3.json")
-    ap.add_argument("--tag", default="")
-    ap.add_argument("--out", default="benchmarks/results")
-    a = ap.parse_args()
-    ms = [int(v) for v in a.ms.split(",")]
-    seed = json.loads(Path(a.seed).read_text())
-    dims = {s: (n, k) for s, n, k in SHAPES}
+    a, ms, seed, dims = seeded_args(__doc__, "1,2,4,8,16", 8)
     rows, best = [], {}
     for shape, m, x, stores, ref in shape_cases(ms):
         n, k = dims[shape]

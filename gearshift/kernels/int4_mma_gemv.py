@@ -47,6 +47,30 @@ GROUP_TOKENS = 16  # tokens per program: MMA n = 8 tokens per tile, two tiles pe
 MAX_TOKENS = 64
 
 
+def _kstep_mmas(mma: str, per_lane: int, d: str, e: str, f: str, b0: str = "b0", b1: str = "b1") -> list[str]:
+    """One k-step's MMAs for one token tile: the weight rows into d (and f at 32 rows), the token
+    sums into e (16 and 32 rows: A = ones; 8 rows: A rows 8..15 are ones, so d carries them)."""
+    if per_lane == 1:
+        return [f"{mma} {{{d}}}, {{a0, one, a2, one}}, {{{b0}, {b1}}}, {{{d}}};"]
+    out = [f"{mma} {{{d}}}, {{a0, a1, a2, a3}}, {{{b0}, {b1}}}, {{{d}}};"]
+    if per_lane == 4:
+        out.append(f"{mma} {{{f}}}, {{c0, c1, c2, c3}}, {{{b0}, {b1}}}, {{{f}}};")
+    return out + [f"{mma} {{{e}}}, {{one, one, one, one}}, {{{b0}, {b1}}}, {{{e}}};"]
+
+
+def _block_outputs(per_lane: int, tiles: int) -> list[str]:
+    """The PTX registers behind the block's outputs, in operand order (see `_mma_asm`)."""
+    outs = []
+    for tile in range(tiles):
+        o = 4 * tile
+        outs += [f"d{o}", f"d{o + 1}", f"d{o + 2}", f"d{o + 3}"]
+        if per_lane == 4:
+            outs += [f"f{o}", f"f{o + 1}", f"f{o + 2}", f"f{o + 3}"]
+        if per_lane >= 2:
+            outs += [f"e{o}", f"e{o + 1}"]
+    return outs
+
+
 def _mma_asm(dt: str, magic: int, rows: int, tiles: int = 1, chains: int = 1, fused: bool = True) -> str:
     """PTX for one 128-column block of one warp, run once per lane (pack 1).
 
@@ -112,24 +136,10 @@ def _mma_asm(dt: str, magic: int, rows: int, tiles: int = 1, chains: int = 1, fu
                 d, e, f = (", ".join(f"{r}{bank + 4 * tile + i}" for i in range(4)) for r in "def")
                 lines.append(f"prmt.b32 b0, {lo}, {hi}, 0x5410;")
                 lines.append(f"prmt.b32 b1, {lo}, {hi}, 0x7632;")
-                if per_lane >= 2:
-                    lines.append(f"{mma} {{{d}}}, {{a0, a1, a2, a3}}, {{b0, b1}}, {{{d}}};")
-                    if per_lane == 4:
-                        lines.append(f"{mma} {{{f}}}, {{c0, c1, c2, c3}}, {{b0, b1}}, {{{f}}};")
-                    lines.append(f"{mma} {{{e}}}, {{one, one, one, one}}, {{b0, b1}}, {{{e}}};")
-                else:
-                    lines.append(f"{mma} {{{d}}}, {{a0, one, a2, one}}, {{b0, b1}}, {{{d}}};")
+                lines += _kstep_mmas(mma, per_lane, d, e, f)
     for c in range(1, chains):
         lines += [f"add.f32 {r}{i}, {r}{i}, {r}{4 * tiles * c + i};" for r in banks for i in range(4 * tiles)]
-    outs = []
-    for tile in range(tiles):
-        o = 4 * tile
-        outs += [f"d{o}", f"d{o + 1}", f"d{o + 2}", f"d{o + 3}"]
-        if per_lane == 4:
-            outs += [f"f{o}", f"f{o + 1}", f"f{o + 2}", f"f{o + 3}"]
-        if per_lane >= 2:
-            outs += [f"e{o}", f"e{o + 1}"]
-    lines += [f"mov.b32 ${i}, {v};" for i, v in enumerate(outs)]
+    lines += [f"mov.b32 ${i}, {v};" for i, v in enumerate(_block_outputs(per_lane, tiles))]
     lines.append("}")
     return "\n".join(lines)
 
@@ -176,22 +186,8 @@ def _mma_asm_s8(rows: int, tiles: int = 1) -> str:
             d, e, f = (", ".join(f"{r}{4 * tile + i}" for i in range(4)) for r in "def")
             lines.append(f"prmt.b32 b0, {lo}, {hi}, 0x6420;")
             lines.append(f"prmt.b32 b1, {lo}, {hi}, 0x7531;")
-            if per_lane >= 2:
-                lines.append(f"{mma} {{{d}}}, {{a0, a1, a2, a3}}, {{b0, b1}}, {{{d}}};")
-                if per_lane == 4:
-                    lines.append(f"{mma} {{{f}}}, {{c0, c1, c2, c3}}, {{b0, b1}}, {{{f}}};")
-                lines.append(f"{mma} {{{e}}}, {{one, one, one, one}}, {{b0, b1}}, {{{e}}};")
-            else:
-                lines.append(f"{mma} {{{d}}}, {{a0, one, a2, one}}, {{b0, b1}}, {{{d}}};")
-    outs = []
-    for tile in range(tiles):
-        o = 4 * tile
-        outs += [f"d{o}", f"d{o + 1}", f"d{o + 2}", f"d{o + 3}"]
-        if per_lane == 4:
-            outs += [f"f{o}", f"f{o + 1}", f"f{o + 2}", f"f{o + 3}"]
-        if per_lane >= 2:
-            outs += [f"e{o}", f"e{o + 1}"]
-    for i, v in enumerate(outs):
+            lines += _kstep_mmas(mma, per_lane, d, e, f)
+    for i, v in enumerate(_block_outputs(per_lane, tiles)):
         lines += [f"cvt.rn.f32.s32 cv, {v};", f"mov.b32 ${i}, cv;"]
     lines.append("}")
     return "\n".join(lines)
