@@ -81,19 +81,18 @@ def ms_arg(doc: str, default: str) -> list[int]:
     return [int(v) for v in args.ms.split(",")], args.out
 
 
-def seeded_args(doc: str, default_ms: str, default_top: int, extra=None):
+def seeded_args(doc: str, default_ms: str, default_top: int):
     """The seed-map ablations' command line (--ms, --top, --seed, --tag, --out): (args, token
-    counts, the seed map as JSON, shape name -> (N, K)). extra(parser) may add arguments."""
+    counts, the seed map as JSON, shape name -> (N, K))."""
     ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ms", default=default_ms, help="token counts (1..16)")
     ap.add_argument("--top", type=int, default=default_top, help="seed tiles per shape and M")
     ap.add_argument("--seed", default="gearshift/data/policy/NVIDIA_H100_80GB_HBM3.json", help="policy map")
     ap.add_argument("--tag", default="", help="suffix of the result file name")
     ap.add_argument("--out", default="benchmarks/results", help="folder for the JSON")
-    if extra is not None:
-        extra(ap)
     a = ap.parse_args()
-    return a, [int(v) for v in a.ms.split(",")], json.loads(Path(a.seed).read_text()), {s: (n, k) for s, n, k in SHAPES}
+    seed = json.loads(Path(a.seed).read_text())
+    return a, [int(v) for v in a.ms.split(",")], seed, {s: (n, k) for s, n, k in SHAPES}
 
 
 def shape_cases(ms: list[int], layout: str = "blocks16"):

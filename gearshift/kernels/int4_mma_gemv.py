@@ -41,21 +41,21 @@ from gearshift.kernels.splitk import splitk_buffers
 from gearshift.quant.int4 import BLOCKS16, Int4Weight
 
 BLOCK_COLS = 128  # columns per fragment call: 4 lanes x 4 words x 8 nibbles
-GROUP_TOKENS = 16  # tokens per program: MMA n = 8 tokens per tile, two tiles per lane
-#: 17..64 tokens run 16-token groups as neighbouring programs of each row tile (the later groups
-#: read the tile's weights from L2)
+#: up to 16 tokens per program (MMA n = 8 tokens per tile, two tiles per lane); 17..64 tokens run
+#: 16-token groups as neighbouring programs of each row tile (the later groups read its weights from L2)
 MAX_TOKENS = 64
 
 
-def _kstep_mmas(mma: str, per_lane: int, d: str, e: str, f: str, b0: str = "b0", b1: str = "b1") -> list[str]:
-    """One k-step's MMAs for one token tile: the weight rows into d (and f at 32 rows), the token
-    sums into e (16 and 32 rows: A = ones; 8 rows: A rows 8..15 are ones, so d carries them)."""
+def _kstep_mmas(mma: str, per_lane: int, d: str, e: str, f: str) -> list[str]:
+    """One k-step's MMAs for one token tile (B in b0, b1): the weight rows into d (and f at 32
+    rows), the token sums into e (16 and 32 rows: A = ones; 8 rows: A rows 8..15 are ones, so d
+    carries them)."""
     if per_lane == 1:
-        return [f"{mma} {{{d}}}, {{a0, one, a2, one}}, {{{b0}, {b1}}}, {{{d}}};"]
-    out = [f"{mma} {{{d}}}, {{a0, a1, a2, a3}}, {{{b0}, {b1}}}, {{{d}}};"]
+        return [f"{mma} {{{d}}}, {{a0, one, a2, one}}, {{b0, b1}}, {{{d}}};"]
+    out = [f"{mma} {{{d}}}, {{a0, a1, a2, a3}}, {{b0, b1}}, {{{d}}};"]
     if per_lane == 4:
-        out.append(f"{mma} {{{f}}}, {{c0, c1, c2, c3}}, {{{b0}, {b1}}}, {{{f}}};")
-    return out + [f"{mma} {{{e}}}, {{one, one, one, one}}, {{{b0}, {b1}}}, {{{e}}};"]
+        out.append(f"{mma} {{{f}}}, {{c0, c1, c2, c3}}, {{b0, b1}}, {{{f}}};")
+    return out + [f"{mma} {{{e}}}, {{one, one, one, one}}, {{b0, b1}}, {{{e}}};"]
 
 
 def _block_outputs(per_lane: int, tiles: int) -> list[str]:
