@@ -270,3 +270,20 @@ def test_cli_act_options(model_dir, tmp_path):
     assert apply_act_quant(p.parse_args([]), loaded) == {}
     with pytest.raises(GearshiftError):
         apply_act_quant(p.parse_args(["--act-quant", "g32", "--act-modes", "w4a16"]), loaded)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_wide_quantizer_programs_give_the_same_codes(monkeypatch):
+    """act_quant.WIDE_ROWS (twice the warps per program for few rows) changes only the launch: the
+    same codes and scales."""
+    from gearshift.kernels import act_quant
+
+    torch.manual_seed(4)
+    for m, k in ((1, 4096), (4, 14336), (16, 4096), (3, 1000)):
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        for spec in (ActQuantSpec("int8"), ActQuantSpec("int4")):
+            monkeypatch.setattr(act_quant, "WIDE_ROWS", 0)
+            q0, s0 = act_quant.quantize_act_triton(x, spec)
+            monkeypatch.setattr(act_quant, "WIDE_ROWS", 64)
+            q1, s1 = act_quant.quantize_act_triton(x, spec)
+            assert torch.equal(q0, q1) and torch.equal(s0, s1), (m, k, spec)

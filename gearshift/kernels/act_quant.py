@@ -155,6 +155,20 @@ def fused_group_sums(k: int, group: int) -> bool:
     return k % group == 0 and act_block(k, group) % group == 0
 
 
+#: launches of at most this many rows run twice the warps per program (at most 32): fewer columns
+#: per thread on the critical path of a few-token launch. Stop 34, H100, W4A8 steps at 1 / 2 / 4 / 16
+#: tokens: 0.989 / 0.995 / 0.993 / 0.991 of the narrower programs, and 0.994 / 0.993 / 0.991 / 0.990
+#: at 1 / 4 / 16 / 32 in a second call (`policy_ab.py --set-a act_quant.WIDE_ROWS=0`). 0 turns it off;
+#: results never change.
+WIDE_ROWS = 32
+
+
+def quant_warps(block: int, rows: int) -> int:
+    """Warps of a quantizer program whose loop step (or whole row) is `block` columns, in a launch of `rows` rows."""
+    warps = 16 if block >= 8192 else 8 if block >= 2048 else 4
+    return min(32, 2 * warps) if rows <= WIDE_ROWS else warps
+
+
 def quantize_act_triton(x2: torch.Tensor, spec: ActQuantSpec, codes_dtype: torch.dtype | None = None,
                         group_sums: int = 0, sums_by_group: bool = False):
     """x2 [M, K] -> codes [M, K] (int8 or float8_e4m3fn) and fp32 scales [M].
@@ -190,7 +204,7 @@ def quantize_act_triton(x2: torch.Tensor, spec: ActQuantSpec, codes_dtype: torch
     _act_quant_kernel[(m,)](x2, q, s, sums, k, x2.stride(0), q.stride(0), sum_row, sum_group,
                             QMAX=_QMAX[spec.dtype], FP8=fp8, BLOCK=block, PDL=pdl, GROUP=group_sums,
                             ONE_PASS=one_pass(k, group_sums, m),
-                            num_warps=16 if block >= 8192 else 8 if block >= 2048 else 4, **launch_kwargs(pdl))
+                            num_warps=quant_warps(block, m), **launch_kwargs(pdl))
     return (q, s, sums) if group_sums else (q, s)
 
 
