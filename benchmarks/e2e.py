@@ -29,9 +29,9 @@ def main() -> None:
     ap.add_argument("--no-fused", action="store_true", help="torch RMSNorm/RoPE/KV-write/SwiGLU instead of the Triton kernels")
     ap.add_argument("--no-swiglu-codes", action="store_true",
                     help="W4A8 / W4A4: the down projection quantizes SwiGLU's output itself instead of taking the "
-                    "codes SwiGLU emits from 64 tokens on (same tokens; for A/B timing)")
+                    "codes SwiGLU emits (same tokens; for A/B timing)")
     ap.add_argument("--swiglu-codes-from", type=int, default=None, metavar="ROWS",
-                    help="emit SwiGLU's codes from this many tokens on (default 64; an A/B experiment)")
+                    help="emit SwiGLU's codes from this many tokens on (default 1 since stop 34; an A/B experiment)")
     ap.add_argument("--no-pdl", action="store_true",
                     help="launch kernels without programmatic dependent launch (gearshift/kernels/pdl.py)")
     ap.add_argument("--int4-prog", action="store_true",

@@ -72,7 +72,7 @@ def _prefill_and_step(model, ids, mode):
 def swiglu_min_rows(request):
     set_swiglu_codes(True, request.param)
     yield request.param
-    set_swiglu_codes(True, 64)
+    set_swiglu_codes(True, 1)
 
 
 @pytest.mark.parametrize("mode", ["w4a16", "w4a8", "w4a4"])
@@ -126,4 +126,4 @@ def test_observed_down_proj_gets_the_stored_product(codes_dispatcher):
         assert seen and seen[0][-1] == model.config.intermediate_size
         assert torch.equal(hooked, plain)
     finally:
-        set_swiglu_codes(True, 64)
+        set_swiglu_codes(True, 1)

@@ -69,9 +69,31 @@ def test_silu_mul_emits_the_quantizers_codes(shape, dtype, qmax, act):
 
 
 def test_silu_mul_codes_width_limit():
-    """One program holds the row: wider rows are refused (the model then leaves down to the quantizer)."""
+    """One program holds the row: wider rows are refused (the model then leaves down to the quantizer);
+    the split kernel has no such limit."""
     from gearshift.kernels.silu_mul import CODES_MAX_WIDTH, codes_supported, silu_mul_codes_triton
 
     assert codes_supported(14336) and codes_supported(28672) and not codes_supported(CODES_MAX_WIDTH + 1)
     with pytest.raises(ValueError, match="width"):
-        silu_mul_codes_triton(torch.zeros(1, 2 * (CODES_MAX_WIDTH + 1), device=DEV), 127.0)
+        silu_mul_codes_triton(torch.zeros(1, 2 * (CODES_MAX_WIDTH + 1), device=DEV), 127.0, split=False)
+
+
+@pytest.mark.parametrize("qmax,act", [(127.0, "int8"), (7.0, "int4")])
+@pytest.mark.parametrize("rows,width", [(1, 2500), (3, 1536), (7, 64)])
+def test_split_rows_give_the_one_program_kernels_codes(rows, width, qmax, act):
+    """Few rows: each row split over programs that meet at a barrier (on the GPU, several programs
+    per row; under the interpreter, which runs programs one after another, one) gives the codes,
+    scales and product of one program per row, and leaves its barrier words at zero."""
+    from gearshift.kernels.silu_mul import _sync_words, silu_mul_codes_triton
+
+    g = torch.Generator().manual_seed(rows * width + int(qmax))
+    gu = (torch.randn(rows, 2 * width, generator=g) * 4).to(DEV, _HALF)
+    gu[-1, 5] = 25.0
+    block = 256 if DEV == "cuda" else 4096  # > 1 program per row only where programs run at once
+    for product in (True, False):
+        y1, one = silu_mul_codes_triton(gu, qmax, split=False, product=product)
+        for _ in range(2):  # the second launch finds the words the first one reset
+            ys, split = silu_mul_codes_triton(gu, qmax, split=True, split_block=block, product=product)
+            assert torch.equal(split.codes, one.codes) and torch.equal(split.scales, one.scales)
+            assert (ys is None) == (not product) and (ys is None or torch.equal(ys, y1))
+    assert not _sync_words(gu.device, rows).any()

@@ -29,7 +29,7 @@ def silu_mul_reference(gate_up: torch.Tensor) -> torch.Tensor:
 
 
 if HAS_TRITON:
-    from gearshift.kernels.act_quant import row_codes
+    from gearshift.kernels.act_quant import row_codes, token_codes, token_scale
     from gearshift.kernels.pdl import grid_wait, launch_dependents
 
     @triton.jit
@@ -68,7 +68,73 @@ if HAS_TRITON:
         row_codes(y, q_ptr + row * stride_q, qs_ptr + row, offs, mask, QMAX)
 
 
+    @triton.jit
+    def _silu_mul_codes_split_kernel(gu_ptr, y_ptr, q_ptr, qs_ptr, sync_ptr, I, stride_gu, stride_y, stride_q,
+                                     BLOCK: tl.constexpr, PDL: tl.constexpr, QMAX: tl.constexpr,
+                                     STORE_Y: tl.constexpr):
+        """The codes kernel for few rows: each row split over P = cdiv(I, BLOCK) programs that meet
+        at a barrier of their own (every program of this small grid is resident: the launch's
+        dependents start only once all of them have begun). Each program stores its chunk's row
+        max, arrives, waits for the row's P arrivals, then quantizes its chunk at the row's scale;
+        the row's last program to finish resets the row's three words (max, arrivals, finished) to 0
+        for the next launch. The max is order-free, so the codes are the one-program kernel's bits."""
+        launch_dependents(PDL)
+        grid_wait(PDL)
+        row = tl.program_id(0)
+        n_prog = tl.num_programs(1)
+        offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        mask = offs < I
+        g = tl.load(gu_ptr + row * stride_gu + offs, mask=mask, other=0.0)
+        u = tl.load(gu_ptr + row * stride_gu + I + offs, mask=mask, other=0.0)
+        y = _silu_mul(g, u).to(y_ptr.dtype.element_ty)
+        if STORE_Y:
+            tl.store(y_ptr + row * stride_y + offs, y, mask=mask)
+        yf = y.to(tl.float32)
+        amax_ptr = sync_ptr + 4 * row  # |y| >= 0: its fp32 bits order as int32 do
+        arrived_ptr = amax_ptr + 1
+        finished_ptr = amax_ptr + 2
+        tl.atomic_max(amax_ptr, tl.max(tl.abs(yf), 0).to(tl.int32, bitcast=True), sem="relaxed", scope="gpu")
+        tl.atomic_add(arrived_ptr, 1, sem="release", scope="gpu")
+        arrived = tl.atomic_add(arrived_ptr, 0, sem="acquire", scope="gpu")
+        while arrived < n_prog:
+            arrived = tl.atomic_add(arrived_ptr, 0, sem="acquire", scope="gpu")
+        amax = tl.atomic_add(amax_ptr, 0, sem="acquire", scope="gpu").to(tl.float32, bitcast=True)
+        scale = token_scale(amax, QMAX)
+        tl.store(q_ptr + row * stride_q + offs, token_codes(yf, scale, QMAX, False).to(q_ptr.dtype.element_ty),
+                 mask=mask)
+        if tl.program_id(1) == 0:
+            tl.store(qs_ptr + row, scale)
+        if tl.atomic_add(finished_ptr, 1, sem="acq_rel", scope="gpu") == n_prog - 1:  # all are past the wait
+            tl.atomic_xchg(amax_ptr, 0, sem="relaxed", scope="gpu")
+            tl.atomic_xchg(arrived_ptr, 0, sem="relaxed", scope="gpu")
+            tl.atomic_xchg(finished_ptr, 0, sem="relaxed", scope="gpu")
+
+
 CODES_MAX_WIDTH = 32768  # one program holds the row: Llama-3-70B's 28672 fits, wider MLPs use the quantizer
+#: launches of at most this many rows split each row over programs of SPLIT_BLOCK columns that meet at
+#: a barrier (`_silu_mul_codes_split_kernel`); 0: always one program per row
+SPLIT_ROWS = 64
+SPLIT_BLOCK = 1024
+_SYNC: dict = {}
+
+
+def _sync_words(device: torch.device, rows: int) -> torch.Tensor:
+    """The device's zeroed barrier words, 4 per row (allocated once; the split kernel leaves them at zero)."""
+    key = (device.type, device.index)
+    buf = _SYNC.get(key)
+    if buf is None or buf.numel() < 4 * rows:
+        buf = torch.zeros(4 * max(rows, 64), dtype=torch.int32, device=device)
+        _SYNC[key] = buf
+    return buf
+
+
+def splits_rows(rows: int, width: int, device: torch.device) -> bool:
+    """Whether `silu_mul_codes_triton` splits each row over programs: few rows on a GPU (the
+    interpreter runs programs one after another, so a barrier between them would never open)."""
+    import os
+
+    return (device.type == "cuda" and os.environ.get("TRITON_INTERPRET") != "1" and rows <= SPLIT_ROWS
+            and width > SPLIT_BLOCK)
 
 
 def codes_supported(width: int) -> bool:
@@ -106,15 +172,26 @@ def silu_mul_triton(gate_up: torch.Tensor) -> torch.Tensor:
 
 
 def silu_mul_codes_triton(gate_up: torch.Tensor, qmax: float, codes_dtype: torch.dtype = torch.int8,
-                          warps: int | None = None, product: bool = True) -> tuple[torch.Tensor | None, ActCodes]:
+                          warps: int | None = None, product: bool = True,
+                          split: bool | None = None,
+                          split_block: int = SPLIT_BLOCK) -> tuple[torch.Tensor | None, ActCodes]:
     """`silu_mul_triton` and, from the same pass, the product's per-token integer codes for the down
     projection (W4A8 / W4A4): what `quantize_act_triton` makes of the stored product, bit for bit.
     codes_dtype: int8, or the 16-bit float the next kernel multiplies in (exact integers). warps:
     the program's warps (default by row width; benchmarks/swiglu_codes.py times others).
     product=False: the codes only, the product is not stored (None is returned for it): where the
-    down projection's kernel takes the codes, the product's 2 bytes per element are never read."""
+    down projection's kernel takes the codes, the product's 2 bytes per element are never read.
+    split (default: `splits_rows`): each row over programs of split_block columns that meet at a
+    barrier, the same bits (few rows: one program per row is slower than SwiGLU plus the quantizer)."""
     gu, i, y = _rows(gate_up, product)
     q, qs, sq = codes_buffers(gu.shape[0], i, qmax, y, codes_dtype)
+    if split if split is not None else splits_rows(gu.shape[0], i, gu.device):
+        pdl = pdl_enabled(y)
+        grid = (gu.shape[0], triton.cdiv(i, split_block))
+        _silu_mul_codes_split_kernel[grid](gu, y, q, qs, _sync_words(gu.device, gu.shape[0]), i, gu.stride(0),
+                                           y.stride(0), sq, BLOCK=split_block, PDL=pdl, QMAX=qmax, STORE_Y=product,
+                                           num_warps=4, **launch_kwargs(pdl))
+        return (y.reshape(*gate_up.shape[:-1], i) if product else None), ActCodes(q, qs, qmax)
     block = next_pow2(i)
     if block > CODES_MAX_WIDTH:
         raise ValueError(f"SwiGLU codes need the whole row in one program: width {i} > {CODES_MAX_WIDTH}")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from gearshift.kernels._triton import HAS_TRITON
 
-_FUSED = {"enabled": True, "on_cpu": False, "swiglu_codes": True, "swiglu_codes_min_rows": 64}
+_FUSED = {"enabled": True, "on_cpu": False, "swiglu_codes": True, "swiglu_codes_min_rows": 1}
 
 
 def fused_kernels_enabled() -> bool:
@@ -32,11 +32,13 @@ def fused_on_cpu(enabled: bool) -> None:
 
 def swiglu_codes_for(rows: int) -> bool:
     """Whether the fused SwiGLU also emits the down projection's activation codes (where its kernel
-    takes them) for `rows` tokens. The codes kernel runs one program per row (the codes need the
-    row's max), which at few rows is slower than SwiGLU plus the quantizer: on the H100
-    (benchmarks/swiglu_codes.py, per layer, 32 warps) 6.0 against 5.5 us at 1 token and 6.5
-    against 6.0 at 16, but 8.8 against 9.2 at 64, 11.9 against 13.9 at 256 and 157 against 202 at
-    4096. `set_swiglu_codes` changes it (same bits either way: for A/B timing)."""
+    takes them) for `rows` tokens. With one program per row (the codes need the row's max) that was
+    slower than SwiGLU plus the quantizer below 64 tokens (H100, benchmarks/swiglu_codes.py, per layer:
+    6.0 against 5.5 us at 1 token), so it started at 64 until stop 34; since then up to
+    `silu_mul.SPLIT_ROWS` rows split each row over programs that meet at a barrier: 3.8 against 5.3 us
+    at 1 token, 4.7 against 6.2 at 16, 6.9 against 9.4 at 64 (and 11.9 against 13.9 at 256, 157
+    against 202 at 4096 with one program per row). `set_swiglu_codes` changes it (same bits either
+    way: for A/B timing)."""
     return _FUSED["swiglu_codes"] and rows >= _FUSED["swiglu_codes_min_rows"]
 
 
