@@ -13,6 +13,8 @@ re-read of the product gone.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 
@@ -60,12 +62,18 @@ if HAS_TRITON:
         row = tl.program_id(0)
         offs = tl.arange(0, BLOCK)  # the whole row: its codes need its max
         mask = offs < I
+        y = _product(gu_ptr, y_ptr, row, offs, mask, I, stride_gu, stride_y, STORE_Y)
+        row_codes(y, q_ptr + row * stride_q, qs_ptr + row, offs, mask, QMAX)
+
+    @triton.jit
+    def _product(gu_ptr, y_ptr, row, offs, mask, I, stride_gu, stride_y, STORE_Y: tl.constexpr):
+        """The row's product at columns offs, rounded to y's dtype (and stored there if STORE_Y)."""
         g = tl.load(gu_ptr + row * stride_gu + offs, mask=mask, other=0.0)
         u = tl.load(gu_ptr + row * stride_gu + I + offs, mask=mask, other=0.0)
         y = _silu_mul(g, u).to(y_ptr.dtype.element_ty)
         if STORE_Y:
             tl.store(y_ptr + row * stride_y + offs, y, mask=mask)
-        row_codes(y, q_ptr + row * stride_q, qs_ptr + row, offs, mask, QMAX)
+        return y
 
 
     @triton.jit
@@ -84,12 +92,7 @@ if HAS_TRITON:
         n_prog = tl.num_programs(1)
         offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         mask = offs < I
-        g = tl.load(gu_ptr + row * stride_gu + offs, mask=mask, other=0.0)
-        u = tl.load(gu_ptr + row * stride_gu + I + offs, mask=mask, other=0.0)
-        y = _silu_mul(g, u).to(y_ptr.dtype.element_ty)
-        if STORE_Y:
-            tl.store(y_ptr + row * stride_y + offs, y, mask=mask)
-        yf = y.to(tl.float32)
+        yf = _product(gu_ptr, y_ptr, row, offs, mask, I, stride_gu, stride_y, STORE_Y).to(tl.float32)
         amax_ptr = sync_ptr + 4 * row  # |y| >= 0: its fp32 bits order as int32 do
         arrived_ptr = amax_ptr + 1
         finished_ptr = amax_ptr + 2
@@ -119,7 +122,8 @@ _SYNC: dict = {}
 
 
 def _sync_words(device: torch.device, rows: int) -> torch.Tensor:
-    """The device's zeroed barrier words, 4 per row (allocated once; the split kernel leaves them at zero)."""
+    """The device's zeroed barrier words, 4 per row (allocated once; the split kernel leaves them at
+    zero). One split launch at a time per device: the engine's one stream, or a graph replaying in order."""
     key = (device.type, device.index)
     buf = _SYNC.get(key)
     if buf is None or buf.numel() < 4 * rows:
@@ -128,13 +132,24 @@ def _sync_words(device: torch.device, rows: int) -> torch.Tensor:
     return buf
 
 
+def max_split_programs(device: torch.device) -> int:
+    """How many split programs (4 warps each) a launch may have: few enough that all are resident at
+    once on this GPU even beside other work (8 per SM; the barrier needs every one of them running)."""
+    return _max_split_programs(device.index if device.index is not None else torch.cuda.current_device())
+
+
+@functools.lru_cache(maxsize=None)
+def _max_split_programs(index: int) -> int:
+    return 8 * torch.cuda.get_device_properties(index).multi_processor_count
+
+
 def splits_rows(rows: int, width: int, device: torch.device) -> bool:
     """Whether `silu_mul_codes_triton` splits each row over programs: few rows on a GPU (the
     interpreter runs programs one after another, so a barrier between them would never open)."""
     import os
 
     return (device.type == "cuda" and os.environ.get("TRITON_INTERPRET") != "1" and rows <= SPLIT_ROWS
-            and width > SPLIT_BLOCK)
+            and width > SPLIT_BLOCK and rows * triton.cdiv(width, SPLIT_BLOCK) <= max_split_programs(device))
 
 
 def codes_supported(width: int) -> bool:
@@ -186,8 +201,11 @@ def silu_mul_codes_triton(gate_up: torch.Tensor, qmax: float, codes_dtype: torch
     gu, i, y = _rows(gate_up, product)
     q, qs, sq = codes_buffers(gu.shape[0], i, qmax, y, codes_dtype)
     if split if split is not None else splits_rows(gu.shape[0], i, gu.device):
-        pdl = pdl_enabled(y)
         grid = (gu.shape[0], triton.cdiv(i, split_block))
+        if gu.is_cuda and grid[0] * grid[1] > max_split_programs(gu.device):
+            raise ValueError(f"{grid[0]} rows of {grid[1]} split programs could not all be resident at once "
+                             f"(at most {max_split_programs(gu.device)} on this GPU): use split=False")
+        pdl = pdl_enabled(y)
         _silu_mul_codes_split_kernel[grid](gu, y, q, qs, _sync_words(gu.device, gu.shape[0]), i, gu.stride(0),
                                            y.stride(0), sq, BLOCK=split_block, PDL=pdl, QMAX=qmax, STORE_Y=product,
                                            num_warps=4, **launch_kwargs(pdl))
