@@ -69,8 +69,10 @@ def small_m_choices(mode: str, m: int, n: int, k: int) -> tuple[Choice, ...]:
     cfg = mma_config(n, k, m)
     if mode == "w4a16":
         out = [Choice("w4a16_mma", cfg)]
-    else:  # int8 codes on the int8 MMA where the codes are integers (not e4m3), else bf16 codes
-        out = [Choice("w4a8_mma_int8", cfg)] * (mode != "w4a8fp8") + [Choice("w4a8_mma", cfg)]
+    elif mode == "w4a8fp8":  # e4m3 codes are not integers: as exact bf16 through the bf16 MMA
+        out = [Choice("w4a8_mma", cfg)]
+    else:  # integer codes on the int8 MMA, the bf16 form where that one does not serve the store
+        out = [Choice("w4a8_mma_int8", cfg), Choice("w4a8_mma", cfg)]
     if mode == "w4a16" and m == 1:
         out.append(Choice("w4a16_fma", TileConfig(1, 32, 128, 4, 2, 2)))
         out.append(Choice("w4a16_fma", TileConfig(1, 32, 32, 4, 2, 2)))

@@ -14,6 +14,7 @@ re-read of the product gone.
 from __future__ import annotations
 
 import functools
+import os
 
 import torch
 import torch.nn.functional as F
@@ -21,6 +22,7 @@ import torch.nn.functional as F
 from gearshift.kernels._triton import HAS_TRITON, next_pow2, tl, triton
 from gearshift.kernels.act_quant import ActCodes, codes_buffers
 from gearshift.kernels.pdl import launch_kwargs, pdl_enabled
+from gearshift.kernels.splitk import zeroed_words
 from gearshift.kernels.switches import swiglu_codes_for
 
 
@@ -118,18 +120,12 @@ CODES_MAX_WIDTH = 32768  # one program holds the row: Llama-3-70B's 28672 fits, 
 #: a barrier (`_silu_mul_codes_split_kernel`); 0: always one program per row
 SPLIT_ROWS = 64
 SPLIT_BLOCK = 1024
-_SYNC: dict = {}
 
 
 def _sync_words(device: torch.device, rows: int) -> torch.Tensor:
-    """The device's zeroed barrier words, 4 per row (allocated once; the split kernel leaves them at
-    zero). One split launch at a time per device: the engine's one stream, or a graph replaying in order."""
-    key = (device.type, device.index)
-    buf = _SYNC.get(key)
-    if buf is None or buf.numel() < 4 * rows:
-        buf = torch.zeros(4 * max(rows, 64), dtype=torch.int32, device=device)
-        _SYNC[key] = buf
-    return buf
+    """The device's zeroed barrier words, 4 per row (the split kernel leaves them at zero). One split
+    launch at a time per device: the engine's one stream, or a graph replaying in order."""
+    return zeroed_words("swiglu_split", device, 4 * max(rows, SPLIT_ROWS))
 
 
 def max_split_programs(device: torch.device) -> int:
@@ -146,8 +142,6 @@ def _max_split_programs(index: int) -> int:
 def splits_rows(rows: int, width: int, device: torch.device) -> bool:
     """Whether `silu_mul_codes_triton` splits each row over programs: few rows on a GPU (the
     interpreter runs programs one after another, so a barrier between them would never open)."""
-    import os
-
     return (device.type == "cuda" and os.environ.get("TRITON_INTERPRET") != "1" and rows <= SPLIT_ROWS
             and width > SPLIT_BLOCK and rows * triton.cdiv(width, SPLIT_BLOCK) <= max_split_programs(device))
 

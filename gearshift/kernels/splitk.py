@@ -14,20 +14,26 @@ import torch
 
 from gearshift.kernels._triton import HAS_TRITON, tl, triton
 
-_COUNTERS: dict[tuple[str, int | None], torch.Tensor] = {}
+_WORDS: dict[tuple[str, str, int | None], torch.Tensor] = {}
 MAX_TILES = 1 << 16
+
+
+def zeroed_words(name: str, device: torch.device, n: int) -> torch.Tensor:
+    """The device's buffer `name` of at least n zeroed int32 words, allocated once: for kernels that
+    count arrivals in it and leave it at zero (no memset launch)."""
+    key = (name, device.type, device.index)
+    c = _WORDS.get(key)
+    if c is None or c.numel() < n:
+        c = torch.zeros(n, dtype=torch.int32, device=device)
+        _WORDS[key] = c
+    return c
 
 
 def counters(device: torch.device, n_tiles: int) -> torch.Tensor:
     """The device's zeroed arrival counters (allocated once; kernels leave them at zero)."""
     if n_tiles > MAX_TILES:
         raise ValueError(f"split-K reduction supports at most {MAX_TILES} output tiles, got {n_tiles}")
-    key = (device.type, device.index)
-    c = _COUNTERS.get(key)
-    if c is None:
-        c = torch.zeros(MAX_TILES, dtype=torch.int32, device=device)
-        _COUNTERS[key] = c
-    return c
+    return zeroed_words("splitk", device, MAX_TILES)
 
 
 def splitk_buffers(y: torch.Tensor, split_k: int, n_out: int, n_tiles: int) -> tuple[torch.Tensor, torch.Tensor]:
