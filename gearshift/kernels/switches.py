@@ -8,7 +8,23 @@ from __future__ import annotations
 
 from gearshift.kernels._triton import HAS_TRITON
 
-_FUSED = {"enabled": True, "on_cpu": False, "swiglu_codes": True, "swiglu_codes_min_rows": 1}
+_FUSED = {"enabled": True, "on_cpu": False, "swiglu_codes": True, "swiglu_codes_min_rows": 1,
+          "decode_attention": True, "decode_attention_codes": False}
+
+
+def state() -> tuple:
+    """The switches as they stand (hashable): captured CUDA graphs are keyed by it, so a switch
+    changed between steps never replays kernels captured under another setting."""
+    return tuple(sorted(_FUSED.items()))
+
+
+def set_switches(**values) -> None:
+    """Set switches by name (benchmarks' A/B runs), e.g. decode_attention=False."""
+    unknown = set(values) - set(_FUSED)
+    if unknown:
+        raise ValueError(f"unknown switches {sorted(unknown)}; known: {sorted(_FUSED)}")
+    for k, v in values.items():
+        _FUSED[k] = type(_FUSED[k])(v)
 
 
 def fused_kernels_enabled() -> bool:
@@ -46,3 +62,23 @@ def set_swiglu_codes(enabled: bool, min_rows: int | None = None) -> None:
     _FUSED["swiglu_codes"] = bool(enabled)
     if min_rows is not None:
         _FUSED["swiglu_codes_min_rows"] = int(min_rows)
+
+
+def decode_attention_on() -> bool:
+    """Whether short passes (decode, QSPEC draft / verify) run `kernels/decode_attention.py` instead
+    of SDPA where the fused kernels run. Both attend the same keys; the bits differ (another
+    summation order), so an A/B (`set_decode_attention`, e2e.py --no-decode-attention) compares
+    speed, not tokens."""
+    return _FUSED["decode_attention"]
+
+
+def decode_attention_codes_on() -> bool:
+    """Whether that kernel also emits the o projection's activation codes where o's kernel takes
+    them (W4A8 / W4A4), instead of o quantizing its input in a launch of its own (same bits)."""
+    return _FUSED["decode_attention_codes"]
+
+
+def set_decode_attention(enabled: bool, codes: bool | None = None) -> None:
+    _FUSED["decode_attention"] = bool(enabled)
+    if codes is not None:
+        _FUSED["decode_attention_codes"] = bool(codes)

@@ -13,12 +13,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from gearshift.kernels.decode_attention import MAX_QUERY_TOKENS as DECODE_MAX_TOKENS
+from gearshift.kernels.decode_attention import MIN_BATCH as DECODE_MIN_BATCH
+from gearshift.kernels.decode_attention import decode_attention_triton
 from gearshift.kernels.rmsnorm import (add_rms_norm_codes_triton, add_rms_norm_reference, add_rms_norm_triton,
                                        rms_norm_codes_triton, rms_norm_reference, rms_norm_triton)
 from gearshift.kernels.rope import rope_triton
 from gearshift.kernels.rope_kv_write import split_qkv
 from gearshift.kernels.silu_mul import emits_codes, silu_mul_codes_triton, silu_mul_reference, silu_mul_triton
-from gearshift.kernels.switches import fused_for, set_fused_kernels  # noqa: F401 (re-exported)
+from gearshift.kernels.switches import (decode_attention_codes_on, decode_attention_on, fused_for,  # noqa: F401
+                                       set_fused_kernels)  # (set_fused_kernels: re-exported)
 from gearshift.model.config import ModelConfig
 from gearshift.model.kv_cache import KVCache
 from gearshift.model.quant_linear import CodesOnly, QuantLinear
@@ -80,11 +84,29 @@ class Attention(nn.Module):
                 q = apply_rotary(q.transpose(1, 2), cos, sin).transpose(1, 2)
                 k = apply_rotary(k.transpose(1, 2), cos, sin).transpose(1, 2)
             cache.write(layer, k, v, targets)
+        if fused and self._decode_kernel(q, cache):  # one launch; under W4A8 it also emits o's codes
+            spec = self.o_proj.codes_for(mode, b * t, q.dtype) if decode_attention_codes_on() else None
+            out, codes = decode_attention_triton(q, cache.k[layer], cache.v[layer], targets, upto,
+                                                 None if spec is None else spec.qmax,
+                                                 torch.int8 if spec is None else spec.dtype)
+            return self.o_proj(out, mode, codes)
         q = q.transpose(1, 2)
         keys, values = cache.view(layer, upto)
         out = F.scaled_dot_product_attention(q, keys.to(q.dtype), values.to(q.dtype), attn_mask=mask,
                                              enable_gqa=self.n_kv != self.n_heads)
         return self.o_proj(out.transpose(1, 2).reshape(b, t, -1), mode)
+
+
+    @staticmethod
+    def _decode_kernel(q: torch.Tensor, cache: KVCache) -> bool:
+        """Whether this pass runs `decode_attention_triton`: few query tokens (its programs take one
+        token each: prefill runs SDPA, whose tiles reuse each key across queries) in a 16-bit dtype, and
+        a cache of at least `MIN_BATCH` sequences (one sequence measured slower end to end: SDPA). The
+        cache's batch is fixed for a generation, so AR steps and QSPEC's passes take the same one."""
+        d = q.shape[-1]
+        return (decode_attention_on() and q.shape[0] >= DECODE_MIN_BATCH and q.shape[1] <= DECODE_MAX_TOKENS
+                and d >= 16 and d & (d - 1) == 0 and q.dtype in (torch.bfloat16, torch.float16)
+                and cache.k.dtype == q.dtype)
 
 
 class MLP(nn.Module):

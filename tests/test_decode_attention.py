@@ -1,0 +1,204 @@
+"""`kernels/decode_attention.py` against its torch reference (CPU under the Triton interpreter, or
+a GPU): outputs, the o projection's codes bit for bit against the quantizer, results that do not
+depend on the bucket, the batch or the other tokens of the pass, and the model wiring."""
+
+import os
+
+import pytest
+import torch
+
+from gearshift.kernels._triton import HAS_TRITON
+
+GPU = torch.cuda.is_available()
+if not HAS_TRITON or not GPU and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
+    pytest.skip("needs a GPU or the Triton interpreter", allow_module_level=True)
+
+from gearshift.kernels.act_quant import quantize_act_triton  # noqa: E402
+from gearshift.kernels.decode_attention import (decode_attention_reference,  # noqa: E402
+                                                decode_attention_triton)
+from gearshift.kernels.splitk import zeroed_words  # noqa: E402
+from gearshift.quant.activations import ActQuantSpec  # noqa: E402
+
+DEV = "cuda" if GPU else "cpu"
+# small chunks so that a few dozen keys already split over programs, and beyond 64 keys into longer chunks
+SMALL = {"chunk": 32, "block": 16, "max_splits": 2}
+
+
+def _inputs(b, t, h, kv, d, cap, dtype=torch.bfloat16, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(b, t, h, d, generator=g).to(DEV, dtype)
+    k = torch.randn(b, kv, cap + 1, d, generator=g).to(DEV, dtype)
+    v = torch.randn(b, kv, cap + 1, d, generator=g).to(DEV, dtype)
+    return q, k, v
+
+
+@pytest.mark.parametrize("h,kv,d", [(8, 2, 32), (4, 4, 16), (8, 1, 64)], ids=["gqa4", "mha", "mqa"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_matches_the_reference(h, kv, d, dtype):
+    cap = 100
+    q, k, v = _inputs(2, 3, h, kv, d, cap, dtype)
+    slots = torch.tensor([[4, 5, 6], [60, 80, cap]], device=DEV)  # the last is padding: the scratch slot
+    for upto in (7, 62, 96):
+        want = decode_attention_reference(q, k, v, slots, upto)
+        got, codes = decode_attention_triton(q, k, v, slots, upto, **SMALL)
+        assert codes is None and got.shape == (2, 3, h * d) and got.dtype == dtype
+        live = slots.view(-1) < upto  # rows whose every visible key is below upto
+        torch.testing.assert_close(got.view(6, -1)[live].float(), want.view(6, -1)[live].float(),
+                                   atol=2e-2, rtol=2e-2)
+
+
+# float codes: bf16 on a GPU; fp16 under the interpreter, whose int8 -> bf16 conversion is garbage
+@pytest.mark.skipif(not GPU, reason="thousands of keys: too slow for the interpreter")
+def test_long_contexts_with_the_engines_chunks():
+    cap = 6000
+    q, k, v = _inputs(2, 2, 8, 2, 128, cap, seed=3)
+    slots = torch.tensor([[700, 701], [5000, 5001]], device=DEV)
+    got, codes = decode_attention_triton(q, k, v, slots, 5002, qmax=127.0)
+    want = decode_attention_reference(q, k, v, slots, 5002)
+    torch.testing.assert_close(got.float(), want.float(), atol=2e-2, rtol=2e-2)
+    want_q, want_s = quantize_act_triton(got.view(4, -1), ActQuantSpec("int8"))
+    assert torch.equal(codes.codes, want_q) and torch.equal(codes.scales, want_s)
+    assert torch.equal(got[1, 1], decode_attention_triton(q[1:, 1:], k[1:], v[1:], slots[1:, 1:], 6000)[0][0, 0])
+
+
+@pytest.mark.parametrize("qmax,codes_dtype", [(127.0, torch.int8), (7.0, torch.int8),
+                                              (127.0, torch.bfloat16 if GPU else torch.float16)],
+                         ids=["int8", "int4", "float-codes"])
+def test_codes_are_the_quantizers_bits(qmax, codes_dtype):
+    q, k, v = _inputs(3, 2, 8, 2, 32, 80, seed=1)
+    slots = torch.tensor([[10, 11], [40, 41], [70, 71]], device=DEV)
+    out, codes = decode_attention_triton(q, k, v, slots, 72, qmax=qmax, codes_dtype=codes_dtype, **SMALL)
+    plain, _ = decode_attention_triton(q, k, v, slots, 72, **SMALL)
+    assert torch.equal(out, plain)  # emitting codes does not change the output
+    spec = ActQuantSpec("int8" if qmax == 127.0 else "int4")
+    want_q, want_s = quantize_act_triton(out.view(6, -1), spec, codes_dtype=codes_dtype)
+    assert codes.codes.dtype == codes_dtype and codes.qmax == qmax
+    assert torch.equal(codes.codes, want_q) and torch.equal(codes.scales, want_s)
+    assert not zeroed_words("decode_attention", out.device, 1).any()  # arrival counters back at zero
+
+
+def test_a_tokens_bits_do_not_depend_on_the_bucket_batch_or_pass():
+    """What QSPEC's exactness needs: the verify pass (several tokens) and plain decoding (one token
+    at a time, other batch rows beside it, another attention bucket) give the same bits."""
+    cap = 160
+    q, k, v = _inputs(2, 4, 8, 2, 32, cap, seed=2)
+    slots = torch.tensor([[20, 21, 22, 23], [90, 91, 92, 93]], device=DEV)
+    whole, _ = decode_attention_triton(q, k, v, slots, 94, **SMALL)
+    assert torch.equal(whole, decode_attention_triton(q, k, v, slots, 128, **SMALL)[0])
+    for t in range(4):
+        one, _ = decode_attention_triton(q[1:, t:t + 1], k[1:], v[1:], slots[1:, t:t + 1], slots[1, t].item() + 1,
+                                         **SMALL)
+        assert torch.equal(one[0, 0], whole[1, t])
+
+
+def test_rejects_what_it_cannot_run():
+    q, k, v = _inputs(1, 1, 6, 4, 32, 8)
+    with pytest.raises(ValueError, match="H % KV"):
+        decode_attention_triton(q, k, v, torch.zeros(1, 1, dtype=torch.long, device=DEV), 1)
+    q, k, v = _inputs(1, 1, 4, 2, 32, 8, dtype=torch.float32)
+    with pytest.raises(ValueError, match="bf16 / fp16"):
+        decode_attention_triton(q, k, v, torch.zeros(1, 1, dtype=torch.long, device=DEV), 1)
+
+
+def test_the_model_runs_it_and_feeds_o_its_codes(monkeypatch):
+    """A bf16 model's short passes on the fused path attend with this kernel; under W4A8 o_proj gets
+    the codes (checked against the quantizer) and the logits stay those of the torch path."""
+    from gearshift.dispatch import Dispatcher, get_dispatcher, set_dispatcher
+    from gearshift.kernels.act_quant import CodesSpec, codes_qmax
+    from gearshift.kernels.reference import linear_reference
+    from gearshift.kernels import decode_attention as da
+    from gearshift.kernels.switches import fused_on_cpu, set_decode_attention
+    from gearshift.model.tiny import build_random_model
+
+    class CodesDispatcher(Dispatcher):
+        """Takes int8 codes for every per-token integer mode, checks them against the quantizer."""
+
+        def __init__(self):
+            self.seen = []
+
+        def codes_qmax(self, store, act, m):
+            return codes_qmax(act)
+
+        def codes_for(self, store, act, m, dtype):
+            qmax = codes_qmax(act)
+            return None if qmax is None else CodesSpec(qmax, torch.int8)
+
+        def linear(self, x, store, act, bias=None, codes=None):
+            self.seen.append((store.out_features, store.in_features, codes is not None))
+            if codes is not None:
+                want_q, want_s = quantize_act_triton(x.reshape(-1, x.shape[-1]), act)
+                assert torch.equal(codes.codes, want_q) and torch.equal(codes.scales, want_s)
+            return linear_reference(x, store, act, bias)
+
+    calls = []
+    real = da.decode_attention_triton
+    monkeypatch.setattr("gearshift.model.transformer.decode_attention_triton",
+                        lambda *a, **kw: calls.append(a[3].shape) or real(*a, **kw))
+    torch.manual_seed(0)
+    model = build_random_model("tiny", weights="int4", device=DEV, dtype=torch.bfloat16)
+    ids = torch.randint(0, 512, (2, 5), device=DEV)  # two sequences: one keeps SDPA (MIN_BATCH)
+    old = get_dispatcher()
+    set_dispatcher(d := CodesDispatcher())
+    try:
+        outs = {}
+        for fused in (False, True):
+            fused_on_cpu(fused)
+            set_decode_attention(fused, codes=True)
+            cache = model.new_cache(2, 16)
+            model(ids, cache, [0, 0], [5, 5], mode="w4a8")
+            d.seen.clear()
+            outs[fused] = model(ids[:, -1:], cache, [5, 5], [1, 1], mode="w4a8")
+        o = (model.config.hidden_size, model.config.hidden_size)
+        assert (*o, True) in d.seen  # o_proj took the attention kernel's codes
+    finally:
+        set_dispatcher(old)
+        fused_on_cpu(False)
+        set_decode_attention(True, codes=False)
+    n = model.config.num_hidden_layers  # the 5-token prefill and the step, on the fused path only
+    assert calls == [(2, 5)] * n + [(2, 1)] * n
+    torch.testing.assert_close(outs[True], outs[False], atol=0.1, rtol=0.05)
+
+
+@pytest.mark.skipif(not GPU, reason="CUDA graphs")
+def test_graphs_are_keyed_by_the_switches():
+    """Turning the kernel off between steps must not replay graphs captured with it on."""
+    from gearshift.kernels.switches import set_decode_attention
+    from gearshift.model.tiny import build_random_model
+
+    torch.manual_seed(0)
+    model = build_random_model("tiny", weights="int4", device="cuda", dtype=torch.bfloat16)
+    ids = torch.randint(0, 512, (2, 4), device="cuda")
+
+    def step(graphs):
+        model.use_cuda_graphs = graphs
+        cache = model.new_cache(2, 16)
+        model(ids, cache, [0, 0], [4, 4], mode="w4a16")
+        return model(ids[:, -1:], cache, [4, 4], [1, 1], mode="w4a16")
+
+    try:
+        captures = []
+        for on in (True, False):
+            set_decode_attention(on)
+            eager = step(False)
+            assert torch.equal(step(True), eager)  # graphed = eager under either setting
+            captures.append(model._graphs.captures)
+        assert captures[1] == 2 * captures[0]  # the second setting captured graphs of its own
+    finally:
+        set_decode_attention(True)
+        model.use_cuda_graphs = False
+
+
+def test_one_sequence_keeps_sdpa(monkeypatch):
+    from gearshift.kernels.switches import fused_on_cpu
+    from gearshift.model.tiny import build_random_model
+
+    calls = []
+    monkeypatch.setattr("gearshift.model.transformer.decode_attention_triton", lambda *a, **kw: calls.append(1))
+    model = build_random_model("tiny", weights="int4", device=DEV, dtype=torch.bfloat16)
+    fused_on_cpu(True)
+    try:
+        cache = model.new_cache(1, 8)
+        model(torch.randint(0, 512, (1, 3), device=DEV), cache, [0], [3], mode="w4a16")
+    finally:
+        fused_on_cpu(False)
+    assert calls == []
