@@ -32,6 +32,12 @@ def main() -> None:
                     "codes SwiGLU emits (same tokens; for A/B timing)")
     ap.add_argument("--swiglu-codes-from", type=int, default=None, metavar="ROWS",
                     help="emit SwiGLU's codes from this many tokens on (default 1 since stop 34; an A/B experiment)")
+    ap.add_argument("--no-decode-attention", action="store_true",
+                    help="decode steps attend with torch SDPA (and W4A8 / W4A4's o projection quantizes its input) "
+                    "instead of kernels/decode_attention.py (other bits: for A/B timing)")
+    ap.add_argument("--no-attention-codes", action="store_true",
+                    help="W4A8 / W4A4: the decode attention kernel does not emit the o projection's codes; o "
+                    "quantizes its input in a launch of its own (same tokens; for A/B timing)")
     ap.add_argument("--no-pdl", action="store_true",
                     help="launch kernels without programmatic dependent launch (gearshift/kernels/pdl.py)")
     ap.add_argument("--int4-prog", action="store_true",
@@ -46,8 +52,9 @@ def main() -> None:
 
     set_fused_kernels(not args.no_fused)
     set_pdl(not args.no_pdl)
-    from gearshift.kernels.switches import set_swiglu_codes
+    from gearshift.kernels.switches import set_decode_attention, set_swiglu_codes
     set_swiglu_codes(not args.no_swiglu_codes, args.swiglu_codes_from)
+    set_decode_attention(not args.no_decode_attention, not args.no_attention_codes)
 
     from gearshift.decode.autoregressive import AutoregressivePolicy
     from gearshift.dispatch.profiler import copy_bandwidth
@@ -106,7 +113,9 @@ def main() -> None:
            "copy_bandwidth_GBps": bw / 1e9, "dispatcher": type(get_dispatcher()).__name__,
            "policy_map": describe(getattr(get_dispatcher(), "policy", None)),
            "prompt_len": args.prompt_len, "new_tokens": args.new_tokens, "fused_norm_rope": not args.no_fused,
-           "pdl": not args.no_pdl, "swiglu_codes": not args.no_swiglu_codes, "int4_layout": args.int4_layout,
+           "pdl": not args.no_pdl, "swiglu_codes": not args.no_swiglu_codes,
+           "decode_attention": not args.no_decode_attention,
+           "attention_codes": not args.no_attention_codes, "int4_layout": args.int4_layout,
            "rows": rows}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
