@@ -184,7 +184,7 @@ sig = {"x_ptr": "*bf16", "qw_ptr": "*u8", "s_ptr": "*fp16", "mn_ptr": "*fp16", "
        "cnt_ptr": "*i32", "xs_ptr": "*bf16", "M": "i32", "N": "i32", "K": "i32", "stride_xm": "i32", "stride_ym": "i32"}
 for rows, tiled, ahead in ((16, True, 0), (16, True, 2), (32, True, 2), (16, False, 2)):
     ce = dict(G=128, WARPS=8, SPLIT_K=1, ASM=mg.MMA_ASM[("bf16", rows, 1)], CONSTRAINTS=mg.CONSTRAINTS[(rows, 1)],
-              ROWS=rows, TILES=1, OFFSET=128.0, U=1, HAS_XS=False, PDL=True, L2_PREFETCH=False,
+              ROWS=rows, TILES=1, TG=1, ZPID=True, OFFSET=128.0, U=1, HAS_XS=False, PDL=True, L2_PREFETCH=False,
               LOAD=mg.WEIGHT_LOADS["plain"], SHINT=0, TILED=tiled, TRIGGER=1, TAIL=0, KWARPS=4, L2_AHEAD=ahead)
     out[f"{rows}{tiled}{ahead}"] = ptx(mg._mma_gemv_kernel, sig, ce, num_warps=8, ints16=("K",))
 """)
@@ -287,7 +287,7 @@ sig = {"x_ptr": "*bf16", "qw_ptr": "*u8", "s_ptr": "*fp16", "mn_ptr": "*fp16", "
        "cnt_ptr": "*i32", "xs_ptr": "*bf16", "M": "i32", "N": "i32", "K": "i32", "stride_xm": "i32", "stride_ym": "i32"}
 for tiles in (1, 2):
     ce = dict(G=128, WARPS=8, SPLIT_K=1, ASM=mg.MMA_ASM[("bf16", 16, tiles)], CONSTRAINTS=mg.CONSTRAINTS[(16, tiles)],
-              ROWS=16, TILES=tiles, OFFSET=128.0, U=1, HAS_XS=False, PDL=False, L2_PREFETCH=False,
+              ROWS=16, TILES=tiles, TG=1, ZPID=True, OFFSET=128.0, U=1, HAS_XS=False, PDL=False, L2_PREFETCH=False,
               LOAD=mg.WEIGHT_LOADS["plain"], SHINT=0, TILED=True, TRIGGER=1, TAIL=0, KWARPS=4)
     out[str(tiles)] = ptx(mg._mma_gemv_kernel, sig, ce, num_warps=8, ints16=("K",))
 """)
@@ -303,7 +303,7 @@ sig = {"x_ptr": "*bf16", "qw_ptr": "*u8", "s_ptr": "*fp16", "mn_ptr": "*fp16", "
        "cnt_ptr": "*i32", "xs_ptr": "*bf16", "M": "i32", "N": "i32", "K": "i32", "stride_xm": "i32", "stride_ym": "i32"}
 for tiles, kw, sk, tiled in ((1, 4, 1, True), (2, 4, 1, True), (2, 1, 2, False)):
     ce = dict(G=128, WARPS=4, SPLIT_K=sk, ASM=mg.MMA_ASM[("bf16", 32, tiles)], CONSTRAINTS=mg.CONSTRAINTS[(32, tiles)],
-              ROWS=32, TILES=tiles, OFFSET=128.0, U=1, HAS_XS=False, PDL=False, L2_PREFETCH=False,
+              ROWS=32, TILES=tiles, TG=1, ZPID=True, OFFSET=128.0, U=1, HAS_XS=False, PDL=False, L2_PREFETCH=False,
               LOAD=mg.WEIGHT_LOADS["plain"], SHINT=0, TILED=tiled, TRIGGER=1, TAIL=0, KWARPS=kw)
     out[f"{tiles}{kw}{sk}"] = ptx(mg._mma_gemv_kernel, sig, ce, num_warps=4, ints16=("K",))
 """)

@@ -47,11 +47,11 @@ sig = dict(x_ptr="*bf16", qw_ptr="*u8", s_ptr="*bf16", mn_ptr="*bf16", y_ptr="*b
 for trig in (0, 1, 2):
     out[f"mma{trig}"] = ptx(mg._mma_gemv_kernel, sig, dict(
         G=128, WARPS=4, SPLIT_K=2, ASM=mg.MMA_ASM[("bf16", 16, 1)], CONSTRAINTS=mg.CONSTRAINTS[(16, 1)],
-        ROWS=16, TILES=1, OFFSET=128.0, U=1, HAS_XS=False, PDL=True, L2_PREFETCH=False, TRIGGER=trig,
+        ROWS=16, TILES=1, TG=1, ZPID=True, OFFSET=128.0, U=1, HAS_XS=False, PDL=True, L2_PREFETCH=False, TRIGGER=trig,
         LOAD=mg.WEIGHT_LOADS["plain"], SHINT=0, TILED=False, TAIL=0, KWARPS=1))
 out["mma_pre"] = ptx(mg._mma_gemv_kernel, sig, dict(
     G=128, WARPS=8, SPLIT_K=1, ASM=mg.MMA_ASM[("bf16", 16, 1)], CONSTRAINTS=mg.CONSTRAINTS[(16, 1)],
-    ROWS=16, TILES=1, OFFSET=128.0, U=1, HAS_XS=False, PDL=True, L2_PREFETCH=False, TRIGGER=1,
+    ROWS=16, TILES=1, TG=1, ZPID=True, OFFSET=128.0, U=1, HAS_XS=False, PDL=True, L2_PREFETCH=False, TRIGGER=1,
     LOAD=mg.WEIGHT_LOADS["plain"], SHINT=0, TILED=True, TAIL=0, KWARPS=4, PRE=4), num_warps=8)
 """
 

@@ -214,6 +214,13 @@ PRELOAD_REGISTERS = 128  # TileConfig.preload: weight registers per lane (16 blo
 TRIGGER = -1  # >= 0: overrides pdl_trigger(m) for every launch (timing experiments; results never change)
 L2_AHEAD = 0  # > 0: stepped tiles also bulk-prefetch into L2 this many steps beyond their register prefetch
 # (a timing experiment, stop 31; results never change)
+#: W4A16 launches of one token group (1..16 tokens) take their token offset from program_id(2), the
+#: form its map entries were profiled with: stop 34's neighbour form for every launch made ptxas
+#: allocate otherwise and the whole W4A16 step 1.09x / 1.09x / 1.04x / 1.01x / 1.01x as long at M =
+#: 1 / 2 / 4 / 8 / 16 (stop 35, policy_ab --set-a int4_mma_gemv.ONE_GROUP_Z=0). Code launches (W4A8 /
+#: W4A4 / fp8), whose entries were re-profiled on the neighbour form, measured 0.995-1.027 with it and
+#: keep the neighbour form. 0: the neighbour form everywhere (same results)
+ONE_GROUP_Z = 1
 WEIGHT_LOAD = {"name": "plain", "scales": 0}  # scales 1: the scale/min loads with an L2 prefetch size too
 CONSTRAINTS = {(rows, tiles): ",".join(["=r"] * ({8: 4, 16: 6, 32: 10}[rows] * tiles) + ["r"] * (rows // 2)
                                        + ["l"] * tiles) for rows in ROWS_PER_WARP for tiles in (1, 2)}
@@ -377,7 +384,8 @@ if HAS_TRITON:
     @triton.jit
     def _mma_gemv_kernel(x_ptr, qw_ptr, s_ptr, mn_ptr, y_ptr, ws_ptr, cnt_ptr, xs_ptr, M, N, K, stride_xm, stride_ym,
                          G: tl.constexpr, WARPS: tl.constexpr, SPLIT_K: tl.constexpr, ASM: tl.constexpr,
-                         CONSTRAINTS: tl.constexpr, ROWS: tl.constexpr, TILES: tl.constexpr,
+                         CONSTRAINTS: tl.constexpr, ROWS: tl.constexpr, TILES: tl.constexpr, TG: tl.constexpr,
+                         ZPID: tl.constexpr,
                          OFFSET: tl.constexpr, U: tl.constexpr, HAS_XS: tl.constexpr, PDL: tl.constexpr,
                          L2_PREFETCH: tl.constexpr, LOAD: tl.constexpr, SHINT: tl.constexpr, TILED: tl.constexpr,
                          TRIGGER: tl.constexpr = 1, TAIL: tl.constexpr = 0, KWARPS: tl.constexpr = 1,
@@ -390,10 +398,16 @@ if HAS_TRITON:
         # CTA (shared memory) before the store: a K split without the global split-K tail.
         RG: tl.constexpr = WARPS // KWARPS
         BN: tl.constexpr = ROWS * RG
-        n_tg = tl.cdiv(M, 8 * TILES)  # token groups (> 1 from 17 tokens), neighbours in the launch order
-        pid_n = tl.program_id(0) // n_tg
+        # token groups (> 1 from 17 tokens) are neighbours in the launch order. One group (ZPID): the
+        # token offset from program_id(2) (always 0 here), as before stop 34. The arithmetic is the same,
+        # but ptxas allocates otherwise (o / down at one token: 92 registers, 72 with the neighbour form)
+        # and the whole W4A16 step at one token took 1.09x as long with the neighbour form (stop 35)
+        pid_n = tl.program_id(0) // TG
         pid_k = tl.program_id(1)
-        m0_tok = (tl.program_id(0) % n_tg) * 8 * TILES  # B columns: tokens m0_tok + g (and m0_tok + 8 + g)
+        if ZPID:
+            m0_tok = tl.program_id(2) * 8 * TILES  # B columns: tokens m0_tok + g (and m0_tok + 8 + g)
+        else:
+            m0_tok = (tl.program_id(0) % TG) * 8 * TILES
         tid = _thread_id(tl.zeros([32 * WARPS], dtype=tl.int32))
         lane = tid % 32
         g = lane // 4
@@ -540,7 +554,10 @@ if HAS_TRITON:
         mask = (row < N) & (col < M)
         if HAS_XS:  # activation codes in, real outputs out: one scale per token
             out = out * tl.load(xs_ptr + col, mask=col < M, other=0.0)
-        tile = tl.program_id(0)  # one arrival counter per (token group, row) tile
+        if ZPID:  # one arrival counter per (token group, row) tile
+            tile = tl.program_id(2) * tl.num_programs(0) + pid_n
+        else:
+            tile = tl.program_id(0)
         splitk_finish(out, y_ptr + col * stride_ym + row, ws_ptr, cnt_ptr, col * N + row, mask, tile, pid_k,
                       M * N, SPLIT_K, TAIL)
 
@@ -616,7 +633,8 @@ def mma_gemv(x: torch.Tensor, store: Int4Weight, cfg: TileConfig, token_scales: 
     # A fragments per B fragment, half the activation loads per weight)
     tiles = 2 if m > 8 else 1  # 9..16 tokens: both token tiles share each A fragment (weights read once)
     bn = cfg.bm * (cfg.warps // cfg.kwarps)
-    grid = (cdiv(n, bn) * cdiv(m, 8 * tiles), cfg.split_k)
+    tg = cdiv(m, 8 * tiles)
+    grid = (cdiv(n, bn) * tg, cfg.split_k, 1)
     ws, cnt = splitk_buffers(y, cfg.split_k, m * n, grid[0])
     xs = token_scales if token_scales is not None else y
     dt = {torch.bfloat16: "bf16", torch.float16: "f16", torch.int8: "s8"}[x2.dtype]
@@ -631,7 +649,8 @@ def mma_gemv(x: torch.Tensor, store: Int4Weight, cfg: TileConfig, token_scales: 
     _mma_gemv_kernel[grid](x2, store.qweight, store.scales, store.mins, y, ws, cnt, xs, m, n, store.in_features,
                            x2.stride(0), y.stride(0), G=store.group_size, WARPS=cfg.warps, SPLIT_K=cfg.split_k,
                            ASM=block_asm(dt, cfg.bm, tiles),
-                           CONSTRAINTS=CONSTRAINTS[(cfg.bm, tiles)], ROWS=cfg.bm,
+                           CONSTRAINTS=CONSTRAINTS[(cfg.bm, tiles)], ROWS=cfg.bm, TG=tg,
+                           ZPID=tg == 1 and bool(ONE_GROUP_Z) and token_scales is None,
                            TILES=tiles, OFFSET=OFFSET[dt],
                            U=2 if cfg.prefetch else 1, HAS_XS=token_scales is not None, PDL=pdl,
                            L2_PREFETCH=l2_prefetch, TRIGGER=trigger, PRE=pre, L2_AHEAD=L2_AHEAD,
