@@ -18,6 +18,19 @@ from pathlib import Path
 import torch
 
 
+def model_for(models: dict, preset: str, mode: str, int4_prog: bool, **kw):
+    """The random-weight model a mode runs on (dense for W16A16, else int4 / int4-prog stores), built
+    on first use; `models` holds one at a time (an 8B model of each kind would not fit twice)."""
+    from gearshift.model.tiny import build_random_model
+
+    weights = "dense" if mode == "w16a16" else ("int4-prog" if int4_prog else "int4")
+    if weights not in models:
+        models.clear()
+        torch.cuda.empty_cache()
+        models[weights] = build_random_model(preset, weights=weights, device="cuda", **kw)
+    return models[weights]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--preset", default="llama3-8b")
@@ -61,7 +74,7 @@ def main() -> None:
     from gearshift.decode.sampling import SamplingParams
     from gearshift.engine.engine import Engine, Request
     from gearshift.model.loader import LoadedModel
-    from gearshift.model.tiny import build_random_model, preset_config
+    from gearshift.model.tiny import preset_config
     from gearshift.model.config import ModelConfig
     from gearshift.dispatch import get_dispatcher
     from gearshift.dispatch.policy import describe
@@ -71,13 +84,7 @@ def main() -> None:
     rows = []
     models = {}
     for mode in args.modes.split(","):
-        weights = "dense" if mode == "w16a16" else ("int4-prog" if args.int4_prog else "int4")
-        if weights not in models:
-            models.clear()
-            torch.cuda.empty_cache()
-            models[weights] = build_random_model(args.preset, weights=weights, device="cuda",
-                                                 int4_layout=args.int4_layout)
-        model = models[weights]
+        model = model_for(models, args.preset, mode, args.int4_prog, int4_layout=args.int4_layout)
         lin_bytes = sum(l.store.nbytes() for n, l in model.linear_layers() if n != "lm_head")
         head_bytes = model.lm_head.store.nbytes()
         floor_s = lin_bytes / bw

@@ -17,9 +17,13 @@ import argparse
 import hashlib
 import json
 import statistics
+import sys
 from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from e2e import model_for  # noqa: E402
 
 
 def parse_switches(spec: str) -> dict:
@@ -51,7 +55,7 @@ def main() -> None:
     from gearshift.kernels import switches
     from gearshift.model.config import ModelConfig
     from gearshift.model.loader import LoadedModel
-    from gearshift.model.tiny import build_random_model, preset_config
+    from gearshift.model.tiny import preset_config
 
     sides = {"a": parse_switches(args.set_a), "b": parse_switches(args.set_b)}
     default = dict(switches.state())
@@ -62,12 +66,7 @@ def main() -> None:
     rows = []
     models = {}
     for mode in args.modes.split(","):
-        weights = "dense" if mode == "w16a16" else ("int4-prog" if args.int4_prog else "int4")
-        if weights not in models:
-            models.clear()
-            torch.cuda.empty_cache()
-            models[weights] = build_random_model(args.preset, weights=weights, device="cuda")
-        model = models[weights]
+        model = model_for(models, args.preset, mode, args.int4_prog)
         model.use_cuda_graphs = True
         loaded = LoadedModel(model, None, cfg, args.preset)
         for b in (int(x) for x in args.batches.split(",")):

@@ -100,7 +100,8 @@ def test_rejects_what_it_cannot_run():
         decode_attention_triton(q, k, v, torch.zeros(1, 1, dtype=torch.long, device=DEV), 1)
 
 
-def test_the_model_runs_it_and_feeds_o_its_codes(monkeypatch):
+@pytest.mark.parametrize("preset", ["tiny", "tiny-qwen3"])  # Qwen3: q / k norms before RoPE, q from split_qkv
+def test_the_model_runs_it_and_feeds_o_its_codes(monkeypatch, preset):
     """A bf16 model's short passes on the fused path attend with this kernel; under W4A8 o_proj gets
     the codes (checked against the quantizer) and the logits stay those of the torch path."""
     from gearshift.dispatch import Dispatcher, get_dispatcher, set_dispatcher
@@ -135,7 +136,7 @@ def test_the_model_runs_it_and_feeds_o_its_codes(monkeypatch):
     monkeypatch.setattr("gearshift.model.transformer.decode_attention_triton",
                         lambda *a, **kw: calls.append(a[3].shape) or real(*a, **kw))
     torch.manual_seed(0)
-    model = build_random_model("tiny", weights="int4", device=DEV, dtype=torch.bfloat16)
+    model = build_random_model(preset, weights="int4", device=DEV, dtype=torch.bfloat16)
     ids = torch.randint(0, 512, (2, 5), device=DEV)  # two sequences: one keeps SDPA (MIN_BATCH)
     old = get_dispatcher()
     set_dispatcher(d := CodesDispatcher())

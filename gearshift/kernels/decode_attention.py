@@ -1,19 +1,21 @@
-"""Attention for decode steps and short verify passes (1..64 query tokens) as one Triton launch
-that can also emit the o projection's per-token codes (GPU), with its torch reference.
+"""Attention for decode steps and short verify passes (1..64 query tokens per sequence) as one
+Triton launch (GPU), with its torch reference.
 
 Why: at a few query tokens torch's SDPA (cuDNN on the H100) runs a prefill-shaped kernel plus a
-reduction kernel per layer, and under W4A8 / W4A4 the o projection then launches the activation
-quantizer on its output. Here each program takes one query token, one KV head (its GQA group of
-query heads) and one fixed chunk of keys (flash-decoding); its partial softmax state goes to a
-workspace, the chunk that arrives last for a (token, KV head) combines the chunks in chunk order
-and stores the heads' outputs, and the KV head that arrives last for a token reads the token's
-whole output row and quantizes it with the quantizer's own helpers (`act_quant.row_codes`): the
-same bits as `quantize_act_triton` on the stored row. Arrival counters are the split-K reduction's
-(`splitk.py`), so no program ever waits for another and the grid needs no residency.
+reduction kernel per layer. Here each program takes one query token, one KV head (its GQA group of
+query heads) and one chunk of keys (flash-decoding); its partial softmax state goes to a workspace,
+and the chunk that arrives last for a (token, KV head) combines the chunks in chunk order and
+stores the heads' outputs. Arrival counters are the split-K reduction's (`splitk.py`), so no
+program ever waits for another and the grid needs no residency. Optionally (`qmax`) the KV head
+that arrives last for a token reads the token's whole output row back and quantizes it with the
+quantizer's helpers (`act_quant.row_codes`): the o projection's W4A8 / W4A4 codes, the same bits as
+`quantize_act_triton` on the stored row (measured no cheaper than the quantizer's own launch; off
+in the engine by default, `switches.decode_attention_codes_on`).
 
 Numerics are fixed per token: its chunks follow from its own key count (`KV_CHUNK` keys each, or
-longer chunks beyond `MAX_SPLITS` of them) and the block size is a constant, so a token's output does
-not depend on the batch, on the other tokens of the pass or on the attention bucket (QSPEC's verify pass and plain decoding give the same bits for the same prefix).
+longer chunks beyond `MAX_SPLITS` of them) and the block size is a constant, so a token's output
+depends neither on the batch, nor on the other tokens of the pass, nor on the attention bucket
+(QSPEC's verify pass and plain decoding attend a token identically).
 Key j is visible to a token whose cache slot is p iff j <= p and j < upto; padding tokens, whose
 slot is the cache's scratch slot past every key, see all `upto` keys (their rows are discarded).
 """
@@ -35,7 +37,7 @@ from gearshift.kernels.splitk import zeroed_words
 #: passes); longer passes (prefill) run SDPA, whose tiles reuse each key over many queries
 MAX_QUERY_TOKENS = 64
 #: and from this many sequences in the batch: at one sequence the kernel alone is faster than SDPA
-#: (3.5 against 5.4 us per layer at 128 keys) but the engine's whole step measured 3-7% slower with it
+#: (3.7 against 5.3 us per layer at 128 keys) but the engine's whole step measured 3-7% slower with it
 #: (H100, benchmarks/e2e_ab.py, docs/kernels.md "Stop 35"), so one sequence keeps SDPA
 MIN_BATCH = 2
 #: keys per program and per inner block: constants, so that a token's result never depends on how
@@ -48,7 +50,9 @@ MAX_SPLITS = 8
 WARPS = 4
 STAGES = 3
 #: where the programs let the next kernel (the o projection, PDL) be scheduled: "start", "loop" (after
-#: the keys are read), or "off" (no PDL for this kernel)
+#: the keys are read), or "off" (no PDL for this kernel). A timing switch (same results): at batch 4 /
+#: 16 the engine's step with SDPA took 1.039 / 1.035 of the kernel's with "start", 1.027 / 1.011 with
+#: "loop", 1.045 / 0.888 with "off" (W4A16, one call each)
 LAUNCH_DEPENDENTS = os.environ.get("GEARSHIFT_DECODE_ATTENTION_LAUNCH", "start")
 
 

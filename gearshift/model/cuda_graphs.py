@@ -2,8 +2,9 @@
 
 A decode step of an 8B model launches hundreds of small kernels; from Python that is
 host-bound at small batch. Each distinct (batch, tokens, mode, logits, attention bucket,
-addresses of the weight stores and of the cache, the kernel switches) gets one captured graph whose inputs are static device buffers: the
-step copies its token ids, positions and lengths in, replays, and clones the logits out.
+addresses of the weight stores and of the cache, the kernel switches) gets one captured graph
+whose inputs are static device buffers: the step copies its token ids, positions and lengths in,
+replays, and clones the logits out.
 Attention length is rounded up to a bucket (masked keys contribute nothing), so a handful of
 graphs serve a whole generation. Swapping a layer's store (a GEARBX gear shift) changes the
 key, so a graph never runs on stale weights; graphs of a re-entered gear are reused.

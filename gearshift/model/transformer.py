@@ -84,7 +84,7 @@ class Attention(nn.Module):
                 q = apply_rotary(q.transpose(1, 2), cos, sin).transpose(1, 2)
                 k = apply_rotary(k.transpose(1, 2), cos, sin).transpose(1, 2)
             cache.write(layer, k, v, targets)
-        if fused and self._decode_kernel(q, cache):  # one launch; under W4A8 it also emits o's codes
+        if fused and self._decode_kernel(q, cache):  # one launch (and o's W4A8 codes, where switched on)
             spec = self.o_proj.codes_for(mode, b * t, q.dtype) if decode_attention_codes_on() else None
             out, codes = decode_attention_triton(q, cache.k[layer], cache.v[layer], targets, upto,
                                                  None if spec is None else spec.qmax,
@@ -95,7 +95,6 @@ class Attention(nn.Module):
         out = F.scaled_dot_product_attention(q, keys.to(q.dtype), values.to(q.dtype), attn_mask=mask,
                                              enable_gqa=self.n_kv != self.n_heads)
         return self.o_proj(out.transpose(1, 2).reshape(b, t, -1), mode)
-
 
     @staticmethod
     def _decode_kernel(q: torch.Tensor, cache: KVCache) -> bool:
