@@ -137,7 +137,7 @@ def test_the_model_runs_it_and_feeds_o_its_codes(monkeypatch, preset):
                         lambda *a, **kw: calls.append(a[3].shape) or real(*a, **kw))
     torch.manual_seed(0)
     model = build_random_model(preset, weights="int4", device=DEV, dtype=torch.bfloat16)
-    ids = torch.randint(0, 512, (2, 5), device=DEV)  # two sequences: one keeps SDPA (MIN_BATCH)
+    ids = torch.randint(0, 512, (3, 5), device=DEV)  # three sequences: fewer keep SDPA (MIN_BATCH)
     old = get_dispatcher()
     set_dispatcher(d := CodesDispatcher())
     try:
@@ -145,10 +145,10 @@ def test_the_model_runs_it_and_feeds_o_its_codes(monkeypatch, preset):
         for fused in (False, True):
             fused_on_cpu(fused)
             set_decode_attention(fused, codes=True)
-            cache = model.new_cache(2, 16)
-            model(ids, cache, [0, 0], [5, 5], mode="w4a8")
+            cache = model.new_cache(3, 16)
+            model(ids, cache, [0] * 3, [5] * 3, mode="w4a8")
             d.seen.clear()
-            outs[fused] = model(ids[:, -1:], cache, [5, 5], [1, 1], mode="w4a8")
+            outs[fused] = model(ids[:, -1:], cache, [5] * 3, [1] * 3, mode="w4a8")
         o = (model.config.hidden_size, model.config.hidden_size)
         assert (*o, True) in d.seen  # o_proj took the attention kernel's codes
     finally:
@@ -156,7 +156,7 @@ def test_the_model_runs_it_and_feeds_o_its_codes(monkeypatch, preset):
         fused_on_cpu(False)
         set_decode_attention(True, codes=False)
     n = model.config.num_hidden_layers  # the 5-token prefill and the step, on the fused path only
-    assert calls == [(2, 5)] * n + [(2, 1)] * n
+    assert calls == [(3, 5)] * n + [(3, 1)] * n
     torch.testing.assert_close(outs[True], outs[False], atol=0.1, rtol=0.05)
 
 
@@ -168,13 +168,13 @@ def test_graphs_are_keyed_by_the_switches():
 
     torch.manual_seed(0)
     model = build_random_model("tiny", weights="int4", device="cuda", dtype=torch.bfloat16)
-    ids = torch.randint(0, 512, (2, 4), device="cuda")
+    ids = torch.randint(0, 512, (3, 4), device="cuda")
 
     def step(graphs):
         model.use_cuda_graphs = graphs
-        cache = model.new_cache(2, 16)
-        model(ids, cache, [0, 0], [4, 4], mode="w4a16")
-        return model(ids[:, -1:], cache, [4, 4], [1, 1], mode="w4a16")
+        cache = model.new_cache(3, 16)
+        model(ids, cache, [0] * 3, [4] * 3, mode="w4a16")
+        return model(ids[:, -1:], cache, [4] * 3, [1] * 3, mode="w4a16")
 
     try:
         captures = []
@@ -189,7 +189,8 @@ def test_graphs_are_keyed_by_the_switches():
         model.use_cuda_graphs = False
 
 
-def test_one_sequence_keeps_sdpa(monkeypatch):
+@pytest.mark.parametrize("batch", [1, 2])
+def test_one_or_two_sequences_keep_sdpa(monkeypatch, batch):
     from gearshift.kernels.switches import fused_on_cpu
     from gearshift.model.tiny import build_random_model
 
@@ -198,8 +199,8 @@ def test_one_sequence_keeps_sdpa(monkeypatch):
     model = build_random_model("tiny", weights="int4", device=DEV, dtype=torch.bfloat16)
     fused_on_cpu(True)
     try:
-        cache = model.new_cache(1, 8)
-        model(torch.randint(0, 512, (1, 3), device=DEV), cache, [0], [3], mode="w4a16")
+        cache = model.new_cache(batch, 8)
+        model(torch.randint(0, 512, (batch, 3), device=DEV), cache, [0] * batch, [3] * batch, mode="w4a16")
     finally:
         fused_on_cpu(False)
     assert calls == []

@@ -100,7 +100,7 @@ class Attention(nn.Module):
     def _decode_kernel(q: torch.Tensor, cache: KVCache) -> bool:
         """Whether this pass runs `decode_attention_triton`: few query tokens (its programs take one
         token each: prefill runs SDPA, whose tiles reuse each key across queries) in a 16-bit dtype, and
-        a cache of at least `MIN_BATCH` sequences (one sequence measured slower end to end: SDPA). The
+        a cache of at least `MIN_BATCH` sequences (one or two measured slower end to end: SDPA). The
         cache's batch is fixed for a generation, so AR steps and QSPEC's passes take the same one."""
         d = q.shape[-1]
         return (decode_attention_on() and q.shape[0] >= DECODE_MIN_BATCH and q.shape[1] <= DECODE_MAX_TOKENS
