@@ -30,7 +30,8 @@ def parse_switches(spec: str) -> dict:
     out = {}
     for item in filter(None, spec.split(",")):
         name, _, value = item.partition("=")
-        out[name] = value not in ("0", "false", "False", "")
+        # integers stay integers (swiglu_codes_min_rows=64); set_switches casts to each switch's type
+        out[name] = int(value) if value.isdigit() else value not in ("false", "False", "")
     return out
 
 

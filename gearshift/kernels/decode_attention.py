@@ -89,7 +89,7 @@ if HAS_TRITON:
                                  SPLIT: tl.constexpr,
                                  CODES: tl.constexpr,
                                  QMAX: tl.constexpr, PDL: tl.constexpr, LAUNCH: tl.constexpr, F32_DOT: tl.constexpr):
-        """Program (token row, KV head, key chunk). ws [rows, KV, chunks, GP, D] fp32 partial outputs,
+        """Program (token row, KV head, key chunk). ws [rows, KV, chunks, G, D] fp32 partial outputs,
         stat [rows, KV, chunks, 2, GP] (running max in log2 units, sum of exponentials);
         cnt: rows * KV chunk arrivals, then rows KV-head arrivals (zero between launches)."""
         if LAUNCH == 0:
@@ -137,7 +137,7 @@ if HAS_TRITON:
         if SPLIT:
             if (own > 1) & (chunk < own):  # partials to the workspace; the chunk that arrives last combines
                 part = pair * n_chunks + chunk
-                tl.store(ws_ptr + (part * GP + g)[:, None] * D + d[None, :], acc, mask=(g < G)[:, None])
+                tl.store(ws_ptr + (part * G + g)[:, None] * D + d[None, :], acc, mask=(g < G)[:, None])
                 tl.store(stat_ptr + part * 2 * GP + g, m)
                 tl.store(stat_ptr + part * 2 * GP + GP + g, l_sum)
                 tl.debug_barrier()  # every thread's partial is written before the counter moves
@@ -154,7 +154,7 @@ if HAS_TRITON:
                         pc = pair * n_chunks + c
                         w = tl.math.exp2(tl.load(stat_ptr + pc * 2 * GP + g, cache_modifier=".cg") - m)
                         l_sum += tl.load(stat_ptr + pc * 2 * GP + GP + g, cache_modifier=".cg") * w
-                        acc += tl.load(ws_ptr + (pc * GP + g)[:, None] * D + d[None, :], mask=(g < G)[:, None],
+                        acc += tl.load(ws_ptr + (pc * G + g)[:, None] * D + d[None, :], mask=(g < G)[:, None],
                                        other=0.0, cache_modifier=".cg") * w[:, None]
         if last:
             o = (acc / l_sum[:, None]).to(out_ptr.dtype.element_ty)
@@ -198,7 +198,7 @@ def decode_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     out = torch.empty((rows, h * d), device=q.device, dtype=q.dtype)
     n_chunks = min(cdiv(upto, chunk), max_splits)  # the most any token of the launch splits into
     gp = max(16, next_pow2(g))  # tl.dot wants 16 rows
-    ws = torch.empty((rows * n_kv * n_chunks * gp * d,) if n_chunks > 1 else (1,), device=q.device,
+    ws = torch.empty((rows * n_kv * n_chunks * g * d,) if n_chunks > 1 else (1,), device=q.device,
                      dtype=torch.float32)
     stat = torch.empty((rows * n_kv * n_chunks * 2 * gp,) if n_chunks > 1 else (1,), device=q.device,
                        dtype=torch.float32)

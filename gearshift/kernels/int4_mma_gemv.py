@@ -58,6 +58,18 @@ def _kstep_mmas(mma: str, per_lane: int, d: str, e: str, f: str) -> list[str]:
     return out + [f"{mma} {{{e}}}, {{one, one, one, one}}, {{b0, b1}}, {{{e}}};"]
 
 
+def _tile_ksteps(mma: str, per_lane: int, tiles: int, bank: int, x_pair, selectors: tuple[str, str]) -> list[str]:
+    """One k-step for every token tile: B gathered from the tile's two input registers x_pair(tile)
+    by two PRMTs with `selectors`, then `_kstep_mmas` into the accumulators from `bank` on."""
+    lines = []
+    for tile in range(tiles):
+        lo, hi = x_pair(tile)
+        d, e, f = (", ".join(f"{r}{bank + 4 * tile + i}" for i in range(4)) for r in "def")
+        lines += [f"prmt.b32 b0, {lo}, {hi}, {selectors[0]};", f"prmt.b32 b1, {lo}, {hi}, {selectors[1]};"]
+        lines += _kstep_mmas(mma, per_lane, d, e, f)
+    return lines
+
+
 def _block_outputs(per_lane: int, tiles: int) -> list[str]:
     """The PTX registers behind the block's outputs, in operand order (see `_mma_asm`)."""
     outs = []
@@ -130,13 +142,9 @@ def _mma_asm(dt: str, magic: int, rows: int, tiles: int = 1, chains: int = 1, fu
                 pair("c2", f"${w0[2] + j}", 8 * half + 4)
                 pair("c1", f"${w0[3] + j}", 8 * half)
                 pair("c3", f"${w0[3] + j}", 8 * half + 4)
-            bank = 4 * tiles * ((2 * j + half) % chains)
-            for tile in range(tiles):
-                lo, hi = f"x{16 * tile + 4 * j + half}", f"x{16 * tile + 4 * j + half + 2}"
-                d, e, f = (", ".join(f"{r}{bank + 4 * tile + i}" for i in range(4)) for r in "def")
-                lines.append(f"prmt.b32 b0, {lo}, {hi}, 0x5410;")
-                lines.append(f"prmt.b32 b1, {lo}, {hi}, 0x7632;")
-                lines += _kstep_mmas(mma, per_lane, d, e, f)
+            lines += _tile_ksteps(mma, per_lane, tiles, 4 * tiles * ((2 * j + half) % chains),
+                                  lambda tile: (f"x{16 * tile + 4 * j + half}", f"x{16 * tile + 4 * j + half + 2}"),
+                                  ("0x5410", "0x7632"))
     for c in range(1, chains):
         lines += [f"add.f32 {r}{i}, {r}{i}, {r}{4 * tiles * c + i};" for r in banks for i in range(4 * tiles)]
     lines += [f"mov.b32 ${i}, {v};" for i, v in enumerate(_block_outputs(per_lane, tiles))]
@@ -181,12 +189,8 @@ def _mma_asm_s8(rows: int, tiles: int = 1) -> str:
         if per_lane == 4:
             split("c0", "c2", f"${w0[2] + j}")
             split("c1", "c3", f"${w0[3] + j}")
-        for tile in range(tiles):
-            lo, hi = f"x{8 * tile + 2 * j}", f"x{8 * tile + 2 * j + 1}"
-            d, e, f = (", ".join(f"{r}{4 * tile + i}" for i in range(4)) for r in "def")
-            lines.append(f"prmt.b32 b0, {lo}, {hi}, 0x6420;")
-            lines.append(f"prmt.b32 b1, {lo}, {hi}, 0x7531;")
-            lines += _kstep_mmas(mma, per_lane, d, e, f)
+        lines += _tile_ksteps(mma, per_lane, tiles, 0, lambda tile: (f"x{8 * tile + 2 * j}", f"x{8 * tile + 2 * j + 1}"),
+                              ("0x6420", "0x7531"))
     for i, v in enumerate(_block_outputs(per_lane, tiles)):
         lines += [f"cvt.rn.f32.s32 cv, {v};", f"mov.b32 ${i}, cv;"]
     lines.append("}")
