@@ -14,12 +14,11 @@ re-read of the product gone.
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 import torch.nn.functional as F
 
-from gearshift.kernels._triton import HAS_TRITON, next_pow2, tl, triton
+from gearshift.kernels._triton import HAS_TRITON, interpreting, next_pow2, tl, triton
 from gearshift.kernels.act_quant import ActCodes, codes_buffers
 from gearshift.kernels.pdl import launch_kwargs, pdl_enabled
 from gearshift.kernels.splitk import zeroed_words
@@ -142,7 +141,7 @@ def _max_split_programs(index: int) -> int:
 def splits_rows(rows: int, width: int, device: torch.device) -> bool:
     """Whether `silu_mul_codes_triton` splits each row over programs: few rows on a GPU (the
     interpreter runs programs one after another, so a barrier between them would never open)."""
-    return (device.type == "cuda" and os.environ.get("TRITON_INTERPRET") != "1" and rows <= SPLIT_ROWS
+    return (device.type == "cuda" and not interpreting() and rows <= SPLIT_ROWS
             and width > SPLIT_BLOCK and rows * triton.cdiv(width, SPLIT_BLOCK) <= max_split_programs(device))
 
 
