@@ -30,7 +30,8 @@ def test_switch_and_cpu():
         assert pdl.L2_PREFETCH is True and not pdl.l2_prefetch_enabled(x)  # (never on CPU)
     finally:
         pdl.set_l2_prefetch(before)
-    assert [pdl_trigger(m) for m in (1, 2, 4, 8, 16)] == [1, 1, 2, 0, 0]
+    assert [pdl_trigger(m) for m in (1, 2, 4, 8, 16, 32)] == [1, 1, 2, 2, 3, 0]
+    assert [pdl_trigger(m, codes=True) for m in (1, 2, 4, 8, 16, 32)] == [1, 1, 2, 2, 2, 0]
 
 
 _COMPILE = r"""
@@ -44,7 +45,7 @@ for on in (True, False):
 out["rms_codes"] = ptx(_rms_norm_kernel, sig, dict(BD=1024, PDL=True, QMAX=127.0))
 sig = dict(x_ptr="*bf16", qw_ptr="*u8", s_ptr="*bf16", mn_ptr="*bf16", y_ptr="*bf16", ws_ptr="*fp32",
            cnt_ptr="*i32", xs_ptr="*fp32", M="i32", N="i32", K="i32", stride_xm="i32", stride_ym="i32")
-for trig in (0, 1, 2):
+for trig in (0, 1, 2, 3):
     out[f"mma{trig}"] = ptx(mg._mma_gemv_kernel, sig, dict(
         G=128, WARPS=4, SPLIT_K=2, ASM=mg.MMA_ASM[("bf16", 16, 1)], CONSTRAINTS=mg.CONSTRAINTS[(16, 1)],
         ROWS=16, TILES=1, TG=1, ZPID=True, OFFSET=128.0, U=1, HAS_XS=False, PDL=True, L2_PREFETCH=False, TRIGGER=trig,
@@ -78,7 +79,7 @@ def test_rmsnorm_waits_before_loading(ptx):
     assert "st.global" in codes and len(re.findall(r"st\.global", codes)) > len(re.findall(r"st\.global", ptx["rms1"]))
 
 
-@pytest.mark.parametrize("trigger", [0, 1, 2])
+@pytest.mark.parametrize("trigger", [0, 1, 2, 3])
 def test_mma_gemv_reads_only_weights_before_the_wait(ptx, trigger):
     text = ptx[f"mma{trigger}"]
     wait = _first(text, r"griddepcontrol\.wait")
@@ -93,6 +94,8 @@ def test_mma_gemv_reads_only_weights_before_the_wait(ptx, trigger):
         assert dep == -1
     elif trigger == 1:
         assert 0 <= dep < wait
+    elif trigger == 3:  # right after the wait, before the first MMA
+        assert wait < dep < text.find("mma.sync")
     else:  # after the main loop: past the last MMA
         assert dep > text.rfind("mma.sync")
 

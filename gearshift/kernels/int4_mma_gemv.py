@@ -35,6 +35,7 @@ import torch
 
 from gearshift.kernels._triton import HAS_TRITON, cdiv, tl, triton
 from gearshift.kernels.config import TileConfig
+from gearshift.kernels import residency
 from gearshift.kernels.pdl import l2_prefetch_enabled, launch_kwargs, pdl_enabled
 from gearshift.kernels.reference import linear_reference
 from gearshift.kernels.splitk import splitk_buffers
@@ -215,7 +216,8 @@ WEIGHT_LOADS = {
     "l2_256": "ld.global.nc.L1::no_allocate.L2::256B.v4.b32 {$0, $1, $2, $3}, [$4];",
 }
 PRELOAD_REGISTERS = 128  # TileConfig.preload: weight registers per lane (16 blocks at 16 rows per warp)
-TRIGGER = -1  # >= 0: overrides pdl_trigger(m) for every launch (timing experiments; results never change)
+TRIGGER = -1  # >= 0: overrides pdl_trigger(m) for every launch (timing experiments; results never change;
+# 3 = right after the PDL wait: at most one successor preloads while this kernel streams)
 L2_AHEAD = 0  # > 0: stepped tiles also bulk-prefetch into L2 this many steps beyond their register prefetch
 # (a timing experiment, stop 31; results never change)
 #: W4A16 launches of one token group (1..16 tokens) take their token offset from program_id(2), the
@@ -225,7 +227,11 @@ L2_AHEAD = 0  # > 0: stepped tiles also bulk-prefetch into L2 this many steps be
 #: W4A4 / fp8), whose entries were re-profiled on the neighbour form, measured 0.995-1.027 with it and
 #: keep the neighbour form. 0: the neighbour form everywhere (same results)
 ONE_GROUP_Z = 1
-WEIGHT_LOAD = {"name": "plain", "scales": 0}  # scales 1: the scale/min loads with an L2 prefetch size too
+#: > 0: every launch asks for the shared memory that lets at most this many of its CTAs share an SM
+#: (`residency.py`; a timing experiment, results never change)
+RESIDENCY = 0
+# scales 1: the scale/min loads with an L2 prefetch size too; 2: none (timing ablation, wrong results)
+WEIGHT_LOAD = {"name": "plain", "scales": 0}
 CONSTRAINTS = {(rows, tiles): ",".join(["=r"] * ({8: 4, 16: 6, 32: 10}[rows] * tiles) + ["r"] * (rows // 2)
                                        + ["l"] * tiles) for rows in ROWS_PER_WARP for tiles in (1, 2)}
 
@@ -259,7 +265,12 @@ if HAS_TRITON:
 
     @triton.jit
     def _load_scales(s_ptr, mn_ptr, offs, g, ROWS: tl.constexpr, HINT: tl.constexpr):
-        """(scale, min) of each of the lane's rows at group g: 8 values (absent rows repeat row a / b)."""
+        """(scale, min) of each of the lane's rows at group g: 8 values (absent rows repeat row a / b).
+        HINT 2: no loads, scale 1 and min 0 everywhere (a timing ablation: wrong results)."""
+        if HINT == 2:
+            one = (offs[0] * 0 + 1).to(s_ptr.dtype.element_ty)
+            zero = (offs[0] * 0).to(mn_ptr.dtype.element_ty)
+            return one, zero, one, zero, one, zero, one, zero
         sa = _load_half(s_ptr + offs[0] + g, HINT)
         ma = _load_half(mn_ptr + offs[0] + g, HINT)
         if ROWS == 8:
@@ -393,7 +404,8 @@ if HAS_TRITON:
                          OFFSET: tl.constexpr, U: tl.constexpr, HAS_XS: tl.constexpr, PDL: tl.constexpr,
                          L2_PREFETCH: tl.constexpr, LOAD: tl.constexpr, SHINT: tl.constexpr, TILED: tl.constexpr,
                          TRIGGER: tl.constexpr = 1, TAIL: tl.constexpr = 0, KWARPS: tl.constexpr = 1,
-                         PRE: tl.constexpr = 0, L2_AHEAD: tl.constexpr = 0, EVEN: tl.constexpr = 0):
+                         PRE: tl.constexpr = 0, L2_AHEAD: tl.constexpr = 0, EVEN: tl.constexpr = 0,
+                         RES: tl.constexpr = 0):
         # Every per-lane quantity comes from the lane's own %tid.x, so the fragment plan holds
         # whatever layout Triton picks for these [32 * WARPS] tensors (one element per thread).
         # ROWS: weight rows per warp; lane (g, t) holds rows g, g+8, g+16, g+24 of them.
@@ -462,6 +474,8 @@ if HAS_TRITON:
                 wl = wl + (_load_rows(w_ptrs, k_lo + 16 * i, ROWS, LOAD, TILED),)
                 sl = sl + (_load_scales(s_ptr, mn_ptr, s_offs, ((k_lo + 16 * i) * 8) // G, ROWS, SHINT),)
             grid_wait(PDL)
+            if TRIGGER == 3:
+                launch_dependents(PDL)
             for i in tl.static_range(PRE):
                 acc = _block(ASM, CONSTRAINTS, ROWS, TILES, OFFSET, wl[i], x0 + (k_lo + 16 * i) * 8,
                              x1 + (k_lo + 16 * i) * 8, sl[i], acc)
@@ -470,6 +484,8 @@ if HAS_TRITON:
             # 16*U bytes per lane and row in flight. Past the slice's end the last step re-reads itself.
             w, sc, w2, sc2 = _load_step(w_ptrs, s_ptr, mn_ptr, s_offs, k_lo, G, ROWS, LOAD, TILED, SHINT, U)
             grid_wait(PDL)  # weights only above this line: x, y and the split-K buffers below
+            if TRIGGER == 3:
+                launch_dependents(PDL)
             if U == 1 and EVEN and L2_AHEAD == 0:
                 # two blocks per trip, still one block ahead: the loads land straight in the registers
                 # the loop carries (a one-block loop copies 8+ registers per block at its end)
@@ -649,8 +665,8 @@ def mma_gemv(x: torch.Tensor, store: Int4Weight, cfg: TileConfig, token_scales: 
     blocks = store.in_features // (BLOCK_COLS * cfg.split_k * cfg.kwarps)  # per warp
     pre = blocks if cfg.preload else 0
     if trigger is None:
-        trigger = TRIGGER if TRIGGER >= 0 else pdl_trigger(m)
-    _mma_gemv_kernel[grid](x2, store.qweight, store.scales, store.mins, y, ws, cnt, xs, m, n, store.in_features,
+        trigger = TRIGGER if TRIGGER >= 0 else pdl_trigger(m, codes=token_scales is not None)
+    kernel = _mma_gemv_kernel[grid](x2, store.qweight, store.scales, store.mins, y, ws, cnt, xs, m, n, store.in_features,
                            x2.stride(0), y.stride(0), G=store.group_size, WARPS=cfg.warps, SPLIT_K=cfg.split_k,
                            ASM=block_asm(dt, cfg.bm, tiles),
                            CONSTRAINTS=CONSTRAINTS[(cfg.bm, tiles)], ROWS=cfg.bm, TG=tg,
@@ -662,7 +678,9 @@ def mma_gemv(x: torch.Tensor, store: Int4Weight, cfg: TileConfig, token_scales: 
                            LOAD=WEIGHT_LOADS[WEIGHT_LOAD["name"]], SHINT=WEIGHT_LOAD["scales"], TILED=store.layout == BLOCKS16,
                            num_warps=cfg.warps, num_stages=1, TAIL=tail, KWARPS=cfg.kwarps,
                            **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {}),
-                           **launch_kwargs(pdl))
+                           RES=RESIDENCY, **launch_kwargs(pdl))
+    if RESIDENCY and kernel is not None:  # (RES keys a compiled kernel per cap)
+        residency.cap(kernel, RESIDENCY)
     return y if x.dim() == 2 else y.reshape(*x.shape[:-1], n)
 
 
@@ -673,12 +691,20 @@ def block_asm(dt: str, rows: int, tiles: int) -> str:
     return (MMA_ASM if FUSED_LOP3 else MMA_ASM_ANDOR)[(dt, rows, tiles)]
 
 
-def pdl_trigger(m: int) -> int:
-    """Where a PDL launch lets the next kernel in: 1 = at the start, 2 = after the main loop, 0 = at
-    exit (benchmarks/pdl.py on the H100: early paid off only for a single token; since the preloading
-    tiles, also for two: policy_ab, whole W4A16 step 0.958-0.969, W4A8 0.990, while at 4 / 8 tokens
-    W4A8 lost 1% / W4A16 14%)."""
-    return 1 if m <= 2 else 2 if m <= 4 else 0
+def pdl_trigger(m: int, codes: bool = False) -> int:
+    """Where a PDL launch lets the next kernel in: 1 = at the start, 2 = after the main loop, 3 = right
+    after the PDL wait, 0 = at exit. codes: the inputs are activation codes (W4A8 / W4A4).
+    H100, whole steps (policy_ab): early paid off for one and two tokens (W4A16 0.958-0.969, W4A8
+    0.990; from 4 tokens it lost). Stop 36: after the main loop at 5..8 tokens (W4A16 0.94 against
+    at exit, W4A8 0.970) and at 9..16 with codes (0.989); at 9..16 without codes right after the wait
+    (0.942-0.947 against at exit, 0.980 against after the loop), which lost 3-14% at 2..8 tokens."""
+    if m <= 2:
+        return 1
+    if m <= 8:
+        return 2
+    if m <= 16:
+        return 2 if codes else 3
+    return 0
 
 
 def mma_gemv_quantized(x2: torch.Tensor, store: Int4Weight, act, cfg: TileConfig, int8: bool = False) -> torch.Tensor:
