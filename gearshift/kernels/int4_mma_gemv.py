@@ -33,9 +33,9 @@ from __future__ import annotations
 
 import torch
 
+from gearshift.kernels import residency, switches
 from gearshift.kernels._triton import HAS_TRITON, cdiv, tl, triton
 from gearshift.kernels.config import TileConfig
-from gearshift.kernels import residency
 from gearshift.kernels.pdl import l2_prefetch_enabled, launch_kwargs, pdl_enabled
 from gearshift.kernels.reference import linear_reference
 from gearshift.kernels.splitk import splitk_buffers
@@ -665,7 +665,9 @@ def mma_gemv(x: torch.Tensor, store: Int4Weight, cfg: TileConfig, token_scales: 
     blocks = store.in_features // (BLOCK_COLS * cfg.split_k * cfg.kwarps)  # per warp
     pre = blocks if cfg.preload else 0
     if trigger is None:
-        trigger = TRIGGER if TRIGGER >= 0 else pdl_trigger(m, codes=token_scales is not None)
+        trigger = TRIGGER if TRIGGER >= 0 else switches.gemv_trigger()
+        if trigger < 0:
+            trigger = pdl_trigger(m)
     kernel = _mma_gemv_kernel[grid](x2, store.qweight, store.scales, store.mins, y, ws, cnt, xs, m, n, store.in_features,
                            x2.stride(0), y.stride(0), G=store.group_size, WARPS=cfg.warps, SPLIT_K=cfg.split_k,
                            ASM=block_asm(dt, cfg.bm, tiles),
@@ -691,20 +693,17 @@ def block_asm(dt: str, rows: int, tiles: int) -> str:
     return (MMA_ASM if FUSED_LOP3 else MMA_ASM_ANDOR)[(dt, rows, tiles)]
 
 
-def pdl_trigger(m: int, codes: bool = False) -> int:
+def pdl_trigger(m: int) -> int:
     """Where a PDL launch lets the next kernel in: 1 = at the start, 2 = after the main loop, 3 = right
-    after the PDL wait, 0 = at exit. codes: the inputs are activation codes (W4A8 / W4A4).
-    H100, whole steps (policy_ab): early paid off for one and two tokens (W4A16 0.958-0.969, W4A8
-    0.990; from 4 tokens it lost). Stop 36: after the main loop at 5..8 tokens (W4A16 0.94 against
-    at exit, W4A8 0.970) and at 9..16 with codes (0.989); at 9..16 without codes right after the wait
-    (0.942-0.947 against at exit, 0.980 against after the loop), which lost 3-14% at 2..8 tokens."""
-    if m <= 2:
-        return 1
-    if m <= 8:
-        return 2
-    if m <= 16:
-        return 2 if codes else 3
-    return 0
+    after the PDL wait, 0 = at exit (benchmarks/pdl.py on the H100: early paid off only for a single
+    token; since the preloading tiles, also for two: policy_ab, whole W4A16 step 0.958-0.969, W4A8
+    0.990, while at 4 / 8 tokens W4A8 lost 1% / W4A16 14%).
+    Stop 36: on chains of linears alone (policy_ab) a trigger after the main loop at 5..8 tokens and
+    right after the wait at 9..16 (bf16) ran the step in 0.92-0.94 of the time; in the engine, whose
+    linears are followed by norms, attention and SwiGLU, not by another linear's weight preload, the
+    same rule made the graphed decode step 1.06-1.14x as long at batch 8 / 16 (e2e_ab, W4A16 and W4A8),
+    so at exit it stays there. Judge this rule end to end, not on linears alone."""
+    return 1 if m <= 2 else 2 if m <= 4 else 0
 
 
 def mma_gemv_quantized(x2: torch.Tensor, store: Int4Weight, act, cfg: TileConfig, int8: bool = False) -> torch.Tensor:

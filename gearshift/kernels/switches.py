@@ -9,7 +9,7 @@ from __future__ import annotations
 from gearshift.kernels._triton import HAS_TRITON
 
 _FUSED = {"enabled": True, "on_cpu": False, "swiglu_codes": True, "swiglu_codes_min_rows": 1,
-          "decode_attention": True, "decode_attention_codes": False}
+          "decode_attention": True, "decode_attention_codes": False, "gemv_trigger": -1}
 
 
 def state() -> tuple:
@@ -82,3 +82,9 @@ def set_decode_attention(enabled: bool, codes: bool | None = None) -> None:
     _FUSED["decode_attention"] = bool(enabled)
     if codes is not None:
         _FUSED["decode_attention_codes"] = bool(codes)
+
+
+def gemv_trigger() -> int:
+    """-1: the fragment GEMV lets its PDL successor in where `int4_mma_gemv.pdl_trigger` says; 0-3:
+    at that one point for every launch (end-to-end A/B of the rule; the bits never change)."""
+    return _FUSED["gemv_trigger"]
