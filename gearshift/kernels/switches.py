@@ -1,7 +1,9 @@
-"""One switch for the engine's small fused Triton kernels (RMSNorm, RoPE, KV-cache write, SwiGLU).
+"""Switches of the engine's kernels: the small fused Triton kernels (RMSNorm, RoPE, KV-cache write,
+SwiGLU, decode attention) and where the fragment GEMV lets its PDL successor in.
 
-On by default on CUDA; `set_fused_kernels(False)` restores the torch ops (benchmarks compare
-the two). GEMM kernels are chosen by the dispatcher, not here.
+The fused kernels are on by default on CUDA; `set_fused_kernels(False)` restores the torch ops
+(benchmarks compare the two). GEMM kernels are chosen by the dispatcher, not here; `e2e_ab.py`
+A/Bs any switch end to end, with CUDA graphs keyed by `state()`.
 """
 
 from __future__ import annotations
