@@ -41,7 +41,7 @@ from xloads import no_xloads  # noqa: E402
 import gearshift.kernels.int4_mma_gemv as mg  # noqa: E402
 from gearshift.dispatch.dispatcher import AdaptiveDispatcher  # noqa: E402
 from gearshift.dispatch.policy import PolicyMap, device_slug  # noqa: E402
-from gearshift.dispatch.profiler import PRESETS, time_us  # noqa: E402
+from gearshift.dispatch.profiler import PRESETS, copy_bandwidth  # noqa: E402
 from gearshift.quant.modes import MODES  # noqa: E402
 
 
@@ -62,13 +62,6 @@ def loads_only(asm: str, rows: int, tiles: int, x: bool) -> str:
         lines.append(f"xor.b32 $0, $0, ${n_out + i};")
     lines.append("}")
     return "\n".join(lines)
-
-
-def copy_bandwidth() -> float:
-    """TB/s of a 1 GiB device-to-device copy, read + write (the floor's yardstick)."""
-    src = torch.empty(1 << 28, device="cuda", dtype=torch.int32)
-    dst = torch.empty_like(src)
-    return 2 * src.numel() * 4 / time_us([lambda: dst.copy_(src)]) / 1e6
 
 
 def variants(s8: bool) -> dict:
@@ -102,7 +95,7 @@ def main() -> None:
     model = Model("int4p" if s8 else "int4", shapes, layers, 128, torch.bfloat16, "blocks16")
     d = AdaptiveDispatcher(PolicyMap.load(a.policy), autoload=False)
     act = MODES[a.mode].act
-    copy_tbs = copy_bandwidth()
+    copy_tbs = copy_bandwidth() / 1e12
     floor_ms = model.nbytes() / (copy_tbs * 1e12) * 1e3
     res = {"device": torch.cuda.get_device_name(), "mode": a.mode, "copy_tbs": copy_tbs, "floor_ms": floor_ms,
            "bytes": model.nbytes(), "ms": {}}
