@@ -31,14 +31,18 @@ def parse_switches(spec: str) -> dict:
     for item in filter(None, spec.split(",")):
         name, _, value = item.partition("=")
         # integers stay integers (swiglu_codes_min_rows=64); set_switches casts to each switch's type
-        out[name] = int(value) if value.isdigit() else value not in ("false", "False", "")
+        try:  # numbers stay numbers (swiglu_codes_min_rows=64, weight_prefetch_mb=0.5)
+            out[name] = int(value) if value.isdigit() else float(value)
+        except ValueError:
+            out[name] = value not in ("false", "False", "")
     return out
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--set-a", default="", help="switches of side A, NAME=0|1[,...] (gearshift/kernels/switches.py)")
-    ap.add_argument("--set-b", default="", help="the same for side B")
+    ap.add_argument("--set-b", action="append", default=None,
+                    help="the same for side B; repeat it for sides C, D, ... (each timed against A)")
     ap.add_argument("--preset", default="llama3-8b")
     ap.add_argument("--modes", default="w4a8")
     ap.add_argument("--batches", default="1,16")
@@ -58,7 +62,9 @@ def main() -> None:
     from gearshift.model.loader import LoadedModel
     from gearshift.model.tiny import preset_config
 
-    sides = {"a": parse_switches(args.set_a), "b": parse_switches(args.set_b)}
+    sides = {"a": parse_switches(args.set_a)}
+    for i, spec in enumerate(args.set_b or [""]):
+        sides["bcdefgh"[i]] = parse_switches(spec)
     default = dict(switches.state())
     for s in sides.values():
         switches.set_switches(**s)  # unknown names fail here, before any model is built
@@ -74,7 +80,7 @@ def main() -> None:
             gen = torch.Generator().manual_seed(b)
             prompts = [torch.randint(0, cfg.vocab_size, (args.prompt_len,), generator=gen).tolist() for _ in range(b)]
             eng = Engine(loaded, max_batch=b)
-            times = {"a": [], "b": []}
+            times = {name: [] for name in sides}
             tokens = {}
             for r in range(args.rounds + 1):  # round 0 captures the graphs and is not counted
                 for name, sw in sides.items():
@@ -86,18 +92,21 @@ def main() -> None:
                         times[name].append(st["decode_s"] / st["forwards"] * 1e3)
                     tokens[name] = hashlib.sha1(repr([o.token_ids for o in out]).encode()).hexdigest()[:12]
             switches.set_switches(**default)
-            row = {"mode": mode, "batch": b, "ms_a": statistics.median(times["a"]),
-                   "ms_b": statistics.median(times["b"]), "runs": times, "tokens_sha1": tokens}
+            ms = {name: statistics.median(t) for name, t in times.items()}
+            row = {"mode": mode, "batch": b, "ms_a": ms["a"], "ms_b": ms["b"], "runs": times, "tokens_sha1": tokens,
+                   "ms": ms, "over_a": {name: v / ms["a"] for name, v in ms.items()}}
             row["b_over_a"] = row["ms_b"] / row["ms_a"]
             rows.append(row)
-            print(f"{mode:7} B={b:3}: A {row['ms_a']:.3f} ms  B {row['ms_b']:.3f} ms  B/A {row['b_over_a']:.3f}  "
-                  f"tokens A {tokens['a']} B {tokens['b']}", flush=True)
+            print(f"{mode:7} B={b:3}: A {ms['a']:.3f} ms  " + "  ".join(
+                f"{n.upper()} {v:.3f} ({v / ms['a']:.3f})" for n, v in ms.items() if n != "a")
+                + "  tokens " + " ".join(f"{n.upper()} {h}" for n, h in tokens.items()), flush=True)
     dev = torch.cuda.get_device_name()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     tag = args.tag if not args.tag or args.tag.startswith("_") else "_" + args.tag
     (out / f"e2e_ab_{dev.replace(' ', '_')}{tag}.json").write_text(json.dumps(
-        {"device": dev, "preset": args.preset, "set_a": args.set_a, "set_b": args.set_b,
+        {"device": dev, "preset": args.preset, "set_a": args.set_a, "set_b": (args.set_b or [""])[0],
+         "sides": {n: ",".join(f"{k}={v}" for k, v in sw.items()) for n, sw in sides.items()},
          "prompt_len": args.prompt_len, "new_tokens": args.new_tokens, "int4_prog": args.int4_prog,
          "rows": rows}, indent=1))
 
