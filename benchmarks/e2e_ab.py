@@ -43,6 +43,9 @@ def main() -> None:
     ap.add_argument("--set-a", default="", help="switches of side A, NAME=0|1[,...] (gearshift/kernels/switches.py)")
     ap.add_argument("--set-b", action="append", default=None,
                     help="the same for side B; repeat it for sides C, D, ... (each timed against A)")
+    ap.add_argument("--map", action="append", default=None, metavar="SIDE=PATH",
+                    help="run side SIDE (a, b, c, ...) on the policy map at PATH instead of the installed one "
+                    "(graphs are keyed by the dispatcher, so each side replays its own kernels)")
     ap.add_argument("--preset", default="llama3-8b")
     ap.add_argument("--modes", default="w4a8")
     ap.add_argument("--batches", default="1,16")
@@ -55,6 +58,8 @@ def main() -> None:
     args = ap.parse_args()
 
     from gearshift.decode.autoregressive import AutoregressivePolicy
+    from gearshift.dispatch import AdaptiveDispatcher, get_dispatcher, set_dispatcher
+    from gearshift.dispatch.policy import PolicyMap
     from gearshift.decode.sampling import SamplingParams
     from gearshift.engine.engine import Engine, Request
     from gearshift.kernels import switches
@@ -65,6 +70,10 @@ def main() -> None:
     sides = {"a": parse_switches(args.set_a)}
     for i, spec in enumerate(args.set_b or [""]):
         sides["bcdefgh"[i]] = parse_switches(spec)
+    maps = dict(item.split("=", 1) for item in (args.map or []))
+    unknown = set(maps) - set(sides)
+    if unknown:
+        raise SystemExit(f"--map names sides {sorted(unknown)}; the sides are {sorted(sides)}")
     default = dict(switches.state())
     for s in sides.values():
         switches.set_switches(**s)  # unknown names fail here, before any model is built
@@ -82,9 +91,12 @@ def main() -> None:
             eng = Engine(loaded, max_batch=b)
             times = {name: [] for name in sides}
             tokens = {}
+            installed = get_dispatcher()
+            dispatchers = {n: AdaptiveDispatcher(PolicyMap.load(p), autoload=False) for n, p in maps.items()}
             for r in range(args.rounds + 1):  # round 0 captures the graphs and is not counted
                 for name, sw in sides.items():
                     switches.set_switches(**(default | sw))
+                    set_dispatcher(dispatchers.get(name, installed))
                     params = SamplingParams(max_new_tokens=args.new_tokens, ignore_eos=True)
                     out = eng.generate([Request(p, params) for p in prompts], AutoregressivePolicy(model, mode))
                     st = eng.last_stats
@@ -92,6 +104,7 @@ def main() -> None:
                         times[name].append(st["decode_s"] / st["forwards"] * 1e3)
                     tokens[name] = hashlib.sha1(repr([o.token_ids for o in out]).encode()).hexdigest()[:12]
             switches.set_switches(**default)
+            set_dispatcher(installed)
             ms = {name: statistics.median(t) for name, t in times.items()}
             row = {"mode": mode, "batch": b, "ms_a": ms["a"], "ms_b": ms["b"], "runs": times, "tokens_sha1": tokens,
                    "ms": ms, "over_a": {name: v / ms["a"] for name, v in ms.items()}}
@@ -106,7 +119,7 @@ def main() -> None:
     tag = args.tag if not args.tag or args.tag.startswith("_") else "_" + args.tag
     (out / f"e2e_ab_{dev.replace(' ', '_')}{tag}.json").write_text(json.dumps(
         {"device": dev, "preset": args.preset, "set_a": args.set_a, "set_b": (args.set_b or [""])[0],
-         "sides": {n: ",".join(f"{k}={v}" for k, v in sw.items()) for n, sw in sides.items()},
+         "sides": {n: ",".join(f"{k}={v}" for k, v in sw.items()) for n, sw in sides.items()}, "maps": maps,
          "prompt_len": args.prompt_len, "new_tokens": args.new_tokens, "int4_prog": args.int4_prog,
          "rows": rows}, indent=1))
 

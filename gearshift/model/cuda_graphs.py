@@ -2,9 +2,10 @@
 
 A decode step of an 8B model launches hundreds of small kernels; from Python that is
 host-bound at small batch. Each distinct (batch, tokens, mode, logits, attention bucket,
-addresses of the weight stores and of the cache, the kernel switches) gets one captured graph
-whose inputs are static device buffers: the step copies its token ids, positions and lengths in,
-replays, and clones the logits out.
+addresses of the weight stores and of the cache, the kernel switches, the active dispatcher) gets
+one captured graph whose inputs are static device buffers: the step copies its token ids,
+positions and lengths in, replays, and clones the logits out. (A dispatcher installed later, e.g.
+another policy map, picks other kernels: graphs captured under the previous one are not replayed.)
 Attention length is rounded up to a bucket (masked keys contribute nothing), so a handful of
 graphs serve a whole generation. Swapping a layer's store (a GEARBX gear shift) changes the
 key, so a graph never runs on stale weights; graphs of a re-entered gear are reused.
@@ -16,6 +17,7 @@ from collections import OrderedDict
 
 import torch
 
+from gearshift.dispatch import get_dispatcher
 from gearshift.kernels import switches
 from gearshift.kernels.pdl import pdl_enabled
 from gearshift.model.quant_linear import store_version
@@ -83,7 +85,7 @@ class GraphRunner:
         b, t = tokens.shape
         bucket = min(_bucket(upto), cache.capacity)
         key = (b, t, bucket, str(mode), logits, cache.k.data_ptr(), cache.v.data_ptr(), tuple(cache.k.shape),
-               self._stores(model), switches.state(), pdl_enabled(cache.k))
+               self._stores(model), switches.state(), pdl_enabled(cache.k), get_dispatcher())
         g = self.graphs.get(key)
         if g is None:
             if self.pool is None:
