@@ -1,0 +1,155 @@
+"""Choose each shape's small-M kernel in the context of the whole step, not of its own chain (GPU).
+
+`gearshift profile` times every candidate of a shape in a chain of that shape alone. A decode step
+chains qkv -> o -> gate_up -> down, and a kernel's cost depends on its neighbours (how early its
+successor's CTAs can start under PDL, whose registers still occupy the SMs), so the profile's
+winners need not be the step's. This runs a coordinate descent over the profile's best
+`--top` candidates per shape: with the other shapes at their current choice, each alternative of
+one shape is timed on the whole 32-layer step (128 Llama-3-8B linears through the dispatcher,
+CUDA-graph replay, distinct random weights); the best is re-timed against the current choice,
+alternating, and taken if it is faster by more than `--min-gain`. Finally the found map and the
+shipped one are timed alternately (`--rounds`). Writes the search log and the map with the found
+entries (`policy_merge.py` can take them into the shipped map after an A/B with `policy_ab.py`).
+
+    PYTHONPATH=. python benchmarks/step_search.py --mode w4a16 --m 1,2 --top 6 --out benchmarks/results
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from kernels import Model, codes_step_fn, producer_codes, time_step  # noqa: E402
+
+from gearshift.dispatch.dispatcher import AdaptiveDispatcher  # noqa: E402
+from gearshift.dispatch.policy import Choice, PolicyMap, device_slug, parse_candidate  # noqa: E402
+from gearshift.dispatch.profiler import PRESETS  # noqa: E402
+from gearshift.quant.modes import MODES  # noqa: E402
+
+
+def candidates(pm_json: dict, key: str, m: int, top: int) -> list[str]:
+    """The shape's `top` fastest profiled candidates at m (the shipped choice first)."""
+    timed = pm_json.get("timings", {}).get(key, {}).get(str(m), {})
+    ranked = [n for n, us in sorted(timed.items(), key=lambda kv: kv[1] or 1e9) if us]
+    e = pm_json["entries"][key][str(m)]
+    shipped = e["strategy"] + ("" if e["config"] is None else "@" + json.dumps(e["config"], sort_keys=True))
+    out = [shipped]
+    for n in ranked:
+        if not any(_same(n, o) for o in out):
+            out.append(n)
+        if len(out) >= top:
+            break
+    return out
+
+
+def _same(a: str, b: str) -> bool:
+    sa, ca = parse_candidate(a)
+    sb, cb = parse_candidate(b)
+    return sa == sb and (ca.to_dict() if ca else None) == (cb.to_dict() if cb else None)
+
+
+def with_choices(base: PolicyMap, choices: dict[str, str], m: int) -> PolicyMap:
+    pm = copy.copy(base)
+    pm.entries = {k: list(v) for k, v in base.entries.items()}
+    for key, cand in choices.items():
+        s, cfg = parse_candidate(cand)
+        pm.set(key, m, Choice(s, cfg, None))
+    return pm
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--mode", default="w4a16", choices=("w4a16", "w4a8"))
+    ap.add_argument("--m", default="1,2")
+    ap.add_argument("--policy", default="gearshift/data/policy/NVIDIA_H100_80GB_HBM3.json")
+    ap.add_argument("--top", type=int, default=6, help="candidates per shape (the shipped one included)")
+    ap.add_argument("--passes", type=int, default=1)
+    ap.add_argument("--confirm", type=int, default=4, help="alternating re-timings before a change is taken")
+    ap.add_argument("--min-gain", type=float, default=0.005)
+    ap.add_argument("--rounds", type=int, default=5, help="final alternating rounds, found vs shipped")
+    ap.add_argument("--out", default="benchmarks/results")
+    ap.add_argument("--tag", default="")
+    a = ap.parse_args()
+    s8 = a.mode == "w4a8"
+    pm_json = json.loads(Path(a.policy).read_text())
+    shipped = PolicyMap.from_json(pm_json)
+    shapes, layers = PRESETS["llama3-8b"]["shapes"], PRESETS["llama3-8b"]["layers"]
+    model = Model("int4p" if s8 else "int4", shapes, layers, 128, torch.bfloat16, "blocks16")
+    act = MODES[a.mode].act
+    keys = [f"{a.mode}:g128:{n}x{k}" for _, n, k in shapes]
+    res = {"device": torch.cuda.get_device_name(), "mode": a.mode, "int4_prog": s8, "m": {}}
+    found = PolicyMap.from_json(pm_json)
+    for m in (int(v) for v in a.m.split(",")):
+        xs = [torch.randn(m, k, device="cuda", dtype=torch.bfloat16) for _, _, k in shapes]
+        d0 = AdaptiveDispatcher(shipped, autoload=False)
+        codes = producer_codes(d0, shapes, model.stores[0], xs, act, m) if act is not None else [None] * len(shapes)
+
+        def step_ms(choices: dict[str, str]) -> float:
+            d = AdaptiveDispatcher(with_choices(shipped, choices, m), autoload=False)
+            return time_step(codes_step_fn(model, xs, d, act, codes))
+
+        cands = {key: candidates(pm_json, key, m, a.top) for key in keys}
+        cur = {key: c[0] for key, c in cands.items()}
+        log = []
+        base_ms = step_ms(cur)
+        print(f"M={m}: shipped {base_ms:.3f} ms", flush=True)
+        for p in range(a.passes):
+            changed = False
+            for key in keys:
+                tried = {}
+                for cand in cands[key][1:] if p == 0 else cands[key]:
+                    if cand == cur[key]:
+                        continue
+                    try:
+                        tried[cand] = step_ms(cur | {key: cand})
+                    except Exception as e:  # a candidate this store cannot run
+                        log.append({"key": key, "cand": cand, "error": f"{type(e).__name__}: {e}"[:200]})
+                if not tried:
+                    continue
+                best = min(tried, key=tried.get)
+                ta, tb = [], []
+                for _ in range(a.confirm):
+                    ta.append(step_ms(cur))
+                    tb.append(step_ms(cur | {key: best}))
+                ratio = statistics.median(tb) / statistics.median(ta)
+                log.append({"pass": p, "key": key, "tried_ms": tried, "best": best, "confirm_cur": ta,
+                            "confirm_best": tb, "ratio": ratio, "taken": ratio < 1 - a.min_gain})
+                print(f"  {key}: best alternative {statistics.median(tb):.3f} vs {statistics.median(ta):.3f} "
+                      f"({ratio:.3f}){' taken' if ratio < 1 - a.min_gain else ''}", flush=True)
+                if ratio < 1 - a.min_gain:
+                    cur[key] = best
+                    changed = True
+            if not changed:
+                break
+        tf, ts = [], []
+        for _ in range(a.rounds):
+            ts.append(step_ms({key: c[0] for key, c in cands.items()}))
+            tf.append(step_ms(cur))
+        ratio = statistics.median(tf) / statistics.median(ts)
+        res["m"][m] = {"shipped_ms": ts, "found_ms": tf, "ratio": ratio, "choices": cur,
+                       "changed": [k for k in keys if cur[k] != cands[k][0]], "log": log}
+        print(f"M={m}: found {statistics.median(tf):.3f} ms vs shipped {statistics.median(ts):.3f} ({ratio:.3f}); "
+              f"changed {res['m'][m]['changed']}", flush=True)
+        for key, cand in cur.items():
+            if cand == cands[key][0]:
+                continue  # the shipped entry stays as it is
+            s, cfg = parse_candidate(cand)
+            us = pm_json.get("timings", {}).get(key, {}).get(str(m), {}).get(cand)
+            found.set(key, m, Choice(s, cfg, us))
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    tag = a.tag if not a.tag or a.tag.startswith("_") else "_" + a.tag
+    slug = device_slug(res["device"])
+    (out / f"step_search_{slug}_{a.mode}{tag}.json").write_text(json.dumps(res, indent=1))
+    found.meta = dict(found.meta) | {"step_search": f"{a.mode} M={a.m}{tag}"}
+    found.save(out / f"policy_step_search_{slug}_{a.mode}{tag}.json")
+
+
+if __name__ == "__main__":
+    main()
