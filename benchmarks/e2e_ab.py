@@ -30,8 +30,8 @@ def parse_switches(spec: str) -> dict:
     out = {}
     for item in filter(None, spec.split(",")):
         name, _, value = item.partition("=")
-        # integers stay integers (swiglu_codes_min_rows=64); set_switches casts to each switch's type
-        try:  # numbers stay numbers (swiglu_codes_min_rows=64, weight_prefetch_mb=0.5)
+        # numbers stay numbers (swiglu_codes_min_rows=64); set_switches casts to each switch's type
+        try:
             out[name] = int(value) if value.isdigit() else float(value)
         except ValueError:
             out[name] = value not in ("false", "False", "")
@@ -58,15 +58,17 @@ def main() -> None:
     args = ap.parse_args()
 
     from gearshift.decode.autoregressive import AutoregressivePolicy
+    from gearshift.decode.sampling import SamplingParams
     from gearshift.dispatch import AdaptiveDispatcher, get_dispatcher, set_dispatcher
     from gearshift.dispatch.policy import PolicyMap
-    from gearshift.decode.sampling import SamplingParams
     from gearshift.engine.engine import Engine, Request
     from gearshift.kernels import switches
     from gearshift.model.config import ModelConfig
     from gearshift.model.loader import LoadedModel
     from gearshift.model.tiny import preset_config
 
+    if len(args.set_b or []) > 7:
+        raise SystemExit("at most 7 --set-b sides (B..H)")
     sides = {"a": parse_switches(args.set_a)}
     for i, spec in enumerate(args.set_b or [""]):
         sides["bcdefgh"[i]] = parse_switches(spec)
