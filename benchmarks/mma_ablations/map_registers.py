@@ -13,16 +13,18 @@ tiles the per-shape profile ranked lower, and this shows what they have in commo
 import argparse
 import json
 import re
-import subprocess
-import tempfile
+import sys
+from pathlib import Path
 
 import triton
 from triton.backends.compiler import GPUTarget
-from triton.backends.nvidia.compiler import get_ptxas
 from triton.compiler import ASTSource
 
-from gearshift.kernels import int4_mma_gemv as mg
-from gearshift.kernels.config import TileConfig
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tc_ablations"))
+from map_spills import ptxas_verbose  # noqa: E402
+
+from gearshift.kernels import int4_mma_gemv as mg  # noqa: E402
+from gearshift.kernels.config import TileConfig  # noqa: E402
 
 STRATEGIES = {"w4a16_mma": "bf16", "w4a8_mma_int8": "s8"}
 SM_REGS, SM_WARPS, SM_CTAS, SM_SMEM = 65536, 64, 32, 228 * 1024
@@ -48,12 +50,7 @@ def compile_tile(cfg: TileConfig, dt: str, m: int, k: int):
 
 
 def ptxas_usage(ptx: str) -> dict:
-    with tempfile.NamedTemporaryFile("w", suffix=".ptx") as f:
-        f.write(ptx)
-        f.flush()
-        r = subprocess.run([get_ptxas(90).path, "-arch=sm_90a", "-v", f.name, "-o", "/dev/null"],
-                           capture_output=True, text=True)
-    out = r.stdout + r.stderr
+    out = ptxas_verbose(ptx)
     regs = int(re.search(r"Used (\d+) registers", out).group(1))
     spill = re.search(r"(\d+) bytes spill stores", out)
     return {"regs": regs, "spill": int(spill.group(1)) if spill else 0}

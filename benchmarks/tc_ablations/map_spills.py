@@ -73,14 +73,19 @@ def progressive_ptx(cfg: TileConfig) -> str:
                     cfg.maxnreg or (TWO_REGS if two else 0))
 
 
-def ptxas_report(ptx: str) -> str:
-    """ptxas -v's spill line and any wgmma serialization warning for sm_90a."""
+def ptxas_verbose(ptx: str) -> str:
+    """What Triton's bundled ptxas -v prints for the PTX, compiled for sm_90a."""
     with tempfile.NamedTemporaryFile("w", suffix=".ptx") as f:
         f.write(ptx)
         f.flush()
         r = subprocess.run([get_ptxas(90).path, "-arch=sm_90a", "-v", f.name, "-o", "/dev/null"],
                            capture_output=True, text=True)
-    lines = (r.stdout + r.stderr).splitlines()
+    return r.stdout + r.stderr
+
+
+def ptxas_report(ptx: str) -> str:
+    """ptxas -v's spill line and any wgmma serialization warning for sm_90a."""
+    lines = ptxas_verbose(ptx).splitlines()
     spill = next((ln.strip() for ln in lines if "spill" in ln), "?")
     warn = sorted({ln[ln.find("(C75"):ln.find("(C75") + 7] for ln in lines if "(C75" in ln})
     return spill + (f"  {' '.join(warn)}" if warn else "")
