@@ -17,7 +17,7 @@ on the in-CTA base tiles. Prints per M the per-shape bests and their 32-layer st
     PYTHONPATH=. python benchmarks/mma_ablations/ring.py --ms 1,4,8 --out benchmarks/results
 
 Measured (stop 33, `results/ring_stop33_*`): never faster on the best tiles, and the deeper the
-ring the slower; see docs/kernels.md, "Stop 33".
+ring the slower; see docs/kernels_history.md, "Stop 33".
 """
 import dataclasses
 

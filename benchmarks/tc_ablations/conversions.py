@@ -2,7 +2,7 @@
 shapes: do_bench medians with L2 flushed, best tile per shape, summed over 32 layers.
 Usage on the GPU: PYTHONPATH=. TAG=tc_conversions python benchmarks/tc_ablations/conversions.py
 (MS=64,256,... PART=a16,a8 A16V=... narrow it); writes $OUT/$TAG.json, prints per-step ms.
-Results: benchmarks/results/tc_conversions_*.json; summary in docs/kernels.md (stop 11).
+Results: benchmarks/results/tc_conversions_*.json; summary in docs/kernels_history.md (stop 11).
 """
 import argparse, json, os, sys, time
 import torch, triton

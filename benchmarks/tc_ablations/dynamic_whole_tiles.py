@@ -2,7 +2,7 @@
 drawn one at a time from a counter, and the map's tile, per Llama shape and M (GPU; stop 29).
 
 Needs `results/dynamic_whole_tiles.patch` applied first (`git apply`; it adds the counter draw and
-the `PROGRESSIVE_DYNAMIC` switch; not kept, see docs/kernels.md "Stop 29"). Checks that the drawn
+the `PROGRESSIVE_DYNAMIC` switch; not kept, see docs/kernels_history.md "Stop 29"). Checks that the drawn
 and the static split give the same bits and that reruns reproduce (the counters reset).
 
     git apply benchmarks/results/dynamic_whole_tiles.patch

@@ -2,7 +2,7 @@
 while the next tile is built) against the register-A kernel, per Llama shape and M (GPU; stop 29).
 
 Needs `results/progressive_a_smem.patch` applied first (`git apply`; not kept: 0.8-1.26x slower on
-all but two small shapes, docs/kernels.md "Stop 29"). Each a_smem tile is checked bit-identical to
+all but two small shapes, docs/kernels_history.md "Stop 29"). Each a_smem tile is checked bit-identical to
 the same tile with A in registers.
 
     git apply benchmarks/results/progressive_a_smem.patch

@@ -3,7 +3,7 @@ bytes ring -> widening warps -> int8 weight ring in shared memory -> consumers t
 wgmmas, one K tile in flight) against the register-A kernel, per Llama shape and M (GPU; stop 32).
 
 Needs `results/progressive_widen.patch` applied first (`git apply`; not kept: never faster than
-the map's register-A tile, 1.0-1.5x slower; docs/kernels.md "Stop 32"). The patch adds the
+the map's register-A tile, 1.0-1.5x slower; docs/kernels_history.md "Stop 32"). The patch adds the
 `a_smem` progressive tiles (`TileConfig.a_smem`) to the profiler's list too. Each one is checked
 bit-identical to the register-A tile of the same shape. SMEM_RB / WREGS set the rows the widening
 warps build at a time and their register caps (one consumer, two consumers).

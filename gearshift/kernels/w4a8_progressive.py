@@ -3,7 +3,7 @@ int8 multiples of a per-row power of two (`quantize_int4_progressive`, QServe's 
 group quantization).
 
 Why: `w4a8_int8_wgmma` must rescale every group's int32 partial in fp32 (4 ALU operations per
-output element per group, the measured limiter: docs/kernels.md, stop 16). Here a group's
+output element per group, the measured limiter: docs/kernels_history.md, stop 16). Here a group's
 weights are t * q - tz with small integers t, tz, so one byte of two codes becomes two int8
 weights in registers and the int32 accumulator runs over the whole K without a rescale:
 
@@ -17,7 +17,7 @@ int32 words (two lanes per word), each lane's half of a word spread into 16-bit 
 codes masked apart, one IMAD per lane pair, `lane = q * t + 256 - tz` (its low byte is t * q - tz
 in two's complement, the lane never carries), one PRMT that gathers four low bytes: 7
 instructions per four weights. (On int8 tensors, Triton turns joins into byte shuffles: the
-first version's loop had 293 SASS instructions per K tile, this one 229; docs/kernels.md.)
+first version's loop had 293 SASS instructions per K tile, this one 229; docs/kernels_history.md, stop 19.)
 t and tz come from the fp16 scale and min the load warp already copies (scale = t * unit and
 min = -tz * unit exactly, `Int4Weight.row_units`), times 1 / unit, which is exact.
 
