@@ -202,7 +202,7 @@ class AdaptiveDispatcher(Dispatcher):
         pick of the profiled shape of the same mode and group nearest in log N + log K (then the next
         nearest) whose kernel runs this store, its map entry first, else its fastest timed candidate
         that does. The un-profiled rules pick first-generation kernels above 16 tokens, 2-5x slower
-        on Hopper (docs/kernels.md, stop 31). Cached per map, shape, bucket and store kind."""
+        on Hopper (docs/kernels_history.md, stop 31). Cached per map, shape, bucket and store kind."""
         bucket = pm.buckets[pm.bucket_index(m)]
         act_kind = None if act is None else (act.dtype, act.bits, act.group_size)
         kind = (id(pm), mode, group, n, k, bucket, getattr(store, "layout", None),

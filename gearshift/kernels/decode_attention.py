@@ -39,7 +39,7 @@ MAX_QUERY_TOKENS = 64
 #: and from this many sequences in the batch: at one sequence the kernel alone is faster than SDPA
 #: (3.7 against 5.3 us per layer at 128 keys), but the engine's whole step measured 3-7% slower with it
 #: at one sequence and 4-13% at two, 3-8% faster at three and 1-4% at 4 / 16 / 32 (H100,
-#: benchmarks/e2e_ab.py, docs/kernels.md "Stop 35"), so one or two sequences keep SDPA
+#: benchmarks/e2e_ab.py, docs/kernels_history.md "Stop 35"), so one or two sequences keep SDPA
 MIN_BATCH = 3
 #: keys per program and per inner block: constants, so that a token's result never depends on how
 #: many keys the launch covers (`upto` is a CUDA-graph bucket)

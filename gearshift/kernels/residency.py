@@ -5,7 +5,7 @@ Why: the fragment GEMV's whole decode step ran up to 1.09x slower whenever ptxas
 tiles fewer registers, i.e. room for more CTAs per SM (stops 35 and 36). Registers are not ours to
 set (`maxnreg` only caps them), shared memory per launch is, so residency became a parameter we
 could measure (`benchmarks/mma_ablations/step_ladder.py --residency`). It refuted the idea: every cap
-made the step slower (stop 36, docs/kernels.md), so nothing caps by default. Timing only: the
+made the step slower (stop 36, docs/kernels_history.md), so nothing caps by default. Timing only: the
 kernel's results never depend on it.
 """
 from __future__ import annotations

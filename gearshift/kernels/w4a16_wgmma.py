@@ -2,7 +2,7 @@
 
 Why: the `tl.dot` tiles (`w4a16.py`) trail cuBLAS from M = 128 on because nothing overlaps a
 tile's dequantization with the previous tile's MMAs at their 1-2 programs per SM, and Triton 3.6
-does not warp-specialize that loop (docs/kernels.md, stop 12). Here the partitions are written
+does not warp-specialize that loop (docs/kernels_history.md, stop 12). Here the partitions are written
 out:
 
 * a one-warp load partition streams the activation tile [BM, 64] (bf16/fp16) and the packed

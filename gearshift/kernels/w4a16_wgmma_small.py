@@ -3,7 +3,7 @@ with a per-group scale-after, so the weights need no per-weight multiply.
 
 Why: at 1..16 tokens a linear reads its weights once and the kernel's job is to keep the memory
 system busy. The register-prefetch fragment kernel (`int4_mma_gemv.py`) leaves each warp waiting
-on its own loads (docs/kernels.md, stop 13: 51% of DRAM throughput on gate_up at M = 1), and the
+on its own loads (docs/kernels_history.md, stop 13: 51% of DRAM throughput on gate_up at M = 1), and the
 scale-before dequantization of `w4a16_wgmma` costs about 3.5 ALU operations per weight, which
 does not amortize over few tokens. Here a TMA load warp keeps STAGES tiles in flight per CTA and
 the consumers only widen each byte into two 16-bit numbers 128 + q (one IMAD and one LOP3 per
@@ -18,7 +18,7 @@ are TMA zero fill). DPR: P_W = (4), P_X = (16), padding on the bf16/fp16 MMA, re
 group in fp32, as `w4a16_mma` at M <= 16 on mma.sync. With `token_scales` the activations are
 integer / fp8 codes (`w4a8_wgmma_small`: P_X = (8) padded to 16 bits).
 
-Measured on the H100 (docs/kernels.md, stop 17): the map picks it at 16 and 32 tokens (whole step
+Measured on the H100 (docs/kernels_history.md, stop 17): the map picks it at 16 and 32 tokens (whole step
 2.65 vs 3.15 ms at M = 16); at 1..8 tokens it trails the fragment kernel (gate_up at M = 1: 36 vs
 29 us). Its TMA stream alone reaches 24 us there; the widening and the two chains of eight
 m64n8k16 wgmmas, each group retired before the next, take the rest.

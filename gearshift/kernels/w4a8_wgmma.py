@@ -3,7 +3,7 @@ with an int8 wgmma and a per-group fp32 scale-after.
 
 Why: `w4a8_wgmma` runs the activation codes through the 16-bit MMA, so W4A8 there is never faster
 than W4A16. The int8 MMA has twice the bf16 rate and needs no per-weight dequantization: a byte's
-two nibbles *are* two int8 operands (0..15). Measured (docs/kernels.md, stop 16): the per-group
+two nibbles *are* two int8 operands (0..15). Measured (docs/kernels_history.md, stop 16): the per-group
 scale-after below costs 4 ALU operations per output element per group, more than the bf16 kernel's
 dequantization once that is shared by 128+ tokens, so the map picks this kernel for few shapes.
 

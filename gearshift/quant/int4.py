@@ -204,7 +204,7 @@ def quantize_int4_progressive(weight: torch.Tensor, group_size: int = 128) -> In
     error among round((max - min) / 15) +- 1 and round(-min / t) +- 1; codes round to nearest.
     The weights are then (t * q - t * z) * unit: a W4A16 kernel reads them through the fp16 scale
     t * unit and min -t * z * unit (both exact), the int8 kernel as t * q - tz. Relative weight
-    error against `quantize_int4` (plain round-to-nearest, no search; docs/kernels.md, stop 19):
+    error against `quantize_int4` (plain round-to-nearest, no search; docs/kernels_history.md, stop 19):
     0.091 vs 0.094 on SmolLM2-135M's linears (group 64), 0.098 vs 0.101 on Gaussian weights, 0.174
     vs 0.165 on heavy-tailed t(3) ones (an outlier sets its whole row's unit)."""
     n, k = weight.shape
