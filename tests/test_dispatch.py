@@ -395,8 +395,10 @@ def test_profiler_never_times_a_wrong_kernel():
     assert sum("wrong result" in line for line in logged) == 4
 
 
-def _arch_map(device: str, cap: str | None, sms: int | None) -> PolicyMap:
+def _arch_map(device: str, cap: str | None, sms: int | None, triton: str | None = None) -> PolicyMap:
     meta = {} if cap is None else {"capability": cap, "sms": sms}
+    if triton:
+        meta["triton"] = triton
     return PolicyMap(device, meta=meta)
 
 
@@ -554,3 +556,47 @@ def test_unprofiled_shapes_are_those_no_entry_covers():
     pm.set(type_key("w4a8", 128, 6144, 4096), 1, Choice("w4a16_tc", TileConfig(), 1.0))
     assert unprofiled_shapes(pm, [(4096, 4096), (6144, 4096), (4608, 3584), (4608, 3584)]) == [(4608, 3584)]
     assert unprofiled_shapes(pm, []) == []
+
+
+def test_a_map_profiled_under_the_running_triton_release_comes_first(tmp_path, monkeypatch):
+    """Tiles compile differently under another Triton release (stop 38: the H100 map's one-token
+    W4A16 step took 1.08x as long under 3.9), so `<device>.triton<release>.json` is looked for before
+    `<device>.json` at each place, a map from another release is said to be one, and borrowing
+    prefers this release's map between equals."""
+    from gearshift.dispatch import policy as P
+
+    monkeypatch.setenv("GEARSHIFT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(P, "bundled_dir", lambda: tmp_path / "bundled")
+    monkeypatch.setattr(P, "triton_version", lambda: "3.9.1")
+    names = [p.name for p in P.policy_paths("Toy GPU")]
+    assert names == ["Toy_GPU.triton3.9.json", "Toy_GPU.json"] * 2
+    assert [p.name for p in P.policy_paths("Toy GPU", release="")] == ["Toy_GPU.json"] * 2
+    _arch_map("Toy GPU", "9.0", 132, triton="3.6.0").save(tmp_path / "bundled" / "Toy_GPU.json")
+    old = load_policy_for_device("Toy GPU")
+    assert old.meta["triton"] == "3.6.0"
+    note = P.toolchain_note(old)
+    assert "Triton 3.6.0" in note and "Triton 3.9" in note and note in P.describe(old)
+    assert P.toolchain_note(old, release="3.6") is None
+    assert P.toolchain_note(PolicyMap("Toy GPU")) is None  # a map that does not say is not doubted
+    _arch_map("Toy GPU", "9.0", 132, triton="3.9.0").save(tmp_path / "bundled" / "Toy_GPU.triton3.9.json")
+    new = load_policy_for_device("Toy GPU")
+    assert new.path.endswith("Toy_GPU.triton3.9.json") and P.toolchain_note(new) is None
+    assert P.describe(new) == new.path
+    _arch_map("Toy GPU", "9.0", 132, triton="3.9.0").save(tmp_path / "cache" / "policy" / "Toy_GPU.json")
+    assert load_policy_for_device("Toy GPU").path.startswith(str(tmp_path / "cache"))  # the user's own map first
+    borrowed = P.same_architecture_map("Other GPU", {"capability": "9.0", "sms": 132})
+    assert borrowed.meta["triton"] == "3.9.0" and borrowed.borrowed_for == "Other GPU"
+    monkeypatch.setattr(P, "triton_version", lambda: "3.6.0")
+    assert P.same_architecture_map("Other GPU", {"capability": "9.0", "sms": 132}).meta["triton"] == "3.6.0"
+
+
+def test_the_triton_39_h100_map_differs_from_the_generic_one_only_where_it_was_re_profiled():
+    from gearshift.dispatch.policy import bundled_dir
+
+    base = PolicyMap.load(bundled_dir() / "NVIDIA_H100_80GB_HBM3.json")
+    t39 = PolicyMap.load(bundled_dir() / "NVIDIA_H100_80GB_HBM3.triton3.9.json")
+    assert base.meta["triton"].startswith("3.6") and t39.meta["triton"].startswith("3.9")
+    changed = {(key, m) for key in t39.entries for m in base.buckets
+               if t39.lookup(key, m) != base.lookup(key, m)}
+    assert changed and {m for _, m in changed} <= {1, 2}
+    assert {key.split(":")[0] for key, _ in changed} == {"w4a16"}

@@ -153,15 +153,48 @@ def cache_dir() -> Path:
     return Path(os.environ.get("GEARSHIFT_CACHE", Path.home() / ".cache" / "gearshift")) / "policy"
 
 
-def policy_paths(device: str, model_dir: str | os.PathLike | None = None) -> list[Path]:
+def triton_version() -> str | None:
+    """The running Triton's version ("3.6.0"), or None without Triton."""
+    try:
+        import triton
+    except ImportError:
+        return None
+    return triton.__version__
+
+
+def triton_release() -> str | None:
+    """The running Triton's major.minor ("3.6"), or None without Triton. The same kernels compile
+    to different machine code under another release, and the fastest tile can change with it: on
+    the H100 the shipped map's W4A16 step at one token took 1.08x as long under Triton 3.9 as under
+    3.6 (stop 38: two kernels got 74 registers instead of 92)."""
+    v = triton_version()
+    return None if v is None else ".".join(v.split(".")[:2])
+
+
+def policy_paths(device: str, model_dir: str | os.PathLike | None = None, release: str | None = None) -> list[Path]:
+    """Where this GPU's map may be, in search order. At each place a map profiled under the running
+    Triton release (`<device>.triton<major.minor>.json`) comes before the release-agnostic one."""
     slug = device_slug(device)
+    release = triton_release() if release is None else release
+    names = ([f"{slug}.triton{release}.json"] if release else []) + [f"{slug}.json"]
     paths = []
     if model_dir is not None:
         md = Path(model_dir)
-        paths += [md / "policy" / f"{slug}.json", md / f"policy_{slug}.json"]
-    paths.append(cache_dir() / f"{slug}.json")
-    paths.append(bundled_dir() / f"{slug}.json")  # measured by the project on that GPU (Llama-3-8B shapes)
+        paths += [md / "policy" / n for n in names] + [md / f"policy_{n}" for n in names]
+    paths += [cache_dir() / n for n in names]
+    paths += [bundled_dir() / n for n in names]  # measured by the project on that GPU (Llama-3-8B shapes)
     return paths
+
+
+def toolchain_note(pm: PolicyMap, release: str | None = None) -> str | None:
+    """Why this map's timings may not hold here: it was profiled under another Triton release
+    (None when the releases match or the map does not say)."""
+    profiled = pm.meta.get("triton")
+    release = triton_release() if release is None else release
+    if not profiled or not release or ".".join(str(profiled).split(".")[:2]) == release:
+        return None
+    return (f"profiled with Triton {profiled}, this process runs Triton {release}: the same tiles compile "
+            "differently and the fastest may change ('gearshift profile --seed auto' re-times them)")
 
 
 def bundled_dir() -> Path:
@@ -210,8 +243,10 @@ def same_architecture_map(device: str, traits: dict, model_dir: str | os.PathLik
     search order). Its kernels run here and compute the same as anywhere; only which tile is
     fastest may differ, which is far less than what the un-profiled rules give up (H200:
     benchmarks/results/policy_ab_*H200*). Maps without a recorded capability are never borrowed; a
-    map of this very GPU saved under another file name is taken as its own."""
+    map of this very GPU saved under another file name is taken as its own. Between otherwise equal
+    maps, the one profiled under the running Triton release wins."""
     dirs = ([Path(model_dir) / "policy"] if model_dir is not None else []) + [cache_dir(), bundled_dir()]
+    release = triton_release()
     best = None
     for order, d in enumerate(dirs):
         for p in sorted(d.glob("*.json")) if d.is_dir() else ():
@@ -220,12 +255,13 @@ def same_architecture_map(device: str, traits: dict, model_dir: str | os.PathLik
             except (OSError, ValueError, KeyError, TypeError, AttributeError):  # not a policy map: skip it
                 continue
             cap, sms = pm.meta.get("capability"), pm.meta.get("sms")
+            other_release = toolchain_note(pm, release) is not None  # a tie goes to this Triton's map
             if pm.device == device:  # this GPU's own map under another file name: no borrowing needed
-                rank = (-1, order)
+                rank = (-1, other_release, order)
             elif cap is None or str(cap) != str(traits["capability"]):
                 continue
             else:
-                rank = (abs(int(sms) - int(traits["sms"])) if sms is not None else 1 << 30, order)
+                rank = (abs(int(sms) - int(traits["sms"])) if sms is not None else 1 << 30, other_release, order)
             if best is None or rank < best[0]:
                 best = (rank, p, pm)
     if best is None:
@@ -262,7 +298,11 @@ def describe(pm: PolicyMap | None) -> str:
         return "built-in rules (no policy map for this GPU: run 'gearshift profile')"
     where = getattr(pm, "path", "given")
     borrowed = getattr(pm, "borrowed_for", None)
-    if borrowed is None:
-        return where
-    return (f"{where} (profiled on {pm.device}, same sm_{str(pm.meta.get('capability', '')).replace('.', '')} "
-            f"architecture as this {borrowed}: 'gearshift profile' writes this GPU's own)")
+    notes = []
+    if borrowed is not None:
+        notes.append(f"profiled on {pm.device}, same sm_{str(pm.meta.get('capability', '')).replace('.', '')} "
+                     f"architecture as this {borrowed}: 'gearshift profile' writes this GPU's own")
+    toolchain = toolchain_note(pm)
+    if toolchain:
+        notes.append(toolchain)
+    return where + "".join(f" ({n})" for n in notes)

@@ -19,7 +19,7 @@ from typing import Callable, Iterable
 import torch
 
 from gearshift.dispatch.policy import (M_BUCKETS, Choice, PolicyMap, candidate_name, gpu_traits, nearest_shape_keys,
-                                      parse_candidate, parse_type_key, type_key)
+                                      parse_candidate, parse_type_key, triton_version, type_key)
 from gearshift.dispatch.strategies import STRATEGIES, group_of, mode_key, rule_strategies, strategies_for
 from gearshift.kernels.reference import linear_reference
 from gearshift.quant.activations import ActQuantSpec
@@ -208,6 +208,8 @@ def profile(shapes: Iterable[tuple[str, int, int]], modes: Iterable[str], m_list
         pm.meta["int4_row_units"] = True
     if dev.type == "cuda":
         pm.meta.update(gpu_traits(dev.index))
+        pm.meta["triton"] = triton_version()  # tiles compile differently under another release
+        pm.meta["torch"] = torch.__version__
     if seed is not None:
         pm.meta["seeded_from"] = {"device": seed.device, "top": top}
     for _, n, k in shapes:

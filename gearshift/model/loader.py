@@ -323,12 +323,12 @@ def load_model(path: str | Path | None = None, *, dtype: torch.dtype | None = No
     use_int4_layout(model, int4_layout)
     if torch.device(device).type == "cuda":
         from gearshift.dispatch import install_policy
-        from gearshift.dispatch.policy import describe, unprofiled_shapes
+        from gearshift.dispatch.policy import describe, toolchain_note, unprofiled_shapes
 
         model.use_cuda_graphs = cuda_graphs
         d = install_policy(p.parent if p.is_file() else p)
         info["policy_map"] = describe(d.policy)
-        if d.policy is None or getattr(d.policy, "borrowed_for", None):
+        if d.policy is None or getattr(d.policy, "borrowed_for", None) or toolchain_note(d.policy):
             note(f"kernel policy map: {info['policy_map']}")
         if d.policy is not None:
             shapes = {(lin.store.out_features, lin.store.in_features) for name, lin in model.linear_layers()
