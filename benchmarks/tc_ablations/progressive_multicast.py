@@ -123,7 +123,6 @@ def _column(buf, j, target: gl.constexpr, BN: gl.constexpr, MC: gl.constexpr):
 def _loader(x_desc, w_desc, sc_desc, mn_desc, x_bufs, w_bufs, sc_bufs, mn_bufs, ready, empty, m0, n0, num_k,
             MC: gl.constexpr, MULTICAST: gl.constexpr):
     STAGES: gl.constexpr = x_bufs.type.shape[0]
-    BN: gl.constexpr = sc_desc.block_type.shape[0]
     NB: gl.constexpr = (x_desc.block_type.nbytes + w_desc.block_type.nbytes + 2 * sc_desc.block_type.nbytes)
     for i in range(num_k):
         s = i % STAGES
