@@ -174,6 +174,11 @@ def test_profile_extends_this_gpus_map(tmp_path, monkeypatch):
     PolicyMap("Toy GPU", meta={"shipped": True}).save(tmp_path / "bundled" / "Toy_GPU.json")
     out = tmp_path / "cache" / "Toy_GPU.json"
     assert extend_base(out, "Toy GPU", default_out=True).meta == {"shipped": True}
+    monkeypatch.setattr("gearshift.dispatch.policy.triton_version", lambda: "3.9.0")
+    PolicyMap("Toy GPU", meta={"shipped": "3.9"}).save(tmp_path / "bundled" / "Toy_GPU.triton3.9.json")
+    assert extend_base(out, "Toy GPU", default_out=True).meta == {"shipped": "3.9"}  # this Triton's first
+    monkeypatch.setattr("gearshift.dispatch.policy.triton_version", lambda: "3.6.0")
+    assert extend_base(out, "Toy GPU", default_out=True).meta == {"shipped": True}
     assert extend_base(out, "Toy GPU", default_out=False) is None  # an explicit new path: fresh
     assert extend_base(out, "Other GPU", default_out=True) is None
     PolicyMap("Toy GPU", meta={"mine": True}).save(out)

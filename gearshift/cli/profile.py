@@ -21,8 +21,9 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--model", default=None, help="model directory (config.json) or a preset: llama3-8b")
     p.add_argument("--out", default=None,
                    help="policy JSON path (default: ~/.cache/gearshift/policy/<device>.json). A map of this GPU "
-                        "already there (at the default path: else the one shipped for this GPU) is extended: "
-                        "its other shapes and modes are kept")
+                        "already there (at the default path: else the one shipped for this GPU and Triton release) is "
+                        "extended: its other shapes and modes are kept. The map records the Triton release it "
+                        "was timed under; the engine prefers <device>.triton<major.minor>.json where one exists")
     p.add_argument("--replace", action="store_true", help="write a map of only what this run profiles")
     p.add_argument("--m", default=None, help="comma-separated M buckets (default: 1,2,4,...,4096)")
     p.add_argument("--modes", default="w4a16,w4a8,w4a8fp8,w4a4",
@@ -56,11 +57,12 @@ def register(subparsers) -> argparse.ArgumentParser:
 
 def extend_base(out, device: str, default_out: bool):
     """The map a profile run extends: the one at `out` if it is this GPU's; at the default path with
-    nothing there yet, the map shipped for this GPU (so profiling another model's shapes does not
-    hide the shipped ones); else None (a fresh map)."""
+    nothing there yet, the map shipped for this GPU and the running Triton release (else the
+    release-agnostic one), so profiling another model's shapes does not hide the shipped ones; else
+    None (a fresh map)."""
     from pathlib import Path
 
-    from gearshift.dispatch.policy import PolicyMap, bundled_dir, device_slug
+    from gearshift.dispatch.policy import PolicyMap, bundled_dir, device_slug, triton_release
     from gearshift.errors import GearshiftError
 
     p = Path(out)
@@ -74,11 +76,13 @@ def extend_base(out, device: str, default_out: bool):
                                  "or pass --replace")
         pm.path = str(p)
         return pm
-    shipped = bundled_dir() / f"{device_slug(device)}.json"
-    if default_out and shipped.is_file():
-        pm = PolicyMap.load(shipped)
-        pm.path = str(shipped)
-        return pm
+    release = triton_release()  # the map shipped for the running Triton release first
+    names = ([f"{device_slug(device)}.triton{release}.json"] if release else []) + [f"{device_slug(device)}.json"]
+    for shipped in (bundled_dir() / n for n in names):
+        if default_out and shipped.is_file():
+            pm = PolicyMap.load(shipped)
+            pm.path = str(shipped)
+            return pm
     return None
 
 
