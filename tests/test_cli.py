@@ -190,6 +190,17 @@ def test_profile_extends_this_gpus_map(tmp_path, monkeypatch):
         extend_base(out, "Toy GPU", default_out=True)
 
 
+def test_a_seed_from_another_triton_release_is_flagged(monkeypatch):
+    from gearshift.cli.profile import seed_release_note
+    from gearshift.dispatch.policy import PolicyMap
+
+    monkeypatch.setattr("gearshift.dispatch.policy.triton_version", lambda: "3.9.0")
+    note = seed_release_note(PolicyMap("Toy GPU", meta={"triton": "3.6.0"}), 8)
+    assert "Triton 3.6.0" in note and "Triton 3.9" in note and "--top 8" in note
+    assert seed_release_note(PolicyMap("Toy GPU", meta={"triton": "3.9.1"}), 8) is None
+    assert seed_release_note(PolicyMap("Toy GPU"), 8) is None  # a map that does not say
+
+
 def test_extending_a_map_keeps_its_other_points_and_the_fastest_timing():
     import torch
 

@@ -55,6 +55,19 @@ def register(subparsers) -> argparse.ArgumentParser:
     return p
 
 
+def seed_release_note(seed, top: int) -> str | None:
+    """What to say when the seed map was timed under another Triton release: its ranking of tiles
+    need not hold here (stop 38: under Triton 3.9, seeded from the 3.6 map, a top 8 found new
+    one-token W4A16 winners and a top 30 still other four-token tiles)."""
+    from gearshift.dispatch.policy import toolchain_note
+
+    note = toolchain_note(seed)
+    if note is None:
+        return None
+    return (f"the seed map was {note.split(':')[0]}: its ranking of tiles may not hold under this release, "
+            f"so --top {top} may miss the fastest ones here (a larger --top, e.g. 30, times more of them)")
+
+
 def extend_base(out, device: str, default_out: bool):
     """The map a profile run extends: the one at `out` if it is this GPU's; at the default path with
     nothing there yet, the map shipped for this GPU and the running Triton release (else the
@@ -145,6 +158,9 @@ def run(args) -> int:
         if unseen:
             print(f"gearshift: the seed map ({seed.device}) never timed {len(unseen)} of the {total} "
                   f"(mode, shape) pairs, e.g. {unseen[0]}: those are swept in full", file=sys.stderr)
+        release_note = seed_release_note(seed, args.top)
+        if release_note:
+            print(f"gearshift: {release_note}", file=sys.stderr)
     out = args.out or (cache_dir() / f"{device_slug(device)}.json")
     base = None if args.replace else extend_base(out, device, default_out=args.out is None)
     if base is not None:
