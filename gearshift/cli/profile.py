@@ -75,7 +75,7 @@ def extend_base(out, device: str, default_out: bool):
     None (a fresh map)."""
     from pathlib import Path
 
-    from gearshift.dispatch.policy import PolicyMap, bundled_dir, device_slug, triton_release
+    from gearshift.dispatch.policy import PolicyMap, bundled_dir, map_file_names
     from gearshift.errors import GearshiftError
 
     p = Path(out)
@@ -89,9 +89,7 @@ def extend_base(out, device: str, default_out: bool):
                                  "or pass --replace")
         pm.path = str(p)
         return pm
-    release = triton_release()  # the map shipped for the running Triton release first
-    names = ([f"{device_slug(device)}.triton{release}.json"] if release else []) + [f"{device_slug(device)}.json"]
-    for shipped in (bundled_dir() / n for n in names):
+    for shipped in (bundled_dir() / n for n in map_file_names(device)):  # this Triton release's first
         if default_out and shipped.is_file():
             pm = PolicyMap.load(shipped)
             pm.path = str(shipped)

@@ -171,12 +171,18 @@ def triton_release() -> str | None:
     return None if v is None else ".".join(v.split(".")[:2])
 
 
+def map_file_names(device: str, release: str | None = None) -> list[str]:
+    """A GPU's map file names in preference order: the one profiled under `release` (default: the
+    running Triton's; "" for none), `<device>.triton<major.minor>.json`, then `<device>.json`."""
+    slug = device_slug(device)
+    release = triton_release() if release is None else release
+    return ([f"{slug}.triton{release}.json"] if release else []) + [f"{slug}.json"]
+
+
 def policy_paths(device: str, model_dir: str | os.PathLike | None = None, release: str | None = None) -> list[Path]:
     """Where this GPU's map may be, in search order. At each place a map profiled under the running
     Triton release (`<device>.triton<major.minor>.json`) comes before the release-agnostic one."""
-    slug = device_slug(device)
-    release = triton_release() if release is None else release
-    names = ([f"{slug}.triton{release}.json"] if release else []) + [f"{slug}.json"]
+    names = map_file_names(device, release)
     paths = []
     if model_dir is not None:
         md = Path(model_dir)
