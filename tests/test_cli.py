@@ -223,3 +223,54 @@ def test_extending_a_map_keeps_its_other_points_and_the_fastest_timing():
     assert pm.lookup(other, 1).strategy == "w4a16_tc"  # another shape's entry is kept
     assert pm.timings[key]["1"] == {"old_fast": 0.5, candidate_name("test_new", None): 2.0}
     assert pm.lookup(key, 1).strategy == "old_fast"  # the fastest over old and new timings
+
+
+def test_an_interrupted_profile_resumes_where_it_stopped(tmp_path, monkeypatch, capsys):
+    """`gearshift profile` saves every finished point to <out>.partial; an interrupted run leaves it
+    there (not the map itself), and --resume times only the missing points, but only for the same
+    arguments."""
+    import os
+    import signal
+
+    import torch
+
+    import gearshift.dispatch.profiler as profiler
+    from gearshift.dispatch.policy import PolicyMap, type_key
+    from gearshift.dispatch.strategies import STRATEGIES, DPRPartition, Strategy, register
+    from gearshift.kernels.reference import linear_reference
+
+    timed, stop_at = [], [2]
+
+    def timer(calls):  # the third timing is stopped as `timeout` stops a run (SIGTERM; Ctrl-C alike)
+        if len(timed) == stop_at[0]:
+            os.kill(os.getpid(), signal.SIGTERM)
+        timed.append(calls)
+        return float(len(timed))
+
+    real = profiler.profile
+    monkeypatch.setattr(profiler, "profile", lambda *a, **kw: real(*a, **{**kw, "device": "cpu", "timer": timer,
+                                                                          "dtype": torch.float32,
+                                                                          "int4_layout": "rows"}))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "Toy GPU")
+    register(Strategy("test_cpu", DPRPartition((4,), (16,), "any", "library"), ("w4a16",),
+                      lambda x, st, act, cfg: linear_reference(x.float(), st, act).to(x.dtype), gpu_only=False))
+    out, partial = tmp_path / "map.json", tmp_path / "map.json.partial"
+    args = ["profile", "--shapes", "64x256", "--modes", "w4a16", "--strategies", "test_cpu", "--out", str(out)]
+    try:
+        code, _, err = cli(capsys, *args, "--m", "1,2,4")
+        assert code == 130 and "interrupted after 2 of 3 points" in err and "--resume" in err
+        assert not out.exists() and sorted(PolicyMap.load(partial).meta["partial"]["done"]) == [
+            f"{type_key('w4a16', 128, 64, 256)} M={m}" for m in (1, 2)]
+        assert_one_line_error(*cli(capsys, *args, "--m", "1,2", "--resume")[::2], "m: saved [1, 2, 4], now [1, 2]")
+        stop_at[0] = 99
+        code, _, err = cli(capsys, *args, "--m", "1,2,4", "--resume")
+        assert code == 0, err
+        assert "2 of 3 points done" in err and len(timed) == 3  # only M = 4 was timed again
+        pm = PolicyMap.load(out)
+        key = type_key("w4a16", 128, 64, 256)
+        assert [pm.lookup(key, m).us for m in (1, 2, 4)] == [1.0, 2.0, 3.0]
+        assert "partial" not in pm.meta and pm.meta["model"] == "--shapes" and not partial.exists()
+        assert_one_line_error(*cli(capsys, *args, "--m", "1,2,4", "--resume")[::2], "nothing to resume")
+    finally:
+        STRATEGIES.pop("test_cpu")

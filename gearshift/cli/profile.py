@@ -6,12 +6,18 @@ every strategy and tile config over the M buckets, and writes the map to
 existing map of this GPU there is extended, not replaced. A GPU without a map of its own runs the
 map of the nearest GPU of its architecture meanwhile; --seed auto times only what that map found
 fastest, which takes minutes instead of a full sweep.
+
+The work is saved after every point to <out>.partial (the engine never reads it): a run that is
+interrupted (Ctrl-C, a time limit) is continued by the same command with --resume, which times
+only the points still missing.
 """
 
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
+from pathlib import Path
 
 
 def register(subparsers) -> argparse.ArgumentParser:
@@ -51,6 +57,9 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--top", type=int, default=3,
                    help="with --seed: the seed's fastest this many candidates per point, plus the fastest of "
                         "each other strategy it timed (default: 3)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue an interrupted run of the same command from <out>.partial: the points it "
+                        "saved are kept, not timed again")
     p.set_defaults(handler=run)
     return p
 
@@ -73,7 +82,6 @@ def extend_base(out, device: str, default_out: bool):
     nothing there yet, the map shipped for this GPU and the running Triton release (else the
     release-agnostic one), so profiling another model's shapes does not hide the shipped ones; else
     None (a fresh map)."""
-    from pathlib import Path
 
     from gearshift.dispatch.policy import PolicyMap, bundled_dir, map_file_names
     from gearshift.errors import GearshiftError
@@ -95,6 +103,46 @@ def extend_base(out, device: str, default_out: bool):
             pm.path = str(shipped)
             return pm
     return None
+
+
+def _interrupted(signum, frame):
+    raise KeyboardInterrupt
+
+
+def partial_path(out) -> Path:
+    """Where a run saves its work point by point: beside the map, under a name the engine never loads."""
+    p = Path(out)
+    return p.with_name(p.name + ".partial")
+
+
+def run_signature(args, shapes, m_list, modes, fresh: bool | None) -> dict:
+    """What must match for --resume to continue a saved run: everything that decides which points
+    exist and how they are timed (`fresh`, whether the run started from no map, is only recorded)."""
+    return {"model": args.model, "shapes": [list(s) for s in shapes], "modes": modes, "m": m_list,
+            "group_size": args.group_size, "int4_layout": args.int4_layout, "int4_prog": bool(args.int4_prog),
+            "strategies": args.strategies, "seed": args.seed, "top": args.top if args.seed else None,
+            "replace": bool(args.replace), "fresh": fresh}
+
+
+def resume_state(partial, signature: dict):
+    """(the saved map, the ids of its finished points) of an interrupted run with this signature."""
+    from gearshift.dispatch.policy import PolicyMap
+    from gearshift.errors import GearshiftError
+
+    if not partial.is_file():
+        raise GearshiftError(f"nothing to resume: no interrupted profile at {partial} (run without --resume)")
+    try:
+        pm = PolicyMap.load(partial)
+        saved = pm.meta["partial"]
+        saved_sig, done = saved["run"], set(saved["done"])
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise GearshiftError(f"{partial} is not a saved profile run ({e}); delete it and start again") from None
+    diff = sorted(k for k in set(signature) | set(saved_sig)
+                  if k != "fresh" and signature.get(k) != saved_sig.get(k))
+    if diff:
+        was = "; ".join(f"{k}: saved {saved_sig.get(k)!r}, now {signature.get(k)!r}" for k in diff)
+        raise GearshiftError(f"--resume needs the interrupted run's arguments ({partial}): {was}")
+    return pm, done
 
 
 def run(args) -> int:
@@ -160,15 +208,45 @@ def run(args) -> int:
         if release_note:
             print(f"gearshift: {release_note}", file=sys.stderr)
     out = args.out or (cache_dir() / f"{device_slug(device)}.json")
-    base = None if args.replace else extend_base(out, device, default_out=args.out is None)
-    if base is not None:
-        print(f"gearshift: extending the map at {getattr(base, 'path', out)} ({len(base.entries)} shape/mode "
-              "entries kept unless profiled again; --replace starts afresh)", file=sys.stderr)
-    with tqdm(total=len(shapes) * len(modes) * len(m_list), desc=f"profile {device}", unit="point") as bar:
-        skipped: list[str] = []
-        pm = profile(shapes, modes, m_list, group=args.group_size, device_name=device, progress=bar,
-                     int4_layout=args.int4_layout, int4_progressive=args.int4_prog, strategies=strategies,
-                     log=skipped.append, seed=seed, top=args.top, policy=base)
+    partial = partial_path(out)
+    n_points = len(shapes) * len(modes) * len(m_list)
+    done: set[str] = set()
+    if args.resume:
+        base, done = resume_state(partial, run_signature(args, shapes, m_list, modes, fresh=None))
+        fresh = bool(base.meta["partial"]["run"].get("fresh"))
+        print(f"gearshift: resuming the run saved at {partial}: {len(done)} of {n_points} points done", file=sys.stderr)
+    else:
+        base = None if args.replace else extend_base(out, device, default_out=args.out is None)
+        fresh = base is None
+        if base is not None:
+            print(f"gearshift: extending the map at {getattr(base, 'path', out)} ({len(base.entries)} shape/mode "
+                  "entries kept unless profiled again; --replace starts afresh)", file=sys.stderr)
+        if partial.is_file():
+            print(f"gearshift: an interrupted run was saved at {partial}; this run starts afresh and overwrites it "
+                  "(--resume would have continued it)", file=sys.stderr)
+    signature = run_signature(args, shapes, m_list, modes, fresh)
+
+    def checkpoint(pm, point: str) -> None:
+        done.add(point)
+        pm.meta["partial"] = {"run": signature, "done": sorted(done), "of": n_points}
+        pm.save(partial)
+
+    skipped: list[str] = []
+    on_term = signal.signal(signal.SIGTERM, _interrupted)  # `timeout`, a job scheduler: say where the work is
+    try:
+        with tqdm(total=n_points, desc=f"profile {device}", unit="point") as bar:
+            pm = profile(shapes, modes, m_list, group=args.group_size, device_name=device, progress=bar,
+                         int4_layout=args.int4_layout, int4_progressive=args.int4_prog, strategies=strategies,
+                         log=skipped.append, seed=seed, top=args.top, policy=base, done=frozenset(done),
+                         on_point=checkpoint)
+    except KeyboardInterrupt:
+        where = f"saved at {partial}" if done else "nothing was saved"
+        print(f"\ngearshift: interrupted after {len(done)} of {n_points} points ({where}); the same command with "
+              "--resume continues it", file=sys.stderr)
+        return 130
+    finally:
+        signal.signal(signal.SIGTERM, on_term)
+    pm.meta.pop("partial", None)
     if skipped:  # configs that did not compile / launch, or whose output missed the reference
         print(f"{len(skipped)} candidate(s) left out of the map:", file=sys.stderr)
         for line in skipped[:10]:
@@ -176,11 +254,12 @@ def run(args) -> int:
         if len(skipped) > 10:
             print(f"  ... and {len(skipped) - 10} more", file=sys.stderr)
     run = {"model": str(args.model or "--shapes"), "layers": layers, "shapes": shapes, "modes": modes, "m": m_list}
-    if base is None:
+    if fresh:
         pm.meta.update({k: run[k] for k in ("model", "layers", "shapes")})
     else:
         pm.meta["extended"] = list(pm.meta.get("extended", [])) + [run]
     path = pm.save(out)
+    partial.unlink(missing_ok=True)
     for mode in modes:
         ab = ablations(pm, shapes, layers, mode, group=args.group_size)
         for m, row in ab.items():

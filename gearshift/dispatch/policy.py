@@ -112,9 +112,13 @@ class PolicyMap:
         return cls(d["device"], buckets, entries, d.get("timings", {}), d.get("meta", {}))
 
     def save(self, path: str | os.PathLike) -> Path:
+        """Write the map in one step (a temporary file renamed over the path): a run killed mid-write,
+        e.g. a profile checkpoint under `timeout`, never leaves half a map behind."""
         p = Path(path)
         p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_text(json.dumps(self.to_json(), indent=1))
+        tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(self.to_json(), indent=1))
+        os.replace(tmp, p)
         return p
 
     @classmethod

@@ -14,7 +14,7 @@ import json
 import math
 import statistics
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Callable, Collection, Iterable
 
 import torch
 
@@ -191,15 +191,19 @@ def profile(shapes: Iterable[tuple[str, int, int]], modes: Iterable[str], m_list
             device_name: str | None = None, progress=None, policy: PolicyMap | None = None,
             strategies: list[str] | None = None, dtype=torch.bfloat16, log=None,
             int4_layout: str = "blocks16", int4_progressive: bool = False, timer=time_us,
-            device: str = "cuda", seed: PolicyMap | None = None, top: int = 3) -> PolicyMap:
+            device: str = "cuda", seed: PolicyMap | None = None, top: int = 3,
+            done: Collection[str] = (), on_point: Callable[[PolicyMap, str], None] | None = None) -> PolicyMap:
     """Sweep (shape, mode, M, strategy, config); return the policy map, or `policy` extended (its
     other points kept; at a point timed again, the fastest over old and new timings). Int4 weights
     are timed in `int4_layout`, the engine's layout on GPU (`model.loader.use_int4_layout`);
     with `int4_progressive` as stores with row units, which every int4 kernel runs and
     `w4a8_progressive` needs (plain stores then run the fastest other timed candidate).
     Each candidate's output is first compared with the torch reference: one that is wrong (or
-    NaN) is logged and never timed, so a fast wrong kernel cannot enter the map. timer / device:
-    for tests (the CPU runs the Triton interpreter; timings there mean nothing)."""
+    NaN) is logged and never timed, so a fast wrong kernel cannot enter the map. `done`: ids
+    (`point_id`) of points an interrupted run already timed into `policy`, skipped here;
+    `on_point(map, id)` runs after each point, so a caller can save the work as it goes (a full sweep
+    takes minutes to hours). timer / device: for tests (the CPU runs the Triton interpreter; timings
+    there mean nothing)."""
     dev = torch.device(device)
     device_name = device_name or torch.cuda.get_device_name()
     pm = policy or PolicyMap(device_name, M_BUCKETS, meta={"dtype": str(dtype).replace("torch.", "")})
@@ -219,10 +223,15 @@ def profile(shapes: Iterable[tuple[str, int, int]], modes: Iterable[str], m_list
             g = group if fmt == "int4" else 0
             sfmt = "int4p" if fmt == "int4" and int4_progressive else fmt
             stores = [random_store(sfmt, n, k, g, dev, dtype, int4_layout)]
-            stores += [random_store(sfmt, n, k, g, dev, dtype, int4_layout) for _ in range(n_copies(stores[0]) - 1)]
             key = type_key(mode_key(stores[0], act), group_of(stores[0]), n, k)
+            todo = [m for m in m_list if point_id(key, m) not in done]
+            if progress is not None and len(todo) < len(m_list):
+                progress.update(len(m_list) - len(todo))
+            if not todo:
+                continue
+            stores += [random_store(sfmt, n, k, g, dev, dtype, int4_layout) for _ in range(n_copies(stores[0]) - 1)]
             tol = PROFILE_TOLERANCE.get(mode_name, DEFAULT_TOLERANCE)
-            for m in m_list:
+            for m in todo:
                 x = torch.randn(m, k, device=dev, dtype=dtype)
                 ref = None  # computed at the first candidate: a bucket no strategy serves needs none
                 cands: dict[str, float | None] = {}
@@ -261,11 +270,18 @@ def profile(shapes: Iterable[tuple[str, int, int]], modes: Iterable[str], m_list
                     us, c = min(ok)
                     name, cfg = parse_candidate(c)
                     pm.set(key, m, Choice(name, cfg, us))
+                if on_point is not None:
+                    on_point(pm, point_id(key, m))
                 if progress is not None:
                     progress.update(1)
             del stores
             torch.cuda.empty_cache()
     return pm
+
+
+def point_id(key: str, m: int) -> str:
+    """How a checkpoint names one profiled point (a GEMM type at one M)."""
+    return f"{key} M={m}"
 
 
 def seeded_candidates(seed: PolicyMap, key: str, m: int, top: int) -> set | None:
