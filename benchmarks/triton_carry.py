@@ -15,6 +15,12 @@ Stop 38 did this with 3.9.0 for Python 3.12 (97 MB in parts of 26, later 20 MB: 
 working tree too, about 40 MB by then; the machine's Python is 3.12 although this one's is 3.11): `tests/test_w4a8_progressive.py` and `tests/test_w4a8_wgmma.py`
 passed there under 3.9. The machine is handed back after 30 s idle and forgets the parts, so the
 calls must follow each other closely.
+
+Stop 39: with `benchmarks/results/` (34 MB) moved out of the checkout for those calls, two calls carry
+all parts (40 and 57 MiB next to a 5 MB tree). A machine is held at most 30 minutes, and Triton 3.9
+compiles the Gluon kernels slowly (a seeded W4A16 profile's first points took 100 s each): give long
+profiles a `timeout` below the call's limit and continue them in the next call with
+`gearshift profile ... --resume`.
 """
 from __future__ import annotations
 
