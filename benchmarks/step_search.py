@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from kernels import Model, codes_step_fn, producer_codes, time_step  # noqa: E402
 
 from gearshift.dispatch.dispatcher import AdaptiveDispatcher  # noqa: E402
-from gearshift.dispatch.policy import Choice, PolicyMap, device_slug, parse_candidate  # noqa: E402
+from gearshift.dispatch.policy import Choice, PolicyMap, candidate_name, device_slug, parse_candidate  # noqa: E402
 from gearshift.dispatch.profiler import PRESETS  # noqa: E402
 from gearshift.quant.modes import MODES  # noqa: E402
 
@@ -37,9 +37,8 @@ def candidates(pm_json: dict, key: str, m: int, top: int) -> list[str]:
     """The shape's `top` fastest profiled candidates at m (the shipped choice first)."""
     timed = pm_json.get("timings", {}).get(key, {}).get(str(m), {})
     ranked = [n for n, us in sorted(timed.items(), key=lambda kv: kv[1] or 1e9) if us]
-    e = pm_json["entries"][key][str(m)]
-    shipped = e["strategy"] + ("" if e["config"] is None else "@" + json.dumps(e["config"], sort_keys=True))
-    out = [shipped]
+    e = Choice.from_dict(pm_json["entries"][key][str(m)])
+    out = [candidate_name(e.strategy, e.config)]
     for n in ranked:
         if not any(_same(n, o) for o in out):
             out.append(n)
