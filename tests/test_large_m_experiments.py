@@ -96,12 +96,19 @@ sig = {"x_desc": mangle_type(xd), "w_desc": mangle_type(wd), "s_ptr": "*fp16", "
        "M": "i32", "N": "i32", "K": "i32"}
 for name, pair in (("single", False), ("pair", True)):
     cx = {"G": 128, "BN": 128, "STAGES": 4, "AST": 4 if pair else 2, "BLOCKS": True, "F16": False, "C_REGS": 200,
-          "num_warps": 4, "ABL": 0, "LAG": 0, "PACKED": True, "VEC": True, "PAIR": pair}
+          "num_warps": 4, "ABL": 0, "LAG": 0, "PACKED": True, "VEC": True, "PAIR": pair, "WORDS": 0}
     s = dict(sig, **{n: "constexpr" for n in cx})
     names = list(s)
     src = GluonASTSource(fn=D.dq_kernel, signature=s, constexprs={(names.index(k),): v for k, v in cx.items()},
                          attrs={(names.index(n),): [["tt.divisibility", 16]] for n in ("s_ptr", "mn_ptr", "y_ptr", "N", "K")})
     out[name] = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "maxnreg": 168}).asm["ptx"]
+cx = {"G": 128, "BN": 128, "XST": 3, "BST": 8, "AST": 4, "BLOCKS": True, "F16": False, "C_REGS": 200,
+      "INTERLEAVED": False, "num_warps": 4, "PAIRSLOTS": True}
+s = dict(sig, **{n: "constexpr" for n in cx})
+names = list(s)
+src = GluonASTSource(fn=D.dq_split_kernel, signature=s, constexprs={(names.index(k),): v for k, v in cx.items()},
+                     attrs={(names.index(n),): [["tt.divisibility", 16]] for n in ("s_ptr", "mn_ptr", "y_ptr", "N", "K")})
+out["split"] = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "maxnreg": 168}).asm["ptx"]
 '''
 
 
@@ -117,3 +124,8 @@ def test_dequant_producer_kernel_is_a_shared_memory_pipeline(compile_sm90):
         assert "fence.proxy.async.shared::cta" in ptx, name  # the producer's stores made visible to wgmma
         regs = re.findall(r"setmaxnreg\.(inc|dec)\.sync\.aligned\.u32\s+(\d+);", ptx)
         assert ("inc", "200") in regs, name  # the consumers' accumulators
+    # the split-ring form: its producer's word dequantization (packed subtract and FMA, PRMTs into memory
+    # order) and byte loads as 16-byte int32 words
+    split = out["split"]
+    assert split.count("fma.rn.bf16x2") >= 8 and "prmt.b32" in split
+    assert re.search(r"ld\.shared\.v4\.b32", split)

@@ -8,7 +8,7 @@ set -u
 out=$1; shift
 mkdir -p "$out"
 for v in "$@"; do
-  ncu --clock-control none --set full --import-source no -k 'regex:dq_kernel|w4a16_wgmma' --launch-skip 1 \
+  ncu --clock-control none --set full --import-source no -k 'regex:dq_|w4a16_wgmma' --launch-skip 1 \
       --launch-count 1 -f -o "$out/$v" env PYTHONPATH=. python benchmarks/tc_ablations/wgmma_dq_producer.py \
       --fmt int4p --shapes gate_up --m 1024 --once "$v" > "$out/$v.log" 2>&1
   echo "$v: rc $?"
