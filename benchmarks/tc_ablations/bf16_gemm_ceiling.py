@@ -80,16 +80,7 @@ def _gemm_persistent(x_desc, w_desc, y_desc, M, N, K, BM: tl.constexpr, BN: tl.c
     tiles = tl.cdiv(M, BM) * tl.cdiv(N, BN)
     for t in tl.range(tl.program_id(0), tiles, PROGRAMS, flatten=True, warp_specialize=WS, num_stages=STAGES):
         m0, n0 = _tile_of(t, M, N, BM, BN, GROUP_M)
-        if SWAP:
-            acc = tl.zeros([BN, BM], dtype=tl.float32)
-            for k in range(0, K, BK):
-                acc = tl.dot(w_desc.load([n0, k]), x_desc.load([m0, k]).T, acc)
-            y_desc.store([m0, n0], acc.T.to(tl.bfloat16))
-        else:
-            acc = tl.zeros([BM, BN], dtype=tl.float32)
-            for k in range(0, K, BK):
-                acc = tl.dot(x_desc.load([m0, k]), w_desc.load([n0, k]).T, acc)
-            y_desc.store([m0, n0], acc.to(tl.bfloat16))
+        _tile_gemm(x_desc, w_desc, y_desc, m0, n0, K, BM, BN, BK, SWAP)
 
 
 @triton.jit

@@ -51,6 +51,7 @@ import gearshift.kernels.w4a16_wgmma as W
 from gearshift.dispatch.dispatcher import AdaptiveDispatcher
 from gearshift.dispatch.profiler import PRESETS, random_store, time_us
 from gearshift.kernels.config import TileConfig
+from gearshift.kernels.w4a8_progressive import as_words
 from gearshift.quant.int4 import BLOCKS16
 
 SHAPES = {name: (n, k) for name, n, k in PRESETS["llama3-8b"]["shapes"]}
@@ -91,15 +92,28 @@ _WORD_BF16_INTERLEAVED = gl.constexpr(
     "fma.rn.bf16x2 $0, $0, $5, $6; fma.rn.bf16x2 $1, $1, $5, $6; fma.rn.bf16x2 $2, $2, $5, $6; "
     "fma.rn.bf16x2 $3, $3, $5, $6; }")
 
-_NEW_REINTERPRET = gl.constexpr(hasattr(gl.shared_memory_descriptor, "reinterpret"))
+@gluon.jit
+def _as_int32(buf, rows: gl.constexpr, cols: gl.constexpr, layout: gl.constexpr):
+    return as_words(buf, rows, cols, layout)
 
 
 @gluon.jit
-def _as_int32(buf, rows: gl.constexpr, cols: gl.constexpr, layout: gl.constexpr):
-    if _NEW_REINTERPRET:
-        return buf.reinterpret(gl.int32, [rows, cols], layout)
-    else:
-        return buf._reinterpret(gl.int32, [rows, cols], layout)
+def _publish_pair(a_bufs, a_ready, a_empty, i0, p0, p1):
+    """K tiles i0, i0 + 1 (bf16 pairs as int32 [BN, BK / 2]) into their buffers once free, made
+    visible to the wgmmas (proxy fence), then announced."""
+    AST: gl.constexpr = a_bufs.type.shape[0]
+    BN: gl.constexpr = a_bufs.type.shape[1]
+    BKX: gl.constexpr = a_bufs.type.shape[2]
+    pl: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=2)
+    j0 = i0 % AST
+    mbarrier.wait(a_empty.index(j0), ((i0 // AST) & 1) ^ 1)
+    _as_int32(a_bufs.index(j0), BN, BKX // 2, pl).store(p0)
+    mbarrier.wait(a_empty.index(j0 + 1), ((i0 // AST) & 1) ^ 1)
+    _as_int32(a_bufs.index(j0 + 1), BN, BKX // 2, pl).store(p1)
+    fence_async_shared()
+    W._cta_barrier()
+    mbarrier.arrive(a_ready.index(j0))
+    mbarrier.arrive(a_ready.index(j0 + 1))
 
 
 @gluon.jit
@@ -253,27 +267,23 @@ def _producer_pair(x_desc, w_desc, x_bufs, w_bufs, ready, empty, a_bufs, a_ready
         m2 = W.pack_pair(mv, DT)
         sc = sv.to(gl.float32)
         c = mv.to(gl.float32) - 128.0 * sc
-        j0 = i0 % AST
         if WORDS:  # int32 words in, bf16 pairs out, both through int32 views of the shared tiles
             wl: gl.constexpr = word_layout(BKX, WARPS)
-            pl: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=2)
             p0 = _word_tile(w_bufs, ready, empty, i0, s2[:, None], m2[:, None], BN, BKX, wl, WORDS == 2)
             p1 = _word_tile(w_bufs, ready, empty, i0 + 1, s2[:, None], m2[:, None], BN, BKX, wl, WORDS == 2)
-            mbarrier.wait(a_empty.index(j0), ((i0 // AST) & 1) ^ 1)
-            _as_int32(a_bufs.index(j0), BN, BKX // 2, pl).store(p0)
-            mbarrier.wait(a_empty.index(j0 + 1), ((i0 // AST) & 1) ^ 1)
-            _as_int32(a_bufs.index(j0 + 1), BN, BKX // 2, pl).store(p1)
+            _publish_pair(a_bufs, a_ready, a_empty, i0, p0, p1)
         else:
+            j0 = i0 % AST
             w0 = _pair_weights(w_bufs, ready, empty, i0, s2, m2, sc, c, BN, BKX, bl, F16, PACKED)
             w1 = _pair_weights(w_bufs, ready, empty, i0 + 1, s2, m2, sc, c, BN, BKX, bl, F16, PACKED)
             mbarrier.wait(a_empty.index(j0), ((i0 // AST) & 1) ^ 1)
             a_bufs.index(j0).store(w0)
             mbarrier.wait(a_empty.index(j0 + 1), ((i0 // AST) & 1) ^ 1)
             a_bufs.index(j0 + 1).store(w1)
-        fence_async_shared()
-        W._cta_barrier()
-        mbarrier.arrive(a_ready.index(j0))
-        mbarrier.arrive(a_ready.index(j0 + 1))
+            fence_async_shared()
+            W._cta_barrier()
+            mbarrier.arrive(a_ready.index(j0))
+            mbarrier.arrive(a_ready.index(j0 + 1))
         if i0 + AHEAD < num_k:
             _fill(x_desc, w_desc, x_bufs, w_bufs, ready, empty, i0 + AHEAD, m0, n0, BLOCKS)
         if i0 + 1 + AHEAD < num_k:
@@ -402,10 +412,8 @@ def _producer_split(x_desc, w_desc, x_bufs, w_bufs, b_ready, b_empty, a_bufs, a_
     """`_producer_pair`'s word dequantization on a byte ring of its own: a slot is refilled right
     after this partition read it, so only the bf16 buffers' release ties it to the consumers."""
     BST: gl.constexpr = w_bufs.type.shape[0]
-    AST: gl.constexpr = a_bufs.type.shape[0]
     BKX: gl.constexpr = a_bufs.type.shape[2]
     wl: gl.constexpr = word_layout(BKX, WARPS)
-    pl: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=2)
     rows = n0 + gl.arange(0, BN, layout=gl.SliceLayout(1, wl))
     s_rows = s_ptr + rows * (K // G)
     mn_rows = mn_ptr + rows * (K // G)
@@ -427,15 +435,7 @@ def _producer_split(x_desc, w_desc, x_bufs, w_bufs, b_ready, b_empty, a_bufs, a_
         p1 = _word_tile(w_bufs, b_ready, b_empty, i0 + 1, s2, m2, BN, BKX, wl, INTERLEAVED)
         if i0 + BST < num_k:
             _fill_bytes(x_desc, w_desc, x_bufs, w_bufs, b_ready, b_empty, i0 + BST, n0, BLOCKS)
-        j0 = i0 % AST
-        mbarrier.wait(a_empty.index(j0), ((i0 // AST) & 1) ^ 1)
-        _as_int32(a_bufs.index(j0), BN, BKX // 2, pl).store(p0)
-        mbarrier.wait(a_empty.index(j0 + 1), ((i0 // AST) & 1) ^ 1)
-        _as_int32(a_bufs.index(j0 + 1), BN, BKX // 2, pl).store(p1)
-        fence_async_shared()
-        W._cta_barrier()
-        mbarrier.arrive(a_ready.index(j0))
-        mbarrier.arrive(a_ready.index(j0 + 1))
+        _publish_pair(a_bufs, a_ready, a_empty, i0, p0, p1)
 
 
 @gluon.jit
@@ -487,10 +487,8 @@ def _producer_split2(x_desc, w_desc, x_bufs, w_bufs, b_ready, b_empty, a_bufs, a
     """`_producer_split` with the byte ring in pair slots: one fill, one wait and one release per two
     K tiles."""
     BSTP: gl.constexpr = b_ready.type.shape[0]
-    AST: gl.constexpr = a_bufs.type.shape[0]
     BKX: gl.constexpr = a_bufs.type.shape[2]
     wl: gl.constexpr = word_layout(BKX, WARPS)
-    pl: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=2)
     rows = n0 + gl.arange(0, BN, layout=gl.SliceLayout(1, wl))
     s_rows = s_ptr + rows * (K // G)
     mn_rows = mn_ptr + rows * (K // G)
@@ -510,15 +508,7 @@ def _producer_split2(x_desc, w_desc, x_bufs, w_bufs, b_ready, b_empty, a_bufs, a
         p0, p1 = _pair_words(w_bufs, b_ready, b_empty, q, s2, m2, BN, BKX, wl, INTERLEAVED)
         if q + BSTP - 1 < pairs:
             _fill_byte_pair(x_desc, w_desc, x_bufs, w_bufs, b_ready, b_empty, q + BSTP - 1, n0, BLOCKS)
-        j0 = i0 % AST
-        mbarrier.wait(a_empty.index(j0), ((i0 // AST) & 1) ^ 1)
-        _as_int32(a_bufs.index(j0), BN, BKX // 2, pl).store(p0)
-        mbarrier.wait(a_empty.index(j0 + 1), ((i0 // AST) & 1) ^ 1)
-        _as_int32(a_bufs.index(j0 + 1), BN, BKX // 2, pl).store(p1)
-        fence_async_shared()
-        W._cta_barrier()
-        mbarrier.arrive(a_ready.index(j0))
-        mbarrier.arrive(a_ready.index(j0 + 1))
+        _publish_pair(a_bufs, a_ready, a_empty, i0, p0, p1)
 
 
 @gluon.jit
