@@ -103,7 +103,7 @@ for name, pair in (("single", False), ("pair", True)):
                          attrs={(names.index(n),): [["tt.divisibility", 16]] for n in ("s_ptr", "mn_ptr", "y_ptr", "N", "K")})
     out[name] = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "maxnreg": 168}).asm["ptx"]
 cx = {"G": 128, "BN": 128, "XST": 3, "BST": 8, "AST": 4, "BLOCKS": True, "F16": False, "C_REGS": 200,
-      "INTERLEAVED": False, "num_warps": 4, "PAIRSLOTS": True}
+      "INTERLEAVED": False, "num_warps": 4, "PAIRSLOTS": 1}
 s = dict(sig, **{n: "constexpr" for n in cx})
 names = list(s)
 src = GluonASTSource(fn=D.dq_split_kernel, signature=s, constexprs={(names.index(k),): v for k, v in cx.items()},
