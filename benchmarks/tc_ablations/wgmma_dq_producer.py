@@ -127,14 +127,13 @@ def _word_tile(w_bufs, ready, empty, i, s2, m2, BN: gl.constexpr, BKX: gl.conste
     words_l: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=BKX // 2, element_bitwidth=32, rank=2)
     w = _as_int32(w_bufs.index(s).reshape([BN, BKX // 2]), BN, BKX // 8, words_l).load(wl)
     mbarrier.arrive(empty.index(s))
-    if INTERLEAVED:
-        o0, o1, o2, o3 = gl.inline_asm_elementwise(_WORD_BF16_INTERLEAVED, "=r,=r,=r,=r,r,r,r", [w, s2, m2],
-                                                   dtype=(gl.int32, gl.int32, gl.int32, gl.int32), is_pure=True,
-                                                   pack=1)
-    else:
-        o0, o1, o2, o3 = gl.inline_asm_elementwise(_WORD_BF16, "=r,=r,=r,=r,r,r,r", [w, s2, m2],
-                                                   dtype=(gl.int32, gl.int32, gl.int32, gl.int32), is_pure=True,
-                                                   pack=1)
+    return _word_pairs(w, s2, m2, BN, BKX, INTERLEAVED)
+
+
+@gluon.jit
+def _word_pairs(w, s2, m2, BN: gl.constexpr, BKX: gl.constexpr, INTERLEAVED: gl.constexpr):
+    """int32 words [BN, BK / 8] -> the bf16 tile as int32 pairs [BN, BK / 2] in memory order."""
+    o0, o1, o2, o3 = _word_asm(w, s2, m2, INTERLEAVED)
     return gl.reshape(gl.join(gl.join(o0, o2), gl.join(o1, o3)), [BN, BKX // 2])
 
 
@@ -466,18 +465,8 @@ def _fill_byte_pair(x_desc, w_desc, x_bufs, w_bufs, b_ready, b_empty, q, n0, BLO
 def _pair_words(w_bufs, b_ready, b_empty, q, s2, m2, BN: gl.constexpr, BKX: gl.constexpr, wl: gl.constexpr,
                 INTERLEAVED: gl.constexpr):
     """Both K tiles of pair q -> their bf16 tiles as int32 pairs; one wait and one release."""
-    BSTP: gl.constexpr = b_ready.type.shape[0]
-    s = q % BSTP
-    mbarrier.wait(b_ready.index(s), (q // BSTP) & 1)
-    words_l: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=BKX // 2, element_bitwidth=32, rank=2)
-    w0 = _as_int32(w_bufs.index(2 * s).reshape([BN, BKX // 2]), BN, BKX // 8, words_l).load(wl)
-    w1 = _as_int32(w_bufs.index(2 * s + 1).reshape([BN, BKX // 2]), BN, BKX // 8, words_l).load(wl)
-    mbarrier.arrive(b_empty.index(s))
-    a0, a1, a2, a3 = _word_asm(w0, s2, m2, INTERLEAVED)
-    b0, b1, b2, b3 = _word_asm(w1, s2, m2, INTERLEAVED)
-    p0 = gl.reshape(gl.join(gl.join(a0, a2), gl.join(a1, a3)), [BN, BKX // 2])
-    p1 = gl.reshape(gl.join(gl.join(b0, b2), gl.join(b1, b3)), [BN, BKX // 2])
-    return p0, p1
+    w0, w1 = _load_pair(w_bufs, b_ready, b_empty, q, BN, BKX, wl)
+    return _word_pairs(w0, s2, m2, BN, BKX, INTERLEAVED), _word_pairs(w1, s2, m2, BN, BKX, INTERLEAVED)
 
 
 @gluon.jit
@@ -552,7 +541,7 @@ def _producer_split3(x_desc, w_desc, x_bufs, w_bufs, b_ready, b_empty, a_bufs, a
         i0 = 2 * q
         s2 = W.pack_pair(sv, DT)[:, None]
         m2 = W.pack_pair(mv, DT)[:, None]
-        qn = gl.minimum(q + 1, pairs - 1)  # the last pass reloads its own pair's words (not used)
+        qn = gl.minimum(q + 1, pairs - 1)  # the last pass loads its own pair's scales again (unused)
         sv = gl.load(s_rows + (2 * qn * BKX) // G)
         mv = gl.load(mn_rows + (2 * qn * BKX) // G)
         if q + 1 < pairs:
@@ -562,11 +551,8 @@ def _producer_split3(x_desc, w_desc, x_bufs, w_bufs, b_ready, b_empty, a_bufs, a
         else:
             n0w = w0
             n1w = w1
-        a0, a1, a2, a3 = _word_asm(w0, s2, m2, INTERLEAVED)
-        b0, b1, b2, b3 = _word_asm(w1, s2, m2, INTERLEAVED)
-        p0 = gl.reshape(gl.join(gl.join(a0, a2), gl.join(a1, a3)), [BN, BKX // 2])
-        p1 = gl.reshape(gl.join(gl.join(b0, b2), gl.join(b1, b3)), [BN, BKX // 2])
-        _publish_pair(a_bufs, a_ready, a_empty, i0, p0, p1)
+        _publish_pair(a_bufs, a_ready, a_empty, i0, _word_pairs(w0, s2, m2, BN, BKX, INTERLEAVED),
+                      _word_pairs(w1, s2, m2, BN, BKX, INTERLEAVED))
         w0 = n0w
         w1 = n1w
 
