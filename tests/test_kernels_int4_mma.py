@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from gearshift.kernels.config import TileConfig
-from gearshift.kernels.int4_mma_gemv import BLOCK_COLS, CONSTRAINTS, MMA_ASM, OFFSET, mma_config, mma_gemv_supports
+from gearshift.kernels.int4_mma_gemv import (BLOCK_COLS, CONSTRAINTS, HAS_TRITON, MMA_ASM, OFFSET, mma_config,
+                                             mma_gemv_supports)
 from gearshift.kernels.reference import linear_reference
 from gearshift.quant.activations import ActQuantSpec, quantize_activations
 from gearshift.quant.int4 import quantize_int4
@@ -509,3 +510,117 @@ def test_gpu_17_to_64_tokens_run_as_16_token_groups(rows, split, warps, kwarps, 
         ref8 = linear_reference(codes.float() * scales[:, None], store, None)
         assert ((y8.float() - ref8).norm() / ref8.norm()).item() < 3e-3, m
     assert not mma_gemv_supports(store, cfg, 65)
+
+
+# --- xshare: each block's activations staged once per CTA in shared memory (stop 41) -------------
+
+if HAS_TRITON:
+    import triton
+    import triton.language as tl
+
+    from gearshift.kernels.int4_mma_gemv import _xs_chunk, _xs_lane
+
+    @triton.jit
+    def _xshare_addresses(w_ptr, r_ptr):
+        """Buffer offsets of the xshare writer and reader: (row, chunk) = (i // 16, i % 16) and lane
+        (g, t) = (i // 16, (i % 16) // 4) reading its chunk i % 4."""
+        i = tl.arange(0, 256)
+        tl.store(w_ptr + i, _xs_chunk(0, i // 16, i % 16))
+        tl.store(r_ptr + i, _xs_lane(0, i // 16, (i % 16) // 4, i % 4))
+
+def test_xshare_supports():
+    """xshare needs 16-bit activations, >= 2 row groups that split a block's token rows evenly, one
+    block per step, and its buffers (two blocks per K slice of the CTA) in 48 KB of static shared memory."""
+    from gearshift.kernels.int4_mma_gemv import xshare_bytes
+
+    store = quantize_int4(torch.randn(64, 4096), 128)
+    xs = TileConfig(16, 0, 128, 1, 8, 1, kwarps=4, xshare=True)  # 2 row groups x 4 K slices
+    assert mma_gemv_supports(store, xs, 16) and mma_gemv_supports(store, xs, 5)
+    assert not mma_gemv_supports(store, xs, 16, torch.int8)
+    assert not mma_gemv_supports(store, dataclasses.replace(xs, kwarps=8), 16)  # one row group: nothing to share
+    assert not mma_gemv_supports(store, dataclasses.replace(xs, prefetch=True), 16)
+    assert mma_gemv_supports(store, dataclasses.replace(xs, pairs=True), 16)
+    assert mma_gemv_supports(store, dataclasses.replace(xs, preload=True), 16)
+    # 8 row groups share a 16-token block (256 chunks, one per lane) but not an 8-token one (128 chunks)
+    wide = TileConfig(16, 0, 128, 1, 8, 1, kwarps=1, xshare=True)
+    assert mma_gemv_supports(store, wide, 16) and not mma_gemv_supports(store, wide, 8)
+    # 16 tokens x 256 bytes x 2 buffers x 8 K slices = 64 KB: only where 8 tokens halve it
+    big = TileConfig(16, 0, 128, 1, 16, 1, kwarps=8, xshare=True)
+    assert xshare_bytes(2, 8) == 64 << 10 and not mma_gemv_supports(store, big, 16) and mma_gemv_supports(store, big, 8)
+    assert xs.key().endswith("X") and "xshare" not in TileConfig().to_dict()
+
+
+def test_xshare_chunks_are_read_where_they_were_stored_without_bank_conflicts():
+    """The writer (`_xs_chunk`: chunk c of token row r) and the fragment reader (`_xs_lane`: lane (g, t)
+    reads chunks 4t..4t+3 of row g) agree on every address, the buffer is a permutation of its rows'
+    chunks, and both patterns hit 8 distinct 16-byte bank groups in each quarter warp (one wavefront
+    per 128-bit access)."""
+    if not HAS_TRITON:
+        pytest.skip("needs Triton")
+    import os
+
+    dev = "cuda" if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1" else "cpu"
+    w = torch.zeros(256, dtype=torch.int32, device=dev)
+    r = torch.zeros(256, dtype=torch.int32, device=dev)
+    _xshare_addresses[(1,)](w, r)
+    w, r = w.cpu(), r.cpu()
+    assert torch.equal(w, r)
+    assert sorted(w.tolist()) == list(range(0, 16 * 256, 16))
+    # reader: instruction j of the lanes 8q..8q+7 (rows g = 2q, 2q+1, t = 0..3); tokens 8.. repeat it
+    for j in range(4):
+        for q in range(4):
+            lanes = [(2 * q + lane // 4, lane % 4) for lane in range(8)]
+            banks = {(r[16 * g + 4 * t + j].item() // 16) % 8 for g, t in lanes}
+            assert len(banks) == 8, (j, q, banks)
+    # writer: lanes store consecutive chunks of one row
+    for start in range(0, 256, 8):
+        assert len({(w[i].item() // 16) % 8 for i in range(start, start + 8)}) == 8
+
+
+def test_xshare_compiles_for_sm90(compile_sm90):
+    """xshare tiles (one block per trip, two, and preloaded) compile for sm_90 with one static
+    buffer declaration, named barriers on registers, and the fragment inputs read from shared memory."""
+    out = compile_sm90(r"""
+from gearshift.kernels import int4_mma_gemv as mg
+sig = {"x_ptr": "*bf16", "qw_ptr": "*u8", "s_ptr": "*fp16", "mn_ptr": "*fp16", "y_ptr": "*bf16", "ws_ptr": "*fp32",
+       "cnt_ptr": "*i32", "xs_ptr": "*bf16", "M": "i32", "N": "i32", "K": "i32", "stride_xm": "i32", "stride_ym": "i32"}
+for rows, tiles, warps, kw, even, pre in ((32, 2, 4, 2, 0, 0), (16, 1, 16, 8, 1, 0), (16, 2, 8, 4, 0, 4)):
+    ce = dict(G=128, WARPS=warps, SPLIT_K=1, ASM=mg.MMA_ASM_SHARED[("bf16", rows, tiles)],
+              CONSTRAINTS=mg.CONSTRAINTS_SHARED[(rows, tiles)], ROWS=rows, TILES=tiles, TG=1, ZPID=True,
+              OFFSET=128.0, U=1, HAS_XS=False, PDL=True, L2_PREFETCH=False, LOAD=mg.WEIGHT_LOADS["plain"], SHINT=0,
+              TILED=True, TRIGGER=0, TAIL=0, KWARPS=kw, EVEN=even, PRE=pre, XS=1,
+              XS_DECL=mg._xshare_decl(mg.xshare_bytes(tiles, kw)))
+    out[f"{rows}_{tiles}_{warps}_{kw}_{even}_{pre}"] = ptx(mg._mma_gemv_kernel, sig, ce, num_warps=warps, ints16=("K",))
+""")
+    import re
+
+    for key, p in out.items():
+        tiles = int(key.split("_")[1])
+        assert p.count(".shared .align 128 .b8 gs_xshare[") == 1, key
+        assert re.search(r"bar\.sync %r\d+, %r\d+", p), key  # the K slice's named barrier
+        assert "ld.shared.v4.b32" in p and "st.shared.v4.b32" in p, key
+        assert "ld.global.v4.b32" in p and "griddepcontrol.wait" in p, key  # the row loads, after the PDL wait
+        assert p.count("ld.shared.v4.b32") >= 4 * tiles, key  # 4 per token tile and block
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the PTX needs a CUDA GPU")
+@pytest.mark.parametrize("rows,split,warps,kwarps,loop,layout", [
+    (16, 1, 8, 4, "", "blocks16"), (32, 1, 4, 2, "T", "blocks16"), (16, 1, 16, 8, "T", "blocks16"),
+    (16, 1, 8, 4, "L", "blocks16"), (32, 2, 8, 4, "", "rows"), (32, 1, 2, 1, "", "rows")])
+def test_gpu_xshare_is_bit_identical(rows, split, warps, kwarps, loop, layout):
+    """xshare only changes where a lane's inputs come from: the same bits as the same tile without it,
+    for one and two token tiles, ragged token counts and several token groups, alone and in a chain."""
+    from gearshift.kernels.int4_mma_gemv import mma_gemv
+
+    torch.manual_seed(rows + warps + kwarps)
+    store = quantize_int4(torch.randn(208, 2048), 128).cuda().to_layout(layout)
+    cfg = TileConfig(rows, 0, 128, split, warps, 1, kwarps=kwarps, pairs=loop == "T", preload=loop == "L")
+    xs = dataclasses.replace(cfg, xshare=True)
+    for m in (5, 8, 9, 13, 16, 23, 40):
+        if not mma_gemv_supports(store, xs, m):
+            continue
+        x = torch.randn(m, 2048, device="cuda", dtype=torch.bfloat16)
+        ref, chain = mma_gemv(x, store, cfg), mma_gemv(mma_gemv(x, store, cfg)[:, :128].repeat(1, 16), store, cfg)
+        y, z = mma_gemv(x, store, xs), mma_gemv(mma_gemv(x, store, xs)[:, :128].repeat(1, 16), store, xs)
+        assert torch.equal(y, ref) and torch.equal(z, chain), m
+        assert (y.float() - linear_reference(x.float(), store, None)).norm() <= 3e-3 * ref.float().norm()

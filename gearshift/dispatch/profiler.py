@@ -241,9 +241,12 @@ def profile(shapes: Iterable[tuple[str, int, int]], modes: Iterable[str], m_list
                 allowed = seeded_candidates(seed, key, m, top) if seed is not None else None
                 if allowed is not None:
                     # a strategy none of whose seeded picks this sweep has (one the seed never timed
-                    # here, or whose tiles changed since) is timed in full, not left out
+                    # here, or whose tiles changed since) is timed in full, not left out; and so is
+                    # every tile the seed's point never timed (tiles added since)
+                    known = set(seed_point(seed, key, m) or ())
                     seeded = {st.name for st, cfg in sweep if (st.name, cfg) in allowed}
-                    sweep = [(st, cfg) for st, cfg in sweep if st.name not in seeded or (st.name, cfg) in allowed]
+                    sweep = [(st, cfg) for st, cfg in sweep if st.name not in seeded or (st.name, cfg) in allowed
+                             or candidate_name(st.name, cfg) not in known]
                 for strat, cfg in sweep:
                     name = candidate_name(strat.name, cfg)
                     try:
@@ -284,6 +287,18 @@ def point_id(key: str, m: int) -> str:
     return f"{key} M={m}"
 
 
+def seed_point(seed: PolicyMap, key: str, m: int) -> dict | None:
+    """The seed's timings (candidate name -> us or None) at (key, m), or where it never timed that
+    shape, at the nearest shape of the same mode and group that it timed at m; None if neither."""
+    cands = seed.timings.get(key, {}).get(str(m))
+    if not cands:
+        for near in nearest_shape_keys(seed.timings, *parse_type_key(key)):
+            cands = seed.timings[near].get(str(m))
+            if cands:
+                break
+    return cands or None
+
+
 def seeded_candidates(seed: PolicyMap, key: str, m: int, top: int) -> set | None:
     """The (strategy, config) pairs worth timing at (key, m) on a GPU like the one `seed` was
     profiled on: its `top` fastest there, and the fastest of each other strategy it timed (so
@@ -291,12 +306,7 @@ def seeded_candidates(seed: PolicyMap, key: str, m: int, top: int) -> set | None
     timed is ranked by the seed's nearest shape of the same mode and group that it timed at m (another
     model's shapes: minutes, not a full sweep). None where the seed has nothing of the mode at m:
     then everything is timed."""
-    cands = seed.timings.get(key, {}).get(str(m))
-    if not cands:
-        for near in nearest_shape_keys(seed.timings, *parse_type_key(key)):
-            cands = seed.timings[near].get(str(m))
-            if cands:
-                break
+    cands = seed_point(seed, key, m)
     if not cands:
         return None
     ranked = sorted(((us, c) for c, us in cands.items() if us is not None), key=lambda t: t[0])

@@ -163,6 +163,8 @@ def mma_configs(m: int) -> list[TileConfig]:
     8/16/32), K split, warps."""
     if m > 64:
         return []
+    from gearshift.kernels.int4_mma_gemv import xshare_bytes
+
     return [TileConfig(rows, 0, 128, sk, w, 1, prefetch=pf, kwarps=kw) for rows, sk, w, pf, kw in
             ((16, 1, 4, False, 1), (16, 2, 4, False, 1), (16, 4, 4, False, 1), (16, 8, 4, False, 1),
              (16, 16, 4, False, 1), (16, 2, 2, False, 1), (16, 8, 2, False, 1), (8, 4, 4, False, 1),
@@ -180,7 +182,10 @@ def mma_configs(m: int) -> list[TileConfig]:
              TileConfig(rows, 0, 128, sk, w, 1, kwarps=kw, pairs=True) for rows, sk, w, kw in PAIRED_TILES] + [
              TileConfig(rows, 0, 128, sk, w, 1, kwarps=kw, preload=pl, maxnreg=64) for rows, sk, w, kw, pl in CAPPED_TILES] + [
              # 32 rows per warp at 9..16 tokens: 130 registers instead of 128 cost 2-warp CTAs one CTA per SM
-             TileConfig(32, 0, 128, sk, w, 1, prefetch=pf, kwarps=kw, maxnreg=128) for _, sk, w, pf, kw in ROWS32_TILES]
+             TileConfig(32, 0, 128, sk, w, 1, prefetch=pf, kwarps=kw, maxnreg=128) for _, sk, w, pf, kw in ROWS32_TILES] + [
+             # stop 41: each block's activations staged once per CTA in shared memory (5..16 tokens)
+             TileConfig(rows, 0, 128, sk, w, 1, kwarps=kw, maxnreg=r, pairs=lp == "T", preload=lp == "L", xshare=True)
+             for rows, sk, w, kw, r, lp in XSHARE_TILES if 4 < m <= 16 and xshare_bytes(2 if m > 8 else 1, kw) <= 48 << 10]
 
 
 #: (rows per warp, split, warps, 2-block steps, warps per row group) of the in-CTA K split
@@ -208,6 +213,15 @@ ROWS32_TILES = ((32, 1, 2, False, 1), (32, 1, 4, False, 1), (32, 1, 2, False, 2)
                 (32, 1, 4, False, 2), (32, 1, 8, False, 8), (32, 1, 8, False, 4), (32, 1, 8, False, 2),
                 (32, 2, 4, False, 1), (32, 4, 4, False, 1), (32, 8, 2, False, 1), (32, 1, 4, True, 4),
                 (32, 1, 8, True, 4), (32, 1, 2, True, 1), (32, 2, 4, True, 2))
+
+
+#: (rows per warp, split, warps, warps per row group, register cap, loop: "" one block per trip, "T"
+#: two (`pairs`), "L" `preload`) of the xshare tiles (TileConfig.xshare): the ones within 3.5% of the
+#: best xshare tile at some Llama-3-8B shape at 8 or 16 tokens (`mma_ablations/xshare.py`, stop 41)
+XSHARE_TILES = ((16, 1, 16, 8, 0, "T"), (16, 1, 8, 4, 0, "T"), (16, 1, 8, 4, 0, ""), (32, 1, 2, 1, 0, ""),
+                (32, 1, 8, 2, 0, ""), (32, 1, 8, 4, 0, "T"), (16, 1, 4, 2, 0, ""), (32, 1, 8, 2, 128, ""),
+                (32, 1, 4, 2, 0, "T"), (16, 1, 16, 8, 0, ""), (32, 1, 4, 2, 128, ""), (32, 1, 4, 2, 0, ""),
+                (16, 1, 16, 4, 0, "T"), (16, 1, 16, 8, 0, "L"), (16, 1, 8, 4, 0, "L"))
 
 
 def _run_w4a16_mma(x2, store, act, cfg):
@@ -242,8 +256,8 @@ def _sup_mma(quantized: bool, int8: bool = False):
             return False
         if act is not None and (not isinstance(act, ActQuantSpec) or act.group_size is not None):
             return False
-        if int8 and act.dtype == "fp8":  # e4m3 codes are not integers
-            return False
+        if int8 and (act.dtype == "fp8" or cfg.xshare):  # e4m3 codes are not integers; xshare stages
+            return False  # 16-bit inputs only
         return mma_gemv_supports(store, cfg)
 
     return sup

@@ -30,13 +30,16 @@ class TileConfig:
     # step ahead: with an early trigger its weights stream while the predecessor still runs
     pairs: bool = False  # fragment kernel: two blocks per loop trip, still one ahead (no register copies
     # at the loop's end; needs an even number of blocks per warp)
+    xshare: bool = False  # fragment kernel: the row groups of a CTA load each block's activations once,
+    # into shared memory, instead of every warp loading its own from L2
 
     def key(self) -> str:
         return (f"m{self.bm}n{self.bn}k{self.bk}s{self.split_k}w{self.warps}p{self.stages}"
                 f"{'a' if self.scale_after else 'b'}{'j' if self.join else 's'}{'f' if self.prefetch else ''}"
                 f"{'S' if self.a_smem else ''}{f'r{self.maxnreg}' if self.maxnreg else ''}"
                 f"{f'q{self.kwarps}' if self.kwarps > 1 else ''}{f'z{self.stream_k}' if self.stream_k else ''}"
-                f"{'h' if self.hybrid else ''}{'L' if self.preload else ''}{'T' if self.pairs else ''}")
+                f"{'h' if self.hybrid else ''}{'L' if self.preload else ''}{'T' if self.pairs else ''}"
+                f"{'X' if self.xshare else ''}")
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -50,6 +53,8 @@ class TileConfig:
             del d["preload"]
         if not d["pairs"]:  # likewise
             del d["pairs"]
+        if not d["xshare"]:  # likewise
+            del d["xshare"]
         return d
 
     @classmethod

@@ -84,7 +84,8 @@ def _block_outputs(per_lane: int, tiles: int) -> list[str]:
     return outs
 
 
-def _mma_asm(dt: str, magic: int, rows: int, tiles: int = 1, chains: int = 1, fused: bool = True) -> str:
+def _mma_asm(dt: str, magic: int, rows: int, tiles: int = 1, chains: int = 1, fused: bool = True,
+             shared: bool = False) -> str:
     """PTX for one 128-column block of one warp, run once per lane (pack 1).
 
     rows: weight rows per warp (8, 16 or 32), i.e. 1, 2 or 4 rows per lane (g, g+8, g+16, g+24).
@@ -95,6 +96,8 @@ def _mma_asm(dt: str, magic: int, rows: int, tiles: int = 1, chains: int = 1, fu
     8 rows: A rows 8..15 are 1.0, so D rows 8..15 are X = sum(x) over the block. 16 rows: a second
     MMA with A = 1.0 gives X. 32 rows: two A fragments (rows a/b, c/d) share each B fragment and the
     X MMA, so the lane's activation loads serve twice the weights. Token tiles share the A fragments.
+    shared: the inputs come from shared memory (`TileConfig.xshare`), at four 32-bit addresses per token
+    tile (the lane's 16-byte chunks of its token row, in word order) instead of one pointer.
     chains > 1 (an ablation, benchmarks/mma_ablations/chains.py: no faster on the H100): the
     block's MMAs alternate between that many accumulator sets, summed at the end.
     """
@@ -130,7 +133,10 @@ def _mma_asm(dt: str, magic: int, rows: int, tiles: int = 1, chains: int = 1, fu
     for tile in range(tiles):  # all of the block's inputs first: one L1 round trip
         for j in range(4):
             x = [f"x{16 * tile + 4 * j + i}" for i in range(4)]
-            lines.append(f"ld.global.v4.b32 {{{', '.join(x)}}}, [${xp0 + tile}+{16 * j}];")
+            if shared:
+                lines.append(f"ld.shared.v4.b32 {{{', '.join(x)}}}, [${xp0 + 4 * tile + j}];")
+            else:
+                lines.append(f"ld.global.v4.b32 {{{', '.join(x)}}}, [${xp0 + tile}+{16 * j}];")
     for j in range(4):
         for half in range(2):
             pair("a0", f"${w0[0] + j}", 8 * half)
@@ -205,6 +211,9 @@ MMA_ASM = {(dt, rows, tiles): _mma_asm(dt, magic, rows, tiles) for dt, magic in 
 MMA_ASM_ANDOR = {(dt, rows, tiles): _mma_asm(dt, magic, rows, tiles, fused=False)
                  for dt, magic in (("bf16", 0x4300), ("f16", 0x6400)) for rows in ROWS_PER_WARP for tiles in (1, 2)}
 FUSED_LOP3 = True
+#: activations from shared memory (`TileConfig.xshare`)
+MMA_ASM_SHARED = {(dt, rows, tiles): _mma_asm(dt, magic, rows, tiles, shared=True)
+                  for dt, magic in (("bf16", 0x4300), ("f16", 0x6400)) for rows in ROWS_PER_WARP for tiles in (1, 2)}
 #: int8 activation codes: `_mma_asm_s8`
 MMA_ASM_S8 = {(rows, tiles): _mma_asm_s8(rows, tiles) for rows in ROWS_PER_WARP for tiles in (1, 2)}
 OFFSET = {"bf16": 128.0, "f16": 1024.0, "s8": 0.0}
@@ -234,10 +243,30 @@ RESIDENCY = 0
 WEIGHT_LOAD = {"name": "plain", "scales": 0}
 CONSTRAINTS = {(rows, tiles): ",".join(["=r"] * ({8: 4, 16: 6, 32: 10}[rows] * tiles) + ["r"] * (rows // 2)
                                        + ["l"] * tiles) for rows in ROWS_PER_WARP for tiles in (1, 2)}
+XS_GLOBAL_LOAD = "ld.global.v4.b32 {$0, $1, $2, $3}, [$4];"  # an xshare block's inputs (written by the
+# previous kernel, so not .nc)
+CONSTRAINTS_SHARED = {(rows, tiles): ",".join(["=r"] * ({8: 4, 16: 6, 32: 10}[rows] * tiles) + ["r"] * (rows // 2)
+                                              + ["r"] * (4 * tiles)) for rows in ROWS_PER_WARP for tiles in (1, 2)}
+#: TileConfig.xshare: one block's inputs for the tokens of a program (16 or 8 tokens x 256 bytes), twice
+#: (double buffered) per K slice of the CTA; static shared memory, so at most 48 KB
+XSHARE_ROW_BYTES = 2 * BLOCK_COLS
+
+
+def xshare_bytes(tiles: int, kwarps: int) -> int:
+    """Shared memory of an xshare launch: two block buffers per K slice of the CTA."""
+    return 2 * 8 * tiles * XSHARE_ROW_BYTES * kwarps
+
+
+def _xshare_decl(nbytes: int) -> str:
+    """PTX that declares the xshare buffers (static shared memory) and returns their address."""
+    return f"{{ .shared .align 128 .b8 gs_xshare[{nbytes}]; mov.u32 $0, gs_xshare; }}"
 
 if HAS_TRITON:
     from gearshift.kernels.pdl import grid_wait, launch_dependents, prefetch_l2
     from gearshift.kernels.splitk import splitk_finish
+
+    _XS_ROW = tl.constexpr(XSHARE_ROW_BYTES)
+    _XS_LOAD = tl.constexpr(XS_GLOBAL_LOAD)
 
     @triton.jit
     def _thread_id(like):
@@ -339,11 +368,96 @@ if HAS_TRITON:
 
 
     @triton.jit
+    def _xs_base(like, DECL: tl.constexpr):
+        """The address of the xshare buffers (static shared memory declared by DECL, `_xshare_decl`)."""
+        return tl.inline_asm_elementwise(DECL, "=r,r", [like], dtype=tl.int32, is_pure=False, pack=1)
+
+
+    @triton.jit
+    def _xs_sync(bar, nthreads):
+        """bar.sync of the warps that share one K slice. Returns 0, which the reads after it add to
+        their addresses so that none is scheduled before it."""
+        return tl.inline_asm_elementwise("bar.sync $1, $2; mov.u32 $0, 0;", "=r,r,r", [bar, nthreads], dtype=tl.int32,
+                                         is_pure=False, pack=1)
+
+
+    @triton.jit
+    def _xs_chunk(buf, token, c):
+        """Shared address of 16-byte chunk c (0..15) of token row `token` (256 bytes) in an xshare
+        buffer. Chunks are stored at c ^ 2 (c >> 3) ^ (token & 1): the fragment reads (lane (g, t)
+        reads chunks 4t..4t+3 of token g) and the row stores then fall in 8 distinct 16-byte bank
+        groups per quarter warp."""
+        return buf + token * _XS_ROW + 16 * (c ^ (2 * (c // 8)) ^ (token % 2))
+
+
+    @triton.jit
+    def _xs_lane(buf, g, t, j):
+        """Where lane (g, t) reads chunk j (0..3) of its inputs in an xshare buffer: chunk 4t + j of
+        token row g, as `_xs_chunk` stored it."""
+        return buf + g * _XS_ROW + 64 * t + 16 * (j ^ (2 * (t // 2) + g % 2))
+
+
+    @triton.jit
+    def _xs_fetch(xi32, srow, m0_tok, M, kw, q, NT: tl.constexpr, NCH: tl.constexpr):
+        """This lane's share of one block's inputs (NCH 16-byte chunks of the program's token rows,
+        chunk q + j * NT): a tuple of NCH 4-word tuples."""
+        out = ()
+        for j in tl.static_range(NCH):
+            ch = q + j * NT
+            tok = tl.minimum(m0_tok + ch // 16, M - 1)  # absent tokens repeat the last one
+            out = out + (_load16(xi32 + tok * srow + kw * 4 + 4 * (ch % 16), _XS_LOAD),)
+        return out
+
+
+    @triton.jit
+    def _xs_store(buf, chunks, q, NT: tl.constexpr, NCH: tl.constexpr, after):
+        """Stores `_xs_fetch`'s chunks into buffer buf (after: a value the stores must follow)."""
+        for j in tl.static_range(NCH):
+            ch = q + j * NT
+            v = chunks[j]
+            tl.inline_asm_elementwise("st.shared.v4.b32 [$1], {$2, $3, $4, $5}; mov.u32 $0, 0;", "=r,r,r,r,r,r",
+                                      [_xs_chunk(buf, ch // 16, ch % 16) + after, v[0], v[1], v[2], v[3]],
+                                      dtype=tl.int32, is_pure=False, pack=1)
+
+
+    @triton.jit
+    def _xs_step(ASM: tl.constexpr, CONSTRAINTS: tl.constexpr, ROWS: tl.constexpr, TILES: tl.constexpr,
+                 OFFSET: tl.constexpr, w, sc, acc, xi32, srow, m0_tok, M, kw_next, q, buf0, g, t, par, bar,
+                 NT: tl.constexpr, NCH: tl.constexpr, BUFB: tl.constexpr):
+        """One block of an xshare loop: the next block's inputs fetched into registers, the slice's
+        barrier (buffer par is complete, buffer 1 - par is no longer read), this block's fragments read
+        from buffer par, then the next block's inputs stored into buffer 1 - par."""
+        xn = _xs_fetch(xi32, srow, m0_tok, M, kw_next, q, NT, NCH)
+        z = _xs_sync(bar, NT)
+        b = buf0 + par * BUFB + z
+        xa = (_xs_lane(b, g, t, 0), _xs_lane(b, g, t, 1), _xs_lane(b, g, t, 2), _xs_lane(b, g, t, 3))
+        xb = (_xs_lane(b, g + 8, t, 0), _xs_lane(b, g + 8, t, 1), _xs_lane(b, g + 8, t, 2), _xs_lane(b, g + 8, t, 3))
+        acc = _block(ASM, CONSTRAINTS, ROWS, TILES, OFFSET, w, xa, xb, sc, acc, 1)
+        _xs_store(buf0 + (1 - par) * BUFB, xn, q, NT, NCH, z)
+        return acc
+
+
+    @triton.jit
     def _block(ASM: tl.constexpr, CONSTRAINTS: tl.constexpr, ROWS: tl.constexpr, TILES: tl.constexpr,
-               OFFSET: tl.constexpr, w, xp, xp1, sc, acc):
+               OFFSET: tl.constexpr, w, xp, xp1, sc, acc, XS: tl.constexpr = 0):
         """One 128-column block: the fragment MMAs, then scale-after into the fp32 accumulators.
         acc[8 * tile + 2 * r + e]: token tile `tile`, lane row r (a, b, c, d = g, g+8, g+16, g+24),
-        token 2t + e of the tile (entries of absent rows / tiles pass through)."""
+        token 2t + e of the tile (entries of absent rows / tiles pass through). XS: xp / xp1 are the
+        4 shared-memory addresses of each token tile's inputs (`_xshare_loop`), not pointers."""
+        if XS:
+            if TILES == 2:
+                xp = xp + xp1
+            w4 = (w[0], w[1], w[2], w[3]) + xp
+            w8 = (w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7]) + xp
+            w16 = w + xp
+        else:
+            if TILES == 2:
+                xq = (xp, xp1)
+            else:
+                xq = (xp,)
+            w4 = (w[0], w[1], w[2], w[3]) + xq
+            w8 = (w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7]) + xq
+            w16 = w + xq
         sa = sc[0].to(tl.float32)
         ma = sc[1].to(tl.float32) - OFFSET * sa
         sb = sc[2].to(tl.float32)
@@ -356,7 +470,7 @@ if HAS_TRITON:
         if ROWS == 32:
             if TILES == 2:
                 da0, da1, db0, db1, dc0, dc1, dd0, dd1, e0, e1, fa0, fa1, fb0, fb1, fc0, fc1, fd0, fd1, f0, f1 = \
-                    tl.inline_asm_elementwise(ASM, CONSTRAINTS, w + (xp, xp1), dtype=(tl.float32,) * 20, is_pure=True,
+                    tl.inline_asm_elementwise(ASM, CONSTRAINTS, w16, dtype=(tl.float32,) * 20, is_pure=True,
                                               pack=1)
                 q0, q1 = _fold(fa0, fa1, f0, f1, sa, ma, q0, q1)
                 q2, q3 = _fold(fb0, fb1, f0, f1, sb, mb, q2, q3)
@@ -364,7 +478,7 @@ if HAS_TRITON:
                 q6, q7 = _fold(fd0, fd1, f0, f1, sd, md, q6, q7)
             else:
                 da0, da1, db0, db1, dc0, dc1, dd0, dd1, e0, e1 = tl.inline_asm_elementwise(
-                    ASM, CONSTRAINTS, w + (xp,), dtype=(tl.float32,) * 10, is_pure=True, pack=1)
+                    ASM, CONSTRAINTS, w16, dtype=(tl.float32,) * 10, is_pure=True, pack=1)
             p0, p1 = _fold(da0, da1, e0, e1, sa, ma, p0, p1)
             p2, p3 = _fold(db0, db1, e0, e1, sb, mb, p2, p3)
             p4, p5 = _fold(dc0, dc1, e0, e1, sc_, mc, p4, p5)
@@ -372,12 +486,10 @@ if HAS_TRITON:
         elif ROWS == 16:
             if TILES == 2:
                 da0, da1, db0, db1, e0, e1, fa0, fa1, fb0, fb1, f0, f1 = tl.inline_asm_elementwise(
-                    ASM, CONSTRAINTS, [w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7], xp, xp1],
-                    dtype=(tl.float32,) * 12, is_pure=True, pack=1)
+                    ASM, CONSTRAINTS, w8, dtype=(tl.float32,) * 12, is_pure=True, pack=1)
             else:
                 da0, da1, db0, db1, e0, e1 = tl.inline_asm_elementwise(
-                    ASM, CONSTRAINTS, [w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7], xp],
-                    dtype=(tl.float32,) * 6, is_pure=True, pack=1)
+                    ASM, CONSTRAINTS, w8, dtype=(tl.float32,) * 6, is_pure=True, pack=1)
             p0, p1 = _fold(da0, da1, e0, e1, sa, ma, p0, p1)
             p2, p3 = _fold(db0, db1, e0, e1, sb, mb, p2, p3)
             if TILES == 2:
@@ -386,12 +498,11 @@ if HAS_TRITON:
         else:
             if TILES == 2:
                 da0, da1, e0, e1, fa0, fa1, f0, f1 = tl.inline_asm_elementwise(
-                    ASM, CONSTRAINTS, [w[0], w[1], w[2], w[3], xp, xp1], dtype=(tl.float32,) * 8, is_pure=True,
-                    pack=1)
+                    ASM, CONSTRAINTS, w4, dtype=(tl.float32,) * 8, is_pure=True, pack=1)
                 q0, q1 = _fold(fa0, fa1, f0, f1, sa, ma, q0, q1)
             else:
-                da0, da1, e0, e1 = tl.inline_asm_elementwise(ASM, CONSTRAINTS, [w[0], w[1], w[2], w[3], xp],
-                                                             dtype=(tl.float32,) * 4, is_pure=True, pack=1)
+                da0, da1, e0, e1 = tl.inline_asm_elementwise(ASM, CONSTRAINTS, w4, dtype=(tl.float32,) * 4,
+                                                             is_pure=True, pack=1)
             p0, p1 = _fold(da0, da1, e0, e1, sa, ma, p0, p1)
         return p0, p1, p2, p3, p4, p5, p6, p7, q0, q1, q2, q3, q4, q5, q6, q7
 
@@ -405,7 +516,7 @@ if HAS_TRITON:
                          L2_PREFETCH: tl.constexpr, LOAD: tl.constexpr, SHINT: tl.constexpr, TILED: tl.constexpr,
                          TRIGGER: tl.constexpr = 1, TAIL: tl.constexpr = 0, KWARPS: tl.constexpr = 1,
                          PRE: tl.constexpr = 0, L2_AHEAD: tl.constexpr = 0, EVEN: tl.constexpr = 0,
-                         RES: tl.constexpr = 0):
+                         RES: tl.constexpr = 0, XS: tl.constexpr = 0, XS_DECL: tl.constexpr = ""):
         # Every per-lane quantity comes from the lane's own %tid.x, so the fragment plan holds
         # whatever layout Triton picks for these [32 * WARPS] tensors (one element per thread).
         # ROWS: weight rows per warp; lane (g, t) holds rows g, g+8, g+16, g+24 of them.
@@ -466,6 +577,19 @@ if HAS_TRITON:
         elif L2_AHEAD > 0:  # the L2_AHEAD steps after the first, ahead of the loop's own prefetch
             _prefetch_blocks(qw32, ra, rc, KW, tl.minimum(k_lo + 16 * U, k_lo + kws),
                              tl.minimum(16 * U * L2_AHEAD, kws - 16 * U), lane, t, row_a, N, ROWS, TILED)
+        if XS:
+            # xshare: the RG warps that run the same K slice (one per row group) load each block's inputs
+            # for the program's tokens once, into shared memory (double buffered, one named barrier per
+            # block), and read their B fragments there: RG times fewer activation bytes from L2 than
+            # every warp loading its own
+            XS_NT: tl.constexpr = RG * 32
+            XS_NCH: tl.constexpr = (8 * TILES * 16) // XS_NT
+            XS_BUFB: tl.constexpr = 8 * TILES * _XS_ROW
+            xs_buf = _xs_base(tid, XS_DECL) + (warp % KWARPS) * (2 * XS_BUFB)
+            xs_q = (warp // KWARPS) * 32 + lane
+            xs_bar = 1 + warp % KWARPS
+            xi32 = x_ptr.to(tl.pointer_type(tl.int32))
+            srow = stride_xm // 2
         if PRE > 0:  # the warp's whole K slice (PRE blocks) in flight before the wait: with an early
             # PDL trigger it streams while the predecessor still runs
             wl = ()
@@ -476,9 +600,16 @@ if HAS_TRITON:
             grid_wait(PDL)
             if TRIGGER == 3:
                 launch_dependents(PDL)
-            for i in tl.static_range(PRE):
-                acc = _block(ASM, CONSTRAINTS, ROWS, TILES, OFFSET, wl[i], x0 + (k_lo + 16 * i) * 8,
-                             x1 + (k_lo + 16 * i) * 8, sl[i], acc)
+            if XS:
+                _xs_store(xs_buf, _xs_fetch(xi32, srow, m0_tok, M, k_lo, xs_q, XS_NT, XS_NCH), xs_q, XS_NT, XS_NCH, 0)
+                for i in tl.static_range(PRE):
+                    acc = _xs_step(ASM, CONSTRAINTS, ROWS, TILES, OFFSET, wl[i], sl[i], acc, xi32, srow, m0_tok, M,
+                                   k_lo + 16 * (i + 1 - (i + 1) // PRE), xs_q, xs_buf, g, t, i % 2, xs_bar, XS_NT,
+                                   XS_NCH, XS_BUFB)
+            else:
+                for i in tl.static_range(PRE):
+                    acc = _block(ASM, CONSTRAINTS, ROWS, TILES, OFFSET, wl[i], x0 + (k_lo + 16 * i) * 8,
+                                 x1 + (k_lo + 16 * i) * 8, sl[i], acc)
         else:
             # U blocks per step, the next step's weights and scales loaded before this step's math:
             # 16*U bytes per lane and row in flight. Past the slice's end the last step re-reads itself.
@@ -486,6 +617,30 @@ if HAS_TRITON:
             grid_wait(PDL)  # weights only above this line: x, y and the split-K buffers below
             if TRIGGER == 3:
                 launch_dependents(PDL)
+            if XS:  # (`_xs_step`; two blocks per trip with EVEN)
+                _xs_store(xs_buf, _xs_fetch(xi32, srow, m0_tok, M, k_lo, xs_q, XS_NT, XS_NCH), xs_q, XS_NT, XS_NCH, 0)
+                if EVEN:
+                    for it in range(0, kws, 32):
+                        kw0 = k_lo + it
+                        wn, sn, _, _ = _load_step(w_ptrs, s_ptr, mn_ptr, s_offs, kw0 + 16, G, ROWS, LOAD, TILED,
+                                                  SHINT, 1)
+                        acc = _xs_step(ASM, CONSTRAINTS, ROWS, TILES, OFFSET, w, sc, acc, xi32, srow, m0_tok, M,
+                                       kw0 + 16, xs_q, xs_buf, g, t, 0, xs_bar, XS_NT, XS_NCH, XS_BUFB)
+                        w, sc, _, _ = _load_step(w_ptrs, s_ptr, mn_ptr, s_offs, tl.minimum(kw0 + 32, k_last), G,
+                                                 ROWS, LOAD, TILED, SHINT, 1)
+                        acc = _xs_step(ASM, CONSTRAINTS, ROWS, TILES, OFFSET, wn, sn, acc, xi32, srow, m0_tok, M,
+                                       tl.minimum(kw0 + 32, k_last), xs_q, xs_buf, g, t, 1, xs_bar, XS_NT,
+                                       XS_NCH, XS_BUFB)
+                else:
+                    for it in range(0, kws, 16):
+                        kw0 = k_lo + it
+                        nxt = tl.minimum(kw0 + 16, k_last)
+                        wn, sn, _, _ = _load_step(w_ptrs, s_ptr, mn_ptr, s_offs, nxt, G, ROWS, LOAD, TILED, SHINT, 1)
+                        acc = _xs_step(ASM, CONSTRAINTS, ROWS, TILES, OFFSET, w, sc, acc, xi32, srow, m0_tok, M, nxt,
+                                       xs_q, xs_buf, g, t, (it // 16) % 2, xs_bar, XS_NT, XS_NCH, XS_BUFB)
+                        w = wn
+                        sc = sn
+                kws = 0  # the loops below have nothing left to do
             if U == 1 and EVEN and L2_AHEAD == 0:
                 # two blocks per trip, still one block ahead: the loads land straight in the registers
                 # the loop carries (a one-block loop copies 8+ registers per block at its end)
@@ -620,12 +775,25 @@ def mma_gemv_supports(store: Int4Weight, cfg: TileConfig, m: int = 1, dtype=torc
         return False
     if cfg.pairs and (cfg.prefetch or cfg.preload or blocks % 2):
         return False
+    if cfg.xshare and not xshare_fits(cfg, m, dtype):
+        return False
     if cfg.preload and (cfg.prefetch or cfg.bm not in ROWS_PER_WARP or
                         blocks * 4 * (cfg.bm // 8) > PRELOAD_REGISTERS):
         return False
     return (1 <= m <= MAX_TOKENS and cfg.bm in ROWS_PER_WARP and g % BLOCK_COLS == 0 and k % step == 0
             and cfg.warps % cfg.kwarps == 0 and dtype in (torch.bfloat16, torch.float16, torch.int8)
             and q.is_contiguous() and q.data_ptr() % 16 == 0)
+
+
+def xshare_fits(cfg: TileConfig, m: int, dtype=torch.bfloat16) -> bool:
+    """xshare: 16-bit activations, at least two row groups per CTA that split each block's token rows
+    evenly (16 chunks per token), one block per step (two per trip with pairs), and the buffers in
+    static shared memory."""
+    tiles = 2 if m > 8 else 1
+    rg = cfg.warps // cfg.kwarps
+    return (dtype in (torch.bfloat16, torch.float16) and rg >= 2 and (8 * tiles * 16) % (32 * rg) == 0
+            and not cfg.prefetch and L2_AHEAD == 0
+            and xshare_bytes(tiles, cfg.kwarps) <= 48 * 1024)
 
 
 def mma_gemv(x: torch.Tensor, store: Int4Weight, cfg: TileConfig, token_scales: torch.Tensor | None = None,
@@ -670,8 +838,9 @@ def mma_gemv(x: torch.Tensor, store: Int4Weight, cfg: TileConfig, token_scales: 
             trigger = pdl_trigger(m)
     kernel = _mma_gemv_kernel[grid](x2, store.qweight, store.scales, store.mins, y, ws, cnt, xs, m, n, store.in_features,
                            x2.stride(0), y.stride(0), G=store.group_size, WARPS=cfg.warps, SPLIT_K=cfg.split_k,
-                           ASM=block_asm(dt, cfg.bm, tiles),
-                           CONSTRAINTS=CONSTRAINTS[(cfg.bm, tiles)], ROWS=cfg.bm, TG=tg,
+                           ASM=MMA_ASM_SHARED[(dt, cfg.bm, tiles)] if cfg.xshare else block_asm(dt, cfg.bm, tiles),
+                           CONSTRAINTS=(CONSTRAINTS_SHARED if cfg.xshare else CONSTRAINTS)[(cfg.bm, tiles)],
+                           ROWS=cfg.bm, TG=tg,
                            ZPID=tg == 1 and bool(ONE_GROUP_Z) and token_scales is None,
                            TILES=tiles, OFFSET=OFFSET[dt],
                            U=2 if cfg.prefetch else 1, HAS_XS=token_scales is not None, PDL=pdl,
@@ -680,7 +849,8 @@ def mma_gemv(x: torch.Tensor, store: Int4Weight, cfg: TileConfig, token_scales: 
                            LOAD=WEIGHT_LOADS[WEIGHT_LOAD["name"]], SHINT=WEIGHT_LOAD["scales"], TILED=store.layout == BLOCKS16,
                            num_warps=cfg.warps, num_stages=1, TAIL=tail, KWARPS=cfg.kwarps,
                            **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {}),
-                           RES=RESIDENCY, **launch_kwargs(pdl))
+                           RES=RESIDENCY, **launch_kwargs(pdl),
+                           **({"XS": 1, "XS_DECL": _xshare_decl(xshare_bytes(tiles, cfg.kwarps))} if cfg.xshare else {}))
     if RESIDENCY and kernel is not None:  # (RES keys a compiled kernel per cap)
         residency.cap(kernel, RESIDENCY)
     return y if x.dim() == 2 else y.reshape(*x.shape[:-1], n)
