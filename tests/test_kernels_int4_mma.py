@@ -521,12 +521,14 @@ if HAS_TRITON:
     from gearshift.kernels.int4_mma_gemv import _xs_chunk, _xs_lane
 
     @triton.jit
-    def _xshare_addresses(w_ptr, r_ptr):
-        """Buffer offsets of the xshare writer and reader: (row, chunk) = (i // 16, i % 16) and lane
-        (g, t) = (i // 16, (i % 16) // 4) reading its chunk i % 4."""
-        i = tl.arange(0, 256)
-        tl.store(w_ptr + i, _xs_chunk(0, i // 16, i % 16))
-        tl.store(r_ptr + i, _xs_lane(0, i // 16, (i % 16) // 4, i % 4))
+    def _xshare_addresses(w_ptr, r_ptr, ROWB: tl.constexpr):
+        """Buffer offsets of the xshare writer and reader for 16 token rows of ROWB bytes: (row, chunk) =
+        (i // C, i % C) and lane (g, t) = (i // C, (i % C) // L) reading its chunk i % L (C = ROWB / 16
+        chunks per row, L = C / 4 per lane)."""
+        C: tl.constexpr = ROWB // 16
+        i = tl.arange(0, 16 * C)
+        tl.store(w_ptr + i, _xs_chunk(0, i // C, i % C, ROWB))
+        tl.store(r_ptr + i, _xs_lane(0, i // C, (i % C) // (C // 4), i % (C // 4), ROWB))
 
 def test_xshare_supports():
     """xshare needs 16-bit activations, >= 2 row groups that split a block's token rows evenly, one
@@ -536,7 +538,11 @@ def test_xshare_supports():
     store = quantize_int4(torch.randn(64, 4096), 128)
     xs = TileConfig(16, 0, 128, 1, 8, 1, kwarps=4, xshare=True)  # 2 row groups x 4 K slices
     assert mma_gemv_supports(store, xs, 16) and mma_gemv_supports(store, xs, 5)
-    assert not mma_gemv_supports(store, xs, 16, torch.int8)
+    # int8 codes: a token row is 128 bytes, so 8 tokens (64 chunks) split over at most 2 row groups
+    assert mma_gemv_supports(store, xs, 16, torch.int8) and mma_gemv_supports(store, xs, 8, torch.int8)
+    four = dataclasses.replace(xs, warps=16)  # 4 row groups
+    assert mma_gemv_supports(store, four, 16, torch.int8) and not mma_gemv_supports(store, four, 8, torch.int8)
+    assert not mma_gemv_supports(store, xs, 16, torch.float32)
     assert not mma_gemv_supports(store, dataclasses.replace(xs, kwarps=8), 16)  # one row group: nothing to share
     assert not mma_gemv_supports(store, dataclasses.replace(xs, prefetch=True), 16)
     assert mma_gemv_supports(store, dataclasses.replace(xs, pairs=True), 16)
@@ -550,30 +556,32 @@ def test_xshare_supports():
     assert xs.key().endswith("X") and "xshare" not in TileConfig().to_dict()
 
 
-def test_xshare_chunks_are_read_where_they_were_stored_without_bank_conflicts():
+@pytest.mark.parametrize("rowb", [256, 128])
+def test_xshare_chunks_are_read_where_they_were_stored_without_bank_conflicts(rowb):
     """The writer (`_xs_chunk`: chunk c of token row r) and the fragment reader (`_xs_lane`: lane (g, t)
-    reads chunks 4t..4t+3 of row g) agree on every address, the buffer is a permutation of its rows'
+    reads its chunks of row g) agree on every address, the buffer is a permutation of its rows'
     chunks, and both patterns hit 8 distinct 16-byte bank groups in each quarter warp (one wavefront
-    per 128-bit access)."""
+    per 128-bit access), for bf16 / fp16 rows (256 bytes) and int8 codes (128)."""
     if not HAS_TRITON:
         pytest.skip("needs Triton")
     import os
 
     dev = "cuda" if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1" else "cpu"
-    w = torch.zeros(256, dtype=torch.int32, device=dev)
-    r = torch.zeros(256, dtype=torch.int32, device=dev)
-    _xshare_addresses[(1,)](w, r)
+    c, per_lane = rowb // 16, rowb // 64
+    w = torch.zeros(16 * c, dtype=torch.int32, device=dev)
+    r = torch.zeros(16 * c, dtype=torch.int32, device=dev)
+    _xshare_addresses[(1,)](w, r, rowb)
     w, r = w.cpu(), r.cpu()
     assert torch.equal(w, r)
-    assert sorted(w.tolist()) == list(range(0, 16 * 256, 16))
+    assert sorted(w.tolist()) == list(range(0, 16 * rowb, 16))
     # reader: instruction j of the lanes 8q..8q+7 (rows g = 2q, 2q+1, t = 0..3); tokens 8.. repeat it
-    for j in range(4):
+    for j in range(per_lane):
         for q in range(4):
             lanes = [(2 * q + lane // 4, lane % 4) for lane in range(8)]
-            banks = {(r[16 * g + 4 * t + j].item() // 16) % 8 for g, t in lanes}
+            banks = {(r[c * g + per_lane * t + j].item() // 16) % 8 for g, t in lanes}
             assert len(banks) == 8, (j, q, banks)
     # writer: lanes store consecutive chunks of one row
-    for start in range(0, 256, 8):
+    for start in range(0, 16 * c, 8):
         assert len({(w[i].item() // 16) % 8 for i in range(start, start + 8)}) == 8
 
 
@@ -584,23 +592,29 @@ def test_xshare_compiles_for_sm90(compile_sm90):
 from gearshift.kernels import int4_mma_gemv as mg
 sig = {"x_ptr": "*bf16", "qw_ptr": "*u8", "s_ptr": "*fp16", "mn_ptr": "*fp16", "y_ptr": "*bf16", "ws_ptr": "*fp32",
        "cnt_ptr": "*i32", "xs_ptr": "*bf16", "M": "i32", "N": "i32", "K": "i32", "stride_xm": "i32", "stride_ym": "i32"}
-for rows, tiles, warps, kw, even, pre in ((32, 2, 4, 2, 0, 0), (16, 1, 16, 8, 1, 0), (16, 2, 8, 4, 0, 4)):
-    ce = dict(G=128, WARPS=warps, SPLIT_K=1, ASM=mg.MMA_ASM_SHARED[("bf16", rows, tiles)],
-              CONSTRAINTS=mg.CONSTRAINTS_SHARED[(rows, tiles)], ROWS=rows, TILES=tiles, TG=1, ZPID=True,
-              OFFSET=128.0, U=1, HAS_XS=False, PDL=True, L2_PREFETCH=False, LOAD=mg.WEIGHT_LOADS["plain"], SHINT=0,
-              TILED=True, TRIGGER=0, TAIL=0, KWARPS=kw, EVEN=even, PRE=pre, XS=1,
-              XS_DECL=mg._xshare_decl(mg.xshare_bytes(tiles, kw)))
-    out[f"{rows}_{tiles}_{warps}_{kw}_{even}_{pre}"] = ptx(mg._mma_gemv_kernel, sig, ce, num_warps=warps, ints16=("K",))
+import torch
+for dt, rows, tiles, warps, kw, even, pre in (("bf16", 32, 2, 4, 2, 0, 0), ("bf16", 16, 1, 16, 8, 1, 0),
+                                              ("bf16", 16, 2, 8, 4, 0, 4), ("s8", 16, 2, 8, 4, 0, 0),
+                                              ("s8", 32, 1, 4, 2, 1, 0)):
+    s = dict(sig, x_ptr="*i8", xs_ptr="*fp32") if dt == "s8" else sig
+    ce = dict(G=128, WARPS=warps, SPLIT_K=1, ASM=mg.block_asm(dt, rows, tiles, True),
+              CONSTRAINTS=mg.block_constraints(dt, rows, tiles, True), ROWS=rows, TILES=tiles, TG=1, ZPID=False,
+              OFFSET=mg.OFFSET[dt], U=1, HAS_XS=dt == "s8", PDL=True, L2_PREFETCH=False, LOAD=mg.WEIGHT_LOADS["plain"],
+              SHINT=0, TILED=True, TRIGGER=0, TAIL=0, KWARPS=kw, EVEN=even, PRE=pre,
+              **mg.xshare_args(tiles, kw, torch.int8 if dt == "s8" else torch.bfloat16))
+    out[f"{dt}_{rows}_{tiles}_{warps}_{kw}_{even}_{pre}"] = ptx(mg._mma_gemv_kernel, s, ce, num_warps=warps,
+                                                               ints16=("K",))
 """)
     import re
 
     for key, p in out.items():
-        tiles = int(key.split("_")[1])
+        dt, tiles = key.split("_")[0], int(key.split("_")[2])
+        assert ("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32" in p) == (dt == "s8"), key
         assert p.count(".shared .align 128 .b8 gs_xshare[") == 1, key
         assert re.search(r"bar\.sync %r\d+, %r\d+", p), key  # the K slice's named barrier
         assert "ld.shared.v4.b32" in p and "st.shared.v4.b32" in p, key
         assert "ld.global.v4.b32" in p and "griddepcontrol.wait" in p, key  # the row loads, after the PDL wait
-        assert p.count("ld.shared.v4.b32") >= 4 * tiles, key  # 4 per token tile and block
+        assert p.count("ld.shared.v4.b32") >= (2 if dt == "s8" else 4) * tiles, key  # per token tile and block
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the PTX needs a CUDA GPU")
@@ -624,3 +638,26 @@ def test_gpu_xshare_is_bit_identical(rows, split, warps, kwarps, loop, layout):
         y, z = mma_gemv(x, store, xs), mma_gemv(mma_gemv(x, store, xs)[:, :128].repeat(1, 16), store, xs)
         assert torch.equal(y, ref) and torch.equal(z, chain), m
         assert (y.float() - linear_reference(x.float(), store, None)).norm() <= 3e-3 * ref.float().norm()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the PTX needs a CUDA GPU")
+@pytest.mark.parametrize("rows,warps,kwarps,loop", [(16, 8, 4, ""), (32, 4, 2, "T"), (16, 16, 8, "L"), (16, 16, 4, "")])
+def test_gpu_xshare_int8_codes_are_bit_identical(rows, warps, kwarps, loop):
+    """W4A8 / W4A4 on the int8 MMA (int8 codes, 128-byte token rows) give the same bits with xshare."""
+    from gearshift.kernels.int4_mma_gemv import mma_gemv
+
+    torch.manual_seed(rows + warps)
+    store = quantize_int4(torch.randn(208, 2048), 128).cuda().to_layout("blocks16")
+    cfg = TileConfig(rows, 0, 128, 1, warps, 1, kwarps=kwarps, pairs=loop == "T", preload=loop == "L")
+    xs = dataclasses.replace(cfg, xshare=True)
+    timed = 0
+    for m in (5, 8, 9, 16, 23):
+        if not mma_gemv_supports(store, xs, m, torch.int8):
+            continue
+        codes = torch.randint(-127, 128, (m, 2048), device="cuda", dtype=torch.int8)
+        scales = torch.rand(m, device="cuda") + 0.01
+        ref = mma_gemv(codes, store, cfg, token_scales=scales, out_dtype=torch.bfloat16)
+        y = mma_gemv(codes, store, xs, token_scales=scales, out_dtype=torch.bfloat16)
+        assert torch.equal(y, ref), m
+        timed += 1
+    assert timed

@@ -256,9 +256,10 @@ def _sup_mma(quantized: bool, int8: bool = False):
             return False
         if act is not None and (not isinstance(act, ActQuantSpec) or act.group_size is not None):
             return False
-        if int8 and (act.dtype == "fp8" or cfg.xshare):  # e4m3 codes are not integers; xshare stages
-            return False  # 16-bit inputs only
-        return mma_gemv_supports(store, cfg)
+        if int8 and (act.dtype == "fp8" or cfg.xshare):  # e4m3 codes are not integers; xshare tiles on int8
+            return False  # codes were 1.0-1.23x the best tile at 8 / 16 tokens (stop 41), so not timed
+        # (one token tile: the stricter xshare split of a block's rows over the CTA's row groups)
+        return mma_gemv_supports(store, cfg, 1, torch.int8 if int8 else torch.bfloat16)
 
     return sup
 

@@ -159,7 +159,7 @@ def _mma_asm(dt: str, magic: int, rows: int, tiles: int = 1, chains: int = 1, fu
     return "\n".join(lines)
 
 
-def _mma_asm_s8(rows: int, tiles: int = 1) -> str:
+def _mma_asm_s8(rows: int, tiles: int = 1, shared: bool = False) -> str:
     """PTX for one 128-column block on int8 activation codes (W4A8 / W4A4): `mma.m16n8k32` s8.
 
     Same operands and outputs as `_mma_asm` (the outputs as fp32), but a nibble becomes an int8 in
@@ -169,6 +169,7 @@ def _mma_asm_s8(rows: int, tiles: int = 1) -> str:
     same columns, gathered from its 8-byte run by two PRMTs. The products and per-block sums are
     exact int32 (|x| <= 127, q <= 15), converted to fp32 once per block; no +128 offset. A lane
     reads 32 bytes of each token per block, half of the 16-bit codes' traffic, and runs half the MMAs.
+    shared: the codes come from shared memory at two 32-bit addresses per token tile (`TileConfig.xshare`).
     """
     per_lane = rows // 8
     mma = "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32"
@@ -183,7 +184,10 @@ def _mma_asm_s8(rows: int, tiles: int = 1) -> str:
     for tile in range(tiles):
         for j in range(2):
             x = [f"x{8 * tile + 4 * j + i}" for i in range(4)]
-            lines.append(f"ld.global.v4.b32 {{{', '.join(x)}}}, [${xp0 + tile}+{16 * j}];")
+            if shared:
+                lines.append(f"ld.shared.v4.b32 {{{', '.join(x)}}}, [${xp0 + 2 * tile + j}];")
+            else:
+                lines.append(f"ld.global.v4.b32 {{{', '.join(x)}}}, [${xp0 + tile}+{16 * j}];")
 
     def split(even: str, odd: str, word: str) -> None:
         lines.extend([f"and.b32 {even}, {word}, 0x0F0F0F0F;", f"shr.b32 t, {word}, 4;",
@@ -216,6 +220,7 @@ MMA_ASM_SHARED = {(dt, rows, tiles): _mma_asm(dt, magic, rows, tiles, shared=Tru
                   for dt, magic in (("bf16", 0x4300), ("f16", 0x6400)) for rows in ROWS_PER_WARP for tiles in (1, 2)}
 #: int8 activation codes: `_mma_asm_s8`
 MMA_ASM_S8 = {(rows, tiles): _mma_asm_s8(rows, tiles) for rows in ROWS_PER_WARP for tiles in (1, 2)}
+MMA_ASM_S8_SHARED = {(rows, tiles): _mma_asm_s8(rows, tiles, shared=True) for rows in ROWS_PER_WARP for tiles in (1, 2)}
 OFFSET = {"bf16": 128.0, "f16": 1024.0, "s8": 0.0}
 # PTX of the weight loads (16 bytes per lane and row, read once: no L1 allocation). The L2 prefetch-size
 # forms make the row's next blocks L2 hits; benchmarks/mma_ablations/loads.py times them.
@@ -247,14 +252,16 @@ XS_GLOBAL_LOAD = "ld.global.v4.b32 {$0, $1, $2, $3}, [$4];"  # an xshare block's
 # previous kernel, so not .nc)
 CONSTRAINTS_SHARED = {(rows, tiles): ",".join(["=r"] * ({8: 4, 16: 6, 32: 10}[rows] * tiles) + ["r"] * (rows // 2)
                                               + ["r"] * (4 * tiles)) for rows in ROWS_PER_WARP for tiles in (1, 2)}
-#: TileConfig.xshare: one block's inputs for the tokens of a program (16 or 8 tokens x 256 bytes), twice
-#: (double buffered) per K slice of the CTA; static shared memory, so at most 48 KB
-XSHARE_ROW_BYTES = 2 * BLOCK_COLS
+CONSTRAINTS_SHARED_S8 = {(rows, tiles): ",".join(["=r"] * ({8: 4, 16: 6, 32: 10}[rows] * tiles) + ["r"] * (rows // 2)
+                                                 + ["r"] * (2 * tiles)) for rows in ROWS_PER_WARP for tiles in (1, 2)}
+#: TileConfig.xshare: one block's inputs for the tokens of a program (16 or 8 tokens x 256 bytes of bf16 /
+#: fp16, or 128 of int8 codes), twice (double buffered) per K slice of the CTA; static shared memory, so at
+#: most 48 KB
 
 
-def xshare_bytes(tiles: int, kwarps: int) -> int:
+def xshare_bytes(tiles: int, kwarps: int, row_bytes: int = 2 * BLOCK_COLS) -> int:
     """Shared memory of an xshare launch: two block buffers per K slice of the CTA."""
-    return 2 * 8 * tiles * XSHARE_ROW_BYTES * kwarps
+    return 2 * 8 * tiles * row_bytes * kwarps
 
 
 def _xshare_decl(nbytes: int) -> str:
@@ -265,7 +272,6 @@ if HAS_TRITON:
     from gearshift.kernels.pdl import grid_wait, launch_dependents, prefetch_l2
     from gearshift.kernels.splitk import splitk_finish
 
-    _XS_ROW = tl.constexpr(XSHARE_ROW_BYTES)
     _XS_LOAD = tl.constexpr(XS_GLOBAL_LOAD)
 
     @triton.jit
@@ -382,58 +388,61 @@ if HAS_TRITON:
 
 
     @triton.jit
-    def _xs_chunk(buf, token, c):
-        """Shared address of 16-byte chunk c (0..15) of token row `token` (256 bytes) in an xshare
-        buffer. Chunks are stored at c ^ 2 (c >> 3) ^ (token & 1): the fragment reads (lane (g, t)
-        reads chunks 4t..4t+3 of token g) and the row stores then fall in 8 distinct 16-byte bank
-        groups per quarter warp."""
-        return buf + token * _XS_ROW + 16 * (c ^ (2 * (c // 8)) ^ (token % 2))
+    def _xs_chunk(buf, token, c, ROWB: tl.constexpr):
+        """Shared address of 16-byte chunk c of token row `token` (ROWB bytes: a block's 128 inputs,
+        256 bf16 / fp16 bytes or 128 int8 codes) in an xshare buffer. Chunks are stored at
+        c ^ 2 (c >> 3) ^ (token & 1): the fragment reads (`_xs_lane`) and the row stores then fall in 8
+        distinct 16-byte bank groups per quarter warp."""
+        return buf + token * ROWB + 16 * (c ^ (2 * (c // 8)) ^ (token % 2))
 
 
     @triton.jit
-    def _xs_lane(buf, g, t, j):
-        """Where lane (g, t) reads chunk j (0..3) of its inputs in an xshare buffer: chunk 4t + j of
-        token row g, as `_xs_chunk` stored it."""
-        return buf + g * _XS_ROW + 64 * t + 16 * (j ^ (2 * (t // 2) + g % 2))
+    def _xs_lane(buf, g, t, j, ROWB: tl.constexpr):
+        """Where lane (g, t) reads chunk j of its inputs in an xshare buffer: its 32 columns are chunks
+        (ROWB / 64) t .. (ROWB / 64) (t + 1) - 1 of token row g."""
+        return _xs_chunk(buf, g, (ROWB // 64) * t + j, ROWB)
 
 
     @triton.jit
-    def _xs_fetch(xi32, srow, m0_tok, M, kw, q, NT: tl.constexpr, NCH: tl.constexpr):
+    def _xs_fetch(xi32, srow, m0_tok, M, kw, q, NT: tl.constexpr, NCH: tl.constexpr, ROWB: tl.constexpr):
         """This lane's share of one block's inputs (NCH 16-byte chunks of the program's token rows,
-        chunk q + j * NT): a tuple of NCH 4-word tuples."""
+        chunk q + j * NT; srow: a row's stride in int32 words): a tuple of NCH 4-word tuples."""
         out = ()
         for j in tl.static_range(NCH):
             ch = q + j * NT
-            tok = tl.minimum(m0_tok + ch // 16, M - 1)  # absent tokens repeat the last one
-            out = out + (_load16(xi32 + tok * srow + kw * 4 + 4 * (ch % 16), _XS_LOAD),)
+            tok = tl.minimum(m0_tok + ch // (ROWB // 16), M - 1)  # absent tokens repeat the last one
+            out = out + (_load16(xi32 + tok * srow + kw * (ROWB // 64) + 4 * (ch % (ROWB // 16)), _XS_LOAD),)
         return out
 
 
     @triton.jit
-    def _xs_store(buf, chunks, q, NT: tl.constexpr, NCH: tl.constexpr, after):
+    def _xs_store(buf, chunks, q, NT: tl.constexpr, NCH: tl.constexpr, after, ROWB: tl.constexpr):
         """Stores `_xs_fetch`'s chunks into buffer buf (after: a value the stores must follow)."""
         for j in tl.static_range(NCH):
             ch = q + j * NT
             v = chunks[j]
             tl.inline_asm_elementwise("st.shared.v4.b32 [$1], {$2, $3, $4, $5}; mov.u32 $0, 0;", "=r,r,r,r,r,r",
-                                      [_xs_chunk(buf, ch // 16, ch % 16) + after, v[0], v[1], v[2], v[3]],
-                                      dtype=tl.int32, is_pure=False, pack=1)
+                                      [_xs_chunk(buf, ch // (ROWB // 16), ch % (ROWB // 16), ROWB) + after, v[0], v[1],
+                                       v[2], v[3]], dtype=tl.int32, is_pure=False, pack=1)
 
 
     @triton.jit
     def _xs_step(ASM: tl.constexpr, CONSTRAINTS: tl.constexpr, ROWS: tl.constexpr, TILES: tl.constexpr,
                  OFFSET: tl.constexpr, w, sc, acc, xi32, srow, m0_tok, M, kw_next, q, buf0, g, t, par, bar,
-                 NT: tl.constexpr, NCH: tl.constexpr, BUFB: tl.constexpr):
+                 NT: tl.constexpr, NCH: tl.constexpr, BUFB: tl.constexpr, ROWB: tl.constexpr):
         """One block of an xshare loop: the next block's inputs fetched into registers, the slice's
         barrier (buffer par is complete, buffer 1 - par is no longer read), this block's fragments read
         from buffer par, then the next block's inputs stored into buffer 1 - par."""
-        xn = _xs_fetch(xi32, srow, m0_tok, M, kw_next, q, NT, NCH)
+        xn = _xs_fetch(xi32, srow, m0_tok, M, kw_next, q, NT, NCH, ROWB)
         z = _xs_sync(bar, NT)
         b = buf0 + par * BUFB + z
-        xa = (_xs_lane(b, g, t, 0), _xs_lane(b, g, t, 1), _xs_lane(b, g, t, 2), _xs_lane(b, g, t, 3))
-        xb = (_xs_lane(b, g + 8, t, 0), _xs_lane(b, g + 8, t, 1), _xs_lane(b, g + 8, t, 2), _xs_lane(b, g + 8, t, 3))
+        xa = ()
+        xb = ()
+        for j in tl.static_range(ROWB // 64):
+            xa = xa + (_xs_lane(b, g, t, j, ROWB),)
+            xb = xb + (_xs_lane(b, g + 8, t, j, ROWB),)
         acc = _block(ASM, CONSTRAINTS, ROWS, TILES, OFFSET, w, xa, xb, sc, acc, 1)
-        _xs_store(buf0 + (1 - par) * BUFB, xn, q, NT, NCH, z)
+        _xs_store(buf0 + (1 - par) * BUFB, xn, q, NT, NCH, z, ROWB)
         return acc
 
 
@@ -516,7 +525,8 @@ if HAS_TRITON:
                          L2_PREFETCH: tl.constexpr, LOAD: tl.constexpr, SHINT: tl.constexpr, TILED: tl.constexpr,
                          TRIGGER: tl.constexpr = 1, TAIL: tl.constexpr = 0, KWARPS: tl.constexpr = 1,
                          PRE: tl.constexpr = 0, L2_AHEAD: tl.constexpr = 0, EVEN: tl.constexpr = 0,
-                         RES: tl.constexpr = 0, XS: tl.constexpr = 0, XS_DECL: tl.constexpr = ""):
+                         RES: tl.constexpr = 0, XS: tl.constexpr = 0, XS_DECL: tl.constexpr = "",
+                         XS_ROWB: tl.constexpr = 256):
         # Every per-lane quantity comes from the lane's own %tid.x, so the fragment plan holds
         # whatever layout Triton picks for these [32 * WARPS] tensors (one element per thread).
         # ROWS: weight rows per warp; lane (g, t) holds rows g, g+8, g+16, g+24 of them.
@@ -583,13 +593,13 @@ if HAS_TRITON:
             # block), and read their B fragments there: RG times fewer activation bytes from L2 than
             # every warp loading its own
             XS_NT: tl.constexpr = RG * 32
-            XS_NCH: tl.constexpr = (8 * TILES * 16) // XS_NT
-            XS_BUFB: tl.constexpr = 8 * TILES * _XS_ROW
+            XS_NCH: tl.constexpr = (8 * TILES * (XS_ROWB // 16)) // XS_NT
+            XS_BUFB: tl.constexpr = 8 * TILES * XS_ROWB
             xs_buf = _xs_base(tid, XS_DECL) + (warp % KWARPS) * (2 * XS_BUFB)
             xs_q = (warp // KWARPS) * 32 + lane
             xs_bar = 1 + warp % KWARPS
             xi32 = x_ptr.to(tl.pointer_type(tl.int32))
-            srow = stride_xm // 2
+            srow = (stride_xm * XS_ROWB) // 512  # int32 words per token row
         if PRE > 0:  # the warp's whole K slice (PRE blocks) in flight before the wait: with an early
             # PDL trigger it streams while the predecessor still runs
             wl = ()
@@ -601,11 +611,12 @@ if HAS_TRITON:
             if TRIGGER == 3:
                 launch_dependents(PDL)
             if XS:
-                _xs_store(xs_buf, _xs_fetch(xi32, srow, m0_tok, M, k_lo, xs_q, XS_NT, XS_NCH), xs_q, XS_NT, XS_NCH, 0)
+                _xs_store(xs_buf, _xs_fetch(xi32, srow, m0_tok, M, k_lo, xs_q, XS_NT, XS_NCH, XS_ROWB), xs_q, XS_NT, XS_NCH, 0,
+                          XS_ROWB)
                 for i in tl.static_range(PRE):
                     acc = _xs_step(ASM, CONSTRAINTS, ROWS, TILES, OFFSET, wl[i], sl[i], acc, xi32, srow, m0_tok, M,
                                    k_lo + 16 * (i + 1 - (i + 1) // PRE), xs_q, xs_buf, g, t, i % 2, xs_bar, XS_NT,
-                                   XS_NCH, XS_BUFB)
+                                   XS_NCH, XS_BUFB, XS_ROWB)
             else:
                 for i in tl.static_range(PRE):
                     acc = _block(ASM, CONSTRAINTS, ROWS, TILES, OFFSET, wl[i], x0 + (k_lo + 16 * i) * 8,
@@ -618,26 +629,28 @@ if HAS_TRITON:
             if TRIGGER == 3:
                 launch_dependents(PDL)
             if XS:  # (`_xs_step`; two blocks per trip with EVEN)
-                _xs_store(xs_buf, _xs_fetch(xi32, srow, m0_tok, M, k_lo, xs_q, XS_NT, XS_NCH), xs_q, XS_NT, XS_NCH, 0)
+                _xs_store(xs_buf, _xs_fetch(xi32, srow, m0_tok, M, k_lo, xs_q, XS_NT, XS_NCH, XS_ROWB), xs_q, XS_NT, XS_NCH, 0,
+                          XS_ROWB)
                 if EVEN:
                     for it in range(0, kws, 32):
                         kw0 = k_lo + it
                         wn, sn, _, _ = _load_step(w_ptrs, s_ptr, mn_ptr, s_offs, kw0 + 16, G, ROWS, LOAD, TILED,
                                                   SHINT, 1)
                         acc = _xs_step(ASM, CONSTRAINTS, ROWS, TILES, OFFSET, w, sc, acc, xi32, srow, m0_tok, M,
-                                       kw0 + 16, xs_q, xs_buf, g, t, 0, xs_bar, XS_NT, XS_NCH, XS_BUFB)
+                                       kw0 + 16, xs_q, xs_buf, g, t, 0, xs_bar, XS_NT, XS_NCH, XS_BUFB, XS_ROWB)
                         w, sc, _, _ = _load_step(w_ptrs, s_ptr, mn_ptr, s_offs, tl.minimum(kw0 + 32, k_last), G,
                                                  ROWS, LOAD, TILED, SHINT, 1)
                         acc = _xs_step(ASM, CONSTRAINTS, ROWS, TILES, OFFSET, wn, sn, acc, xi32, srow, m0_tok, M,
                                        tl.minimum(kw0 + 32, k_last), xs_q, xs_buf, g, t, 1, xs_bar, XS_NT,
-                                       XS_NCH, XS_BUFB)
+                                       XS_NCH, XS_BUFB, XS_ROWB)
                 else:
                     for it in range(0, kws, 16):
                         kw0 = k_lo + it
                         nxt = tl.minimum(kw0 + 16, k_last)
                         wn, sn, _, _ = _load_step(w_ptrs, s_ptr, mn_ptr, s_offs, nxt, G, ROWS, LOAD, TILED, SHINT, 1)
                         acc = _xs_step(ASM, CONSTRAINTS, ROWS, TILES, OFFSET, w, sc, acc, xi32, srow, m0_tok, M, nxt,
-                                       xs_q, xs_buf, g, t, (it // 16) % 2, xs_bar, XS_NT, XS_NCH, XS_BUFB)
+                                       xs_q, xs_buf, g, t, (it // 16) % 2, xs_bar, XS_NT, XS_NCH, XS_BUFB,
+                                       XS_ROWB)
                         w = wn
                         sc = sn
                 kws = 0  # the loops below have nothing left to do
@@ -785,15 +798,20 @@ def mma_gemv_supports(store: Int4Weight, cfg: TileConfig, m: int = 1, dtype=torc
             and q.is_contiguous() and q.data_ptr() % 16 == 0)
 
 
+def xshare_row_bytes(dtype) -> int:
+    """Bytes of one token's inputs to a block: 128 columns of bf16 / fp16, or of int8 codes."""
+    return BLOCK_COLS * (1 if dtype == torch.int8 else 2)
+
+
 def xshare_fits(cfg: TileConfig, m: int, dtype=torch.bfloat16) -> bool:
-    """xshare: 16-bit activations, at least two row groups per CTA that split each block's token rows
-    evenly (16 chunks per token), one block per step (two per trip with pairs), and the buffers in
-    static shared memory."""
+    """xshare: at least two row groups per CTA that split each block's token rows evenly (16-byte
+    chunks), one block per step (two per trip with pairs), and the buffers in static shared memory."""
     tiles = 2 if m > 8 else 1
     rg = cfg.warps // cfg.kwarps
-    return (dtype in (torch.bfloat16, torch.float16) and rg >= 2 and (8 * tiles * 16) % (32 * rg) == 0
-            and not cfg.prefetch and L2_AHEAD == 0
-            and xshare_bytes(tiles, cfg.kwarps) <= 48 * 1024)
+    rowb = xshare_row_bytes(dtype)
+    return (dtype in (torch.bfloat16, torch.float16, torch.int8) and rg >= 2
+            and (8 * tiles * rowb // 16) % (32 * rg) == 0 and not cfg.prefetch and L2_AHEAD == 0
+            and xshare_bytes(tiles, cfg.kwarps, rowb) <= 48 * 1024)
 
 
 def mma_gemv(x: torch.Tensor, store: Int4Weight, cfg: TileConfig, token_scales: torch.Tensor | None = None,
@@ -838,8 +856,8 @@ def mma_gemv(x: torch.Tensor, store: Int4Weight, cfg: TileConfig, token_scales: 
             trigger = pdl_trigger(m)
     kernel = _mma_gemv_kernel[grid](x2, store.qweight, store.scales, store.mins, y, ws, cnt, xs, m, n, store.in_features,
                            x2.stride(0), y.stride(0), G=store.group_size, WARPS=cfg.warps, SPLIT_K=cfg.split_k,
-                           ASM=MMA_ASM_SHARED[(dt, cfg.bm, tiles)] if cfg.xshare else block_asm(dt, cfg.bm, tiles),
-                           CONSTRAINTS=(CONSTRAINTS_SHARED if cfg.xshare else CONSTRAINTS)[(cfg.bm, tiles)],
+                           ASM=block_asm(dt, cfg.bm, tiles, cfg.xshare),
+                           CONSTRAINTS=block_constraints(dt, cfg.bm, tiles, cfg.xshare),
                            ROWS=cfg.bm, TG=tg,
                            ZPID=tg == 1 and bool(ONE_GROUP_Z) and token_scales is None,
                            TILES=tiles, OFFSET=OFFSET[dt],
@@ -850,17 +868,34 @@ def mma_gemv(x: torch.Tensor, store: Int4Weight, cfg: TileConfig, token_scales: 
                            num_warps=cfg.warps, num_stages=1, TAIL=tail, KWARPS=cfg.kwarps,
                            **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {}),
                            RES=RESIDENCY, **launch_kwargs(pdl),
-                           **({"XS": 1, "XS_DECL": _xshare_decl(xshare_bytes(tiles, cfg.kwarps))} if cfg.xshare else {}))
+                           **(xshare_args(tiles, cfg.kwarps, x2.dtype) if cfg.xshare else {}))
     if RESIDENCY and kernel is not None:  # (RES keys a compiled kernel per cap)
         residency.cap(kernel, RESIDENCY)
     return y if x.dim() == 2 else y.reshape(*x.shape[:-1], n)
 
 
-def block_asm(dt: str, rows: int, tiles: int) -> str:
-    """The block PTX for activations of kind dt ('bf16', 'f16' or int8 codes 's8')."""
+def block_asm(dt: str, rows: int, tiles: int, shared: bool = False) -> str:
+    """The block PTX for activations of kind dt ('bf16', 'f16' or int8 codes 's8'), read from global
+    memory or (`TileConfig.xshare`) from shared memory."""
     if dt == "s8":
-        return MMA_ASM_S8[(rows, tiles)]
+        return (MMA_ASM_S8_SHARED if shared else MMA_ASM_S8)[(rows, tiles)]
+    if shared:
+        return MMA_ASM_SHARED[(dt, rows, tiles)]
     return (MMA_ASM if FUSED_LOP3 else MMA_ASM_ANDOR)[(dt, rows, tiles)]
+
+
+def block_constraints(dt: str, rows: int, tiles: int, shared: bool = False) -> str:
+    """The operand constraints of `block_asm`: shared inputs come as one 32-bit address per 16-byte
+    chunk (4 per token tile of 16-bit inputs, 2 of int8 codes) instead of one pointer per tile."""
+    if not shared:
+        return CONSTRAINTS[(rows, tiles)]
+    return CONSTRAINTS_SHARED_S8[(rows, tiles)] if dt == "s8" else CONSTRAINTS_SHARED[(rows, tiles)]
+
+
+def xshare_args(tiles: int, kwarps: int, dtype) -> dict:
+    """The kernel's xshare constexprs: its static buffer declaration and the bytes of a token row."""
+    rowb = xshare_row_bytes(dtype)
+    return {"XS": 1, "XS_DECL": _xshare_decl(xshare_bytes(tiles, kwarps, rowb)), "XS_ROWB": rowb}
 
 
 def pdl_trigger(m: int) -> int:
