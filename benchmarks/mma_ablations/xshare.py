@@ -43,7 +43,10 @@ TILES = ((32, 1, 4, 2, 0, ""), (32, 1, 4, 2, 128, ""), (32, 1, 8, 4, 0, ""), (32
          (16, 1, 8, 4, 0, "T"), (16, 1, 16, 4, 0, "T"), (16, 1, 4, 2, 0, "T"), (16, 1, 16, 8, 0, "T"),
          (32, 1, 16, 8, 128, "T"), (16, 1, 8, 2, 0, "T"),
          (16, 1, 8, 4, 0, "L"), (16, 1, 16, 4, 0, "L"), (16, 1, 4, 2, 0, "L"), (16, 1, 16, 8, 0, "L"),
-         (32, 1, 8, 4, 0, "L"), (32, 1, 16, 8, 128, "L"), (16, 1, 8, 2, 0, "L"))
+         (32, 1, 8, 4, 0, "L"), (32, 1, 16, 8, 128, "L"), (16, 1, 8, 2, 0, "L"),
+         # the 2-warp CTAs of gate_up's pick (m32 w2 kw2 r128) as two row groups
+         (32, 1, 2, 1, 128, ""), (32, 1, 2, 1, 128, "T"), (32, 1, 2, 1, 0, "T"), (16, 1, 2, 1, 128, ""),
+         (16, 1, 2, 1, 0, "T"))
 
 
 def tile(bm, sk, w, kw, reg, loop, xshare=True):
@@ -56,6 +59,7 @@ def main() -> None:
     ap.add_argument("--m", default="16,8")
     ap.add_argument("--shapes", default=",".join(SHAPES))
     ap.add_argument("--twins", type=int, default=1, help="also time each tile without xshare")
+    ap.add_argument("--only", default="", help="time only these tiles: comma-separated indexes into TILES")
     ap.add_argument("--tag", default="")
     ap.add_argument("--out", default=".")
     a = ap.parse_args()
@@ -71,7 +75,7 @@ def main() -> None:
             c = disp.choose(stores[0], None, m)
             r = {"shape": name, "m": m, "map_choice": None if c is None else f"{c.strategy} {c.config.key()}",
                  "map_us": time_us([lambda s=s: disp.linear(x, s, None) for s in stores]), "tiles": {}}
-            for spec in TILES:
+            for spec in [TILES[int(i)] for i in a.only.split(",")] if a.only else TILES:
                 cfg = tile(*spec)
                 if not mg.mma_gemv_supports(stores[0], cfg, m):
                     continue
