@@ -12,6 +12,10 @@ Per Llama-3-8B shape and M: the shipped map's pick, and each xshare tile with it
 xshare (the same arithmetic: the bits must be equal), over enough weight copies to miss L2
 (`profiler.n_copies`). The step sums at the end compare the map with the map plus the xshare tiles.
 
+Stop 41 (H100, `results/xshare_stop41_*.json`, summary `results/xshare_stop41.md`): bit-identical everywhere;
+per-shape 0.92-0.96x the map's pick on qkv / o at 16 tokens and o / gate_up / down at 8, no gain on gate_up
+and down at 16. The map took xshare tiles on 5 of 8 points (whole W4A16 step 0.965-0.978 at 5-16 tokens).
+
     PYTHONPATH=. python benchmarks/mma_ablations/xshare.py --m 16,8 --out $OUT
 """
 from __future__ import annotations

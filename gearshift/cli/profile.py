@@ -53,7 +53,8 @@ def register(subparsers) -> argparse.ArgumentParser:
                         "'auto' for the map the engine runs on this GPU now (its own, or the shipped map of the "
                         "same architecture). All four modes took 5 minutes on an H200 seeded from the H100's "
                         "map; points the seed never timed, and strategies it has no pick of at a point (new "
-                        "kernels, changed tiles), are swept in full")
+                        "kernels, changed tiles), are swept in full, and tiles the seed never timed at a point "
+                        "(added since) are timed too")
     p.add_argument("--top", type=int, default=3,
                    help="with --seed: the seed's fastest this many candidates per point, plus the fastest of "
                         "each other strategy it timed (default: 3)")

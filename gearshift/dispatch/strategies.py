@@ -185,7 +185,8 @@ def mma_configs(m: int) -> list[TileConfig]:
              TileConfig(32, 0, 128, sk, w, 1, prefetch=pf, kwarps=kw, maxnreg=128) for _, sk, w, pf, kw in ROWS32_TILES] + [
              # stop 41: each block's activations staged once per CTA in shared memory (5..16 tokens)
              TileConfig(rows, 0, 128, sk, w, 1, kwarps=kw, maxnreg=r, pairs=lp == "T", preload=lp == "L", xshare=True)
-             for rows, sk, w, kw, r, lp in XSHARE_TILES if 4 < m <= 16 and xshare_bytes(2 if m > 8 else 1, kw) <= 48 << 10]
+             for rows, sk, w, kw, r, lp in XSHARE_TILES
+             if 4 < m <= 16 and xshare_bytes(2 if m > 8 else 1, kw) <= 48 << 10]
 
 
 #: (rows per warp, split, warps, 2-block steps, warps per row group) of the in-CTA K split

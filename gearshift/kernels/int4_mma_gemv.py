@@ -427,6 +427,12 @@ if HAS_TRITON:
 
 
     @triton.jit
+    def _xs_first(xi32, srow, m0_tok, M, kw, q, buf, NT: tl.constexpr, NCH: tl.constexpr, ROWB: tl.constexpr):
+        """The slice's first block into buffer 0 (before an xshare loop)."""
+        _xs_store(buf, _xs_fetch(xi32, srow, m0_tok, M, kw, q, NT, NCH, ROWB), q, NT, NCH, 0, ROWB)
+
+
+    @triton.jit
     def _xs_step(ASM: tl.constexpr, CONSTRAINTS: tl.constexpr, ROWS: tl.constexpr, TILES: tl.constexpr,
                  OFFSET: tl.constexpr, w, sc, acc, xi32, srow, m0_tok, M, kw_next, q, buf0, g, t, par, bar,
                  NT: tl.constexpr, NCH: tl.constexpr, BUFB: tl.constexpr, ROWB: tl.constexpr):
@@ -611,8 +617,7 @@ if HAS_TRITON:
             if TRIGGER == 3:
                 launch_dependents(PDL)
             if XS:
-                _xs_store(xs_buf, _xs_fetch(xi32, srow, m0_tok, M, k_lo, xs_q, XS_NT, XS_NCH, XS_ROWB), xs_q, XS_NT, XS_NCH, 0,
-                          XS_ROWB)
+                _xs_first(xi32, srow, m0_tok, M, k_lo, xs_q, xs_buf, XS_NT, XS_NCH, XS_ROWB)
                 for i in tl.static_range(PRE):
                     acc = _xs_step(ASM, CONSTRAINTS, ROWS, TILES, OFFSET, wl[i], sl[i], acc, xi32, srow, m0_tok, M,
                                    k_lo + 16 * (i + 1 - (i + 1) // PRE), xs_q, xs_buf, g, t, i % 2, xs_bar, XS_NT,
@@ -629,8 +634,7 @@ if HAS_TRITON:
             if TRIGGER == 3:
                 launch_dependents(PDL)
             if XS:  # (`_xs_step`; two blocks per trip with EVEN)
-                _xs_store(xs_buf, _xs_fetch(xi32, srow, m0_tok, M, k_lo, xs_q, XS_NT, XS_NCH, XS_ROWB), xs_q, XS_NT, XS_NCH, 0,
-                          XS_ROWB)
+                _xs_first(xi32, srow, m0_tok, M, k_lo, xs_q, xs_buf, XS_NT, XS_NCH, XS_ROWB)
                 if EVEN:
                     for it in range(0, kws, 32):
                         kw0 = k_lo + it
