@@ -24,6 +24,9 @@ Fragment plan (lane = 4*g + t, g = 0..7, t = 0..3; one warp owns 8 weight rows):
   A = 1.0 gives sum(x); 32 rows per warp: rows g+16 and g+24 form a second A fragment that shares
   each B fragment and the sum MMA, so a lane's activation loads (4x the weight bytes at 16 tokens,
   mostly L2 traffic) serve twice the weights (what the map picks at 9..16 tokens).
+* xshare (`TileConfig.xshare`, stop 41): the row groups of a CTA that run the same K slice load
+  each block's inputs once into shared memory (double buffered, a named barrier per block) and the
+  lanes read their B fragments there, instead of every warp loading its own from L2.
 Per block and row: y += s * (D - 128 X) + m * X = s * D + (m - 128 s) * X (fp32, scale-after, a
 block never straddles a scale group). Split-K over programs with the deterministic one-launch
 reduction of `splitk.py`. DPR: P_W = (4) padded to bf16, P_X = (16), bf16 tensor cores.
@@ -457,8 +460,9 @@ if HAS_TRITON:
                OFFSET: tl.constexpr, w, xp, xp1, sc, acc, XS: tl.constexpr = 0):
         """One 128-column block: the fragment MMAs, then scale-after into the fp32 accumulators.
         acc[8 * tile + 2 * r + e]: token tile `tile`, lane row r (a, b, c, d = g, g+8, g+16, g+24),
-        token 2t + e of the tile (entries of absent rows / tiles pass through). XS: xp / xp1 are the
-        4 shared-memory addresses of each token tile's inputs (`_xshare_loop`), not pointers."""
+        token 2t + e of the tile (entries of absent rows / tiles pass through). XS: xp / xp1 are
+        tuples of the shared-memory addresses of each token tile's inputs (`_xs_step`: 4 per tile of
+        16-bit inputs, 2 of int8 codes), not pointers."""
         if XS:
             if TILES == 2:
                 xp = xp + xp1
