@@ -51,6 +51,11 @@ def seed(a) -> None:
     print(f"{a.out}: {added} fragment tiles marked as timed")
 
 
+def is_xshare(candidate: str) -> bool:
+    cfg = parse_candidate(candidate)[1]
+    return cfg is not None and cfg.xshare
+
+
 def take(a) -> None:
     d = json.load(open(a.map))
     prof = json.load(open(a.profile))
@@ -61,12 +66,12 @@ def take(a) -> None:
             if not ok:
                 continue
             best = min(ok, key=ok.get)
-            name, cfg = parse_candidate(best)
-            if cfg is None or not cfg.xshare:
+            if not is_xshare(best):
                 continue
+            name, cfg = parse_candidate(best)
             d["entries"][key][m] = {"strategy": name, "config": cfg.to_dict(), "us": ok[best]}
             d["timings"].setdefault(key, {}).setdefault(m, {}).update(
-                {c: us for c, us in cands.items() if (parse_candidate(c)[1] or None) and parse_candidate(c)[1].xshare})
+                {c: us for c, us in cands.items() if is_xshare(c)})
             taken.append(f"{key} M={m}")
     d["meta"].setdefault("merged", []).append(f"{a.note}: " + ", ".join(taken))
     json.dump(d, open(a.out, "w"), indent=1)
