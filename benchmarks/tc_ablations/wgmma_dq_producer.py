@@ -161,6 +161,13 @@ def _fill(x_desc, w_desc, x_bufs, w_bufs, ready, empty, i, m0, n0, BLOCKS: gl.co
 
 
 @gluon.jit
+def _scale_rows(s_ptr, mn_ptr, n0, K, G: gl.constexpr, BN: gl.constexpr, rl: gl.constexpr):
+    """Pointers to the first group's scale and min of the tile's BN rows (layout rl)."""
+    rows = n0 + gl.arange(0, BN, layout=rl)
+    return s_ptr + rows * (K // G), mn_ptr + rows * (K // G)
+
+
+@gluon.jit
 def _producer(x_desc, w_desc, x_bufs, w_bufs, ready, empty, a_bufs, a_ready, a_empty, s_ptr, mn_ptr, m0, n0, num_k,
               K, G: gl.constexpr, BN: gl.constexpr, BLOCKS: gl.constexpr, F16: gl.constexpr, WARPS: gl.constexpr,
               ABL: gl.constexpr = 0, LAG: gl.constexpr = 0, PACKED: gl.constexpr = False, VEC: gl.constexpr = False):
@@ -172,10 +179,7 @@ def _producer(x_desc, w_desc, x_bufs, w_bufs, ready, empty, a_bufs, a_ready, a_e
     AST: gl.constexpr = a_bufs.type.shape[0]
     BKX: gl.constexpr = a_bufs.type.shape[2]
     bl: gl.constexpr = producer_layout(BN, BKX // 2, WARPS, VEC)
-    rl: gl.constexpr = gl.SliceLayout(1, bl)
-    rows = n0 + gl.arange(0, BN, layout=rl)
-    s_rows = s_ptr + rows * (K // G)
-    mn_rows = mn_ptr + rows * (K // G)
+    s_rows, mn_rows = _scale_rows(s_ptr, mn_ptr, n0, K, G, BN, gl.SliceLayout(1, bl))
     AHEAD: gl.constexpr = STAGES - 1 - LAG  # LAG 1: a slot is refilled only once its tile is long retired
     for i in range(gl.minimum(AHEAD, num_k)):
         _fill(x_desc, w_desc, x_bufs, w_bufs, ready, empty, i, m0, n0, BLOCKS)
@@ -245,10 +249,7 @@ def _producer_pair(x_desc, w_desc, x_bufs, w_bufs, ready, empty, a_bufs, a_ready
     AST: gl.constexpr = a_bufs.type.shape[0]
     BKX: gl.constexpr = a_bufs.type.shape[2]
     bl: gl.constexpr = producer_layout(BN, BKX // 2, WARPS, VEC)
-    rl: gl.constexpr = scale_layout(BN, BKX, WARPS, VEC, WORDS)
-    rows = n0 + gl.arange(0, BN, layout=rl)
-    s_rows = s_ptr + rows * (K // G)
-    mn_rows = mn_ptr + rows * (K // G)
+    s_rows, mn_rows = _scale_rows(s_ptr, mn_ptr, n0, K, G, BN, scale_layout(BN, BKX, WARPS, VEC, WORDS))
     AHEAD: gl.constexpr = STAGES - 1
     for i in range(gl.minimum(AHEAD, num_k)):
         _fill(x_desc, w_desc, x_bufs, w_bufs, ready, empty, i, m0, n0, BLOCKS)
@@ -413,9 +414,7 @@ def _producer_split(x_desc, w_desc, x_bufs, w_bufs, b_ready, b_empty, a_bufs, a_
     BST: gl.constexpr = w_bufs.type.shape[0]
     BKX: gl.constexpr = a_bufs.type.shape[2]
     wl: gl.constexpr = word_layout(BKX, WARPS)
-    rows = n0 + gl.arange(0, BN, layout=gl.SliceLayout(1, wl))
-    s_rows = s_ptr + rows * (K // G)
-    mn_rows = mn_ptr + rows * (K // G)
+    s_rows, mn_rows = _scale_rows(s_ptr, mn_ptr, n0, K, G, BN, gl.SliceLayout(1, wl))
     for t in range(gl.minimum(BST - 1, num_k)):
         _fill_bytes(x_desc, w_desc, x_bufs, w_bufs, b_ready, b_empty, t, n0, BLOCKS)
     DT: gl.constexpr = gl.float16 if F16 else gl.bfloat16
@@ -470,6 +469,19 @@ def _pair_words(w_bufs, b_ready, b_empty, q, s2, m2, BN: gl.constexpr, BKX: gl.c
 
 
 @gluon.jit
+def _pair_ring_start(x_desc, w_desc, x_bufs, w_bufs, b_ready, b_empty, s_ptr, mn_ptr, n0, num_k, K, G: gl.constexpr,
+                     BN: gl.constexpr, BLOCKS: gl.constexpr, rl: gl.constexpr):
+    """The start of a producer on pair slots: its scale rows (`_scale_rows`), the number of K-tile
+    pairs, and the first BSTP - 1 pair slots of its byte ring asked for."""
+    BSTP: gl.constexpr = b_ready.type.shape[0]
+    s_rows, mn_rows = _scale_rows(s_ptr, mn_ptr, n0, K, G, BN, rl)
+    pairs = num_k // 2
+    for q in range(gl.minimum(BSTP - 1, pairs)):
+        _fill_byte_pair(x_desc, w_desc, x_bufs, w_bufs, b_ready, b_empty, q, n0, BLOCKS)
+    return s_rows, mn_rows, pairs
+
+
+@gluon.jit
 def _producer_split2(x_desc, w_desc, x_bufs, w_bufs, b_ready, b_empty, a_bufs, a_ready, a_empty, s_ptr, mn_ptr, n0,
                      num_k, K, G: gl.constexpr, BN: gl.constexpr, BLOCKS: gl.constexpr, F16: gl.constexpr,
                      WARPS: gl.constexpr, INTERLEAVED: gl.constexpr):
@@ -478,12 +490,8 @@ def _producer_split2(x_desc, w_desc, x_bufs, w_bufs, b_ready, b_empty, a_bufs, a
     BSTP: gl.constexpr = b_ready.type.shape[0]
     BKX: gl.constexpr = a_bufs.type.shape[2]
     wl: gl.constexpr = word_layout(BKX, WARPS)
-    rows = n0 + gl.arange(0, BN, layout=gl.SliceLayout(1, wl))
-    s_rows = s_ptr + rows * (K // G)
-    mn_rows = mn_ptr + rows * (K // G)
-    pairs = num_k // 2
-    for q in range(gl.minimum(BSTP - 1, pairs)):
-        _fill_byte_pair(x_desc, w_desc, x_bufs, w_bufs, b_ready, b_empty, q, n0, BLOCKS)
+    s_rows, mn_rows, pairs = _pair_ring_start(x_desc, w_desc, x_bufs, w_bufs, b_ready, b_empty, s_ptr, mn_ptr, n0,
+                                              num_k, K, G, BN, BLOCKS, gl.SliceLayout(1, wl))
     DT: gl.constexpr = gl.float16 if F16 else gl.bfloat16
     sv_next = gl.load(s_rows)
     mv_next = gl.load(mn_rows)
@@ -525,12 +533,8 @@ def _producer_split3(x_desc, w_desc, x_bufs, w_bufs, b_ready, b_empty, a_bufs, a
     BSTP: gl.constexpr = b_ready.type.shape[0]
     BKX: gl.constexpr = a_bufs.type.shape[2]
     wl: gl.constexpr = word_layout(BKX, WARPS)
-    rows = n0 + gl.arange(0, BN, layout=gl.SliceLayout(1, wl))
-    s_rows = s_ptr + rows * (K // G)
-    mn_rows = mn_ptr + rows * (K // G)
-    pairs = num_k // 2
-    for q in range(gl.minimum(BSTP - 1, pairs)):
-        _fill_byte_pair(x_desc, w_desc, x_bufs, w_bufs, b_ready, b_empty, q, n0, BLOCKS)
+    s_rows, mn_rows, pairs = _pair_ring_start(x_desc, w_desc, x_bufs, w_bufs, b_ready, b_empty, s_ptr, mn_ptr, n0,
+                                              num_k, K, G, BN, BLOCKS, gl.SliceLayout(1, wl))
     DT: gl.constexpr = gl.float16 if F16 else gl.bfloat16
     sv = gl.load(s_rows)
     mv = gl.load(mn_rows)
