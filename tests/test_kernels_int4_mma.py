@@ -153,6 +153,60 @@ def test_gpu_k_warps_match_reference(rows, split, warps, kwarps, prefetch, layou
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the PTX needs a CUDA GPU")
+@pytest.mark.parametrize("rows,warps,kwarps,xshare,dtype", [
+    (16, 8, 8, False, torch.bfloat16), (16, 16, 16, False, torch.bfloat16), (8, 8, 8, False, torch.bfloat16),
+    (16, 2, 2, False, torch.bfloat16), (32, 8, 4, False, torch.bfloat16), (32, 4, 2, True, torch.bfloat16),
+    (16, 16, 8, True, torch.bfloat16), (16, 8, 4, False, torch.int8), (32, 4, 2, False, torch.int8)])
+def test_gpu_shared_memory_k_sum_matches_the_reduce_epilogue(rows, warps, kwarps, xshare, dtype):
+    """TileConfig.ksum: the K slices summed by one thread per output in slice order, through the
+    kernel's own shared memory, against stop 22's tl.reduce epilogue: the same sums up to fp32
+    rounding order (two slices: the same bits), at every token count (9..16: the passes over both
+    token tiles; 17..64: token groups), and reproducible."""
+    from gearshift.kernels.int4_mma_gemv import mma_gemv
+
+    torch.manual_seed(rows + warps + kwarps)
+    store = quantize_int4(torch.randn(208, 2048), 128).cuda().to_layout("blocks16")
+    cfg = TileConfig(rows, 0, 128, 1, warps, 1, kwarps=kwarps, xshare=xshare)
+    ks = dataclasses.replace(cfg, ksum=True)
+    tested = 0
+    for m in (1, 2, 5, 8, 9, 12, 16, 40):
+        if not mma_gemv_supports(store, cfg, m, dtype):
+            continue
+        assert mma_gemv_supports(store, ks, m, dtype), m
+        tested += 1
+        x = torch.randn(m, 2048, device="cuda", dtype=torch.bfloat16)
+        if dtype == torch.int8:
+            x = x.mul(40).round().clamp(-127, 127).to(torch.int8)
+            args = dict(token_scales=torch.rand(m, device="cuda") + 0.5, out_dtype=torch.bfloat16)
+        else:
+            args = {}
+        y = mma_gemv(x, store, ks, **args)
+        assert torch.equal(mma_gemv(x, store, ks, **args), y)
+        ref = mma_gemv(x, store, cfg, **args)
+        if kwarps == 2:
+            assert torch.equal(y, ref), m
+        else:
+            assert ((y.float() - ref.float()).norm() / ref.float().norm()).item() < 2e-3, m
+    assert tested >= 4
+
+
+def test_shared_memory_k_sum_needs_k_warps_no_split_and_room():
+    """The K-sum buffer (static shared memory, 33 words per warp and value) with any xshare buffers
+    stays within 48 KB; the tile needs K slices in the CTA and no split-K."""
+    from gearshift.kernels import int4_mma_gemv as mg
+
+    store = quantize_int4(torch.randn(256, 4096), 128).to_layout("blocks16")
+    assert mg.ksum_bytes(16, 1, 8) == 4 * 33 * 4 * 8
+    assert mma_gemv_supports(store, TileConfig(16, 0, 128, 1, 8, 1, kwarps=8, ksum=True), 1)
+    assert TileConfig(16, 0, 128, 1, 8, 1, kwarps=8, ksum=True).key().endswith("q8K")
+    assert not mma_gemv_supports(store, TileConfig(16, 0, 128, 2, 8, 1, kwarps=4, ksum=True), 1)  # split-K
+    assert not mma_gemv_supports(store, TileConfig(16, 0, 128, 1, 4, 1, ksum=True), 1)  # nothing to sum
+    big = TileConfig(32, 0, 128, 1, 8, 1, kwarps=4, xshare=True, ksum=True)  # 16.5 KB + 32 KB of xshare buffers
+    assert mma_gemv_supports(store, big, 8) and not mma_gemv_supports(store, big, 16)
+    assert mg.KSUM_LOAD_ASM[(4, 4)].count("ld.shared.f32") == 4 and mg.KSUM_LOAD_ASM[(4, 4)].count("add.rn") == 3
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the PTX needs a CUDA GPU")
 @pytest.mark.parametrize("rows,split,warps,kwarps,layout", [
     (16, 1, 8, 4, "blocks16"), (16, 2, 4, 2, "rows"), (32, 1, 4, 4, "blocks16"), (8, 1, 4, 1, "blocks16"),
     (32, 1, 4, 1, "rows")])

@@ -16,6 +16,7 @@ import re
 import sys
 from pathlib import Path
 
+import torch
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
@@ -36,12 +37,20 @@ def compile_tile(cfg: TileConfig, dt: str, m: int, k: int):
     tiles = 2 if m > 8 else 1
     sig = dict(SIG) | ({"x_ptr": "*i8"} if dt == "s8" else {})
     blocks = k // (mg.BLOCK_COLS * cfg.split_k * cfg.kwarps)
-    cx = dict(G=128, WARPS=cfg.warps, SPLIT_K=cfg.split_k, ASM=mg.block_asm(dt, cfg.bm, tiles),
-              CONSTRAINTS=mg.CONSTRAINTS[(cfg.bm, tiles)], ROWS=cfg.bm, TILES=tiles, TG=1,
+    cx = dict(G=128, WARPS=cfg.warps, SPLIT_K=cfg.split_k, ASM=mg.block_asm(dt, cfg.bm, tiles, cfg.xshare),
+              CONSTRAINTS=mg.block_constraints(dt, cfg.bm, tiles, cfg.xshare), ROWS=cfg.bm, TILES=tiles, TG=1,
               ZPID=dt != "s8" and bool(mg.ONE_GROUP_Z), OFFSET=mg.OFFSET[dt], U=2 if cfg.prefetch else 1,
               HAS_XS=dt == "s8", PDL=True, L2_PREFETCH=False, LOAD=mg.WEIGHT_LOADS["plain"], SHINT=0, TILED=True,
               TRIGGER=mg.pdl_trigger(m), TAIL=0, KWARPS=cfg.kwarps, PRE=blocks if cfg.preload else 0, L2_AHEAD=0,
               EVEN=int(cfg.pairs), RES=0)
+    dtype = torch.int8 if dt == "s8" else torch.bfloat16
+    cx |= mg.ksum_args(cfg, tiles)
+    if cfg.xshare:
+        cx |= mg.xshare_args(tiles, cfg.kwarps, dtype)
+    import inspect
+    for n, par in inspect.signature(mg._mma_gemv_kernel.fn).parameters.items():
+        if n not in sig and n not in cx and par.default is not inspect.Parameter.empty:
+            cx[n] = par.default  # constexprs left out take the kernel's defaults, as a launch would
     names = list(sig)
     attrs = {(names.index(n),): [["tt.divisibility", 16]] for n, t in sig.items() if t.startswith("*") or n == "K"}
     src = ASTSource(fn=mg._mma_gemv_kernel, signature=sig | {n: "constexpr" for n in cx}, constexprs=cx, attrs=attrs)

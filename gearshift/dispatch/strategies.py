@@ -7,7 +7,7 @@ All strategies compute the reference's function (`linear_reference`) up to accum
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import torch
@@ -163,9 +163,9 @@ def mma_configs(m: int) -> list[TileConfig]:
     8/16/32), K split, warps."""
     if m > 64:
         return []
-    from gearshift.kernels.int4_mma_gemv import xshare_bytes
+    from gearshift.kernels.int4_mma_gemv import ksum_fits, xshare_bytes
 
-    return [TileConfig(rows, 0, 128, sk, w, 1, prefetch=pf, kwarps=kw) for rows, sk, w, pf, kw in
+    tiles = [TileConfig(rows, 0, 128, sk, w, 1, prefetch=pf, kwarps=kw) for rows, sk, w, pf, kw in
             ((16, 1, 4, False, 1), (16, 2, 4, False, 1), (16, 4, 4, False, 1), (16, 8, 4, False, 1),
              (16, 16, 4, False, 1), (16, 2, 2, False, 1), (16, 8, 2, False, 1), (8, 4, 4, False, 1),
              (8, 8, 4, False, 1), (8, 8, 1, False, 1), (16, 2, 4, True, 1), (16, 4, 4, True, 1),
@@ -187,6 +187,8 @@ def mma_configs(m: int) -> list[TileConfig]:
              TileConfig(rows, 0, 128, sk, w, 1, kwarps=kw, maxnreg=r, pairs=lp == "T", preload=lp == "L", xshare=True)
              for rows, sk, w, kw, r, lp in XSHARE_TILES
              if 4 < m <= 16 and xshare_bytes(2 if m > 8 else 1, kw) <= 48 << 10]
+    # stop 42: each tile with K slices in the CTA and no split-K also with the shared-memory K sum
+    return tiles + [k for k in (replace(c, ksum=True) for c in tiles) if ksum_fits(k, m)]
 
 
 #: (rows per warp, split, warps, 2-block steps, warps per row group) of the in-CTA K split

@@ -32,6 +32,8 @@ class TileConfig:
     # at the loop's end; needs an even number of blocks per warp)
     xshare: bool = False  # fragment kernel: the row groups of a CTA load each block's activations once,
     # into shared memory, instead of every warp loading its own from L2
+    ksum: bool = False  # fragment kernel (kwarps > 1, no split-K): the K slices summed through shared memory
+    # of the kernel's own, one thread per output, not by tl.reduce and a join/cat epilogue
 
     def key(self) -> str:
         return (f"m{self.bm}n{self.bn}k{self.bk}s{self.split_k}w{self.warps}p{self.stages}"
@@ -39,7 +41,7 @@ class TileConfig:
                 f"{'S' if self.a_smem else ''}{f'r{self.maxnreg}' if self.maxnreg else ''}"
                 f"{f'q{self.kwarps}' if self.kwarps > 1 else ''}{f'z{self.stream_k}' if self.stream_k else ''}"
                 f"{'h' if self.hybrid else ''}{'L' if self.preload else ''}{'T' if self.pairs else ''}"
-                f"{'X' if self.xshare else ''}")
+                f"{'X' if self.xshare else ''}{'K' if self.ksum else ''}")
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -55,6 +57,8 @@ class TileConfig:
             del d["pairs"]
         if not d["xshare"]:  # likewise
             del d["xshare"]
+        if not d["ksum"]:  # likewise
+            del d["ksum"]
         return d
 
     @classmethod

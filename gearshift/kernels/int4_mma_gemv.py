@@ -267,6 +267,43 @@ def xshare_bytes(tiles: int, kwarps: int, row_bytes: int = 2 * BLOCK_COLS) -> in
     return 2 * 8 * tiles * row_bytes * kwarps
 
 
+KSUM_PAD = 33  # words per (warp, value) row of the K-sum buffer: 32 lanes + 1, so the summing reads spread over banks
+
+
+def ksum_values(rows: int, tiles: int) -> int:
+    """Accumulators per lane that hold outputs: rows a (and b, c, d) x tokens 2t, 2t+1, per token tile."""
+    return 2 * (rows // 8) * tiles
+
+
+def ksum_bytes(rows: int, tiles: int, warps: int) -> int:
+    """Static shared memory of the K-sum epilogue: every warp's output-holding accumulators."""
+    return 4 * KSUM_PAD * ksum_values(rows, tiles) * warps
+
+
+def ksum_decl(nbytes: int) -> str:
+    """PTX that declares the K-sum buffer (static shared memory) and returns its address."""
+    return f"{{ .shared .align 16 .b8 gs_ksum[{nbytes}]; mov.u32 $0, gs_ksum; }}"
+
+
+def _ksum_store_asm(nv: int) -> str:
+    stores = " ".join(f"st.shared.f32 [$1+{4 * KSUM_PAD * i}], ${i + 2};" for i in range(nv))
+    return stores + " mov.u32 $0, 0;"
+
+
+def _ksum_load_asm(kwarps: int, nv: int) -> str:
+    """Sums one output's KWARPS partials in slice order (add.rn: no contraction, reproducible)."""
+    step = 4 * KSUM_PAD * nv
+    regs = ", ".join(f"v{i}" for i in range(kwarps))
+    loads = " ".join(f"ld.shared.f32 v{i}, [$1+{step * i}];" for i in range(kwarps))
+    adds = "mov.f32 $0, v0; " + " ".join(f"add.rn.f32 $0, $0, v{i};" for i in range(1, kwarps))
+    return f"{{ .reg .f32 {regs}; {loads} {adds} }}"
+
+
+KSUM_STORE_ASM = {nv: _ksum_store_asm(nv) for nv in (2, 4, 8, 16)}
+KSUM_STORE_CONSTRAINTS = {nv: ",".join(["=r", "r"] + ["f"] * nv) for nv in (2, 4, 8, 16)}
+KSUM_LOAD_ASM = {(kw, nv): _ksum_load_asm(kw, nv) for kw in (2, 4, 8, 16) for nv in (2, 4, 8, 16)}
+
+
 def _xshare_decl(nbytes: int) -> str:
     """PTX that declares the xshare buffers (static shared memory) and returns their address."""
     return f"{{ .shared .align 128 .b8 gs_xshare[{nbytes}]; mov.u32 $0, gs_xshare; }}"
@@ -380,6 +417,60 @@ if HAS_TRITON:
     def _xs_base(like, DECL: tl.constexpr):
         """The address of the xshare buffers (static shared memory declared by DECL, `_xshare_decl`)."""
         return tl.inline_asm_elementwise(DECL, "=r,r", [like], dtype=tl.int32, is_pure=False, pack=1)
+
+
+    @triton.jit
+    def _ksum_store(buf, acc, ROWS: tl.constexpr, TILES: tl.constexpr, ST: tl.constexpr, STC: tl.constexpr):
+        """This lane's output-holding accumulators into its warp's rows of the K-sum buffer (buf: the
+        lane's word in value row 0); value s = 2 (tile * ROWS / 8 + r) + e is acc[8 tile + 2 r + e].
+        Returns 0 (the barrier takes it, so that it follows the stores)."""
+        if ROWS == 8:
+            if TILES == 1:
+                v = [buf, acc[0], acc[1]]
+            else:
+                v = [buf, acc[0], acc[1], acc[8], acc[9]]
+        elif ROWS == 16:
+            if TILES == 1:
+                v = [buf, acc[0], acc[1], acc[2], acc[3]]
+            else:
+                v = [buf, acc[0], acc[1], acc[2], acc[3], acc[8], acc[9], acc[10], acc[11]]
+        else:
+            if TILES == 1:
+                v = [buf, acc[0], acc[1], acc[2], acc[3], acc[4], acc[5], acc[6], acc[7]]
+            else:
+                v = [buf, acc[0], acc[1], acc[2], acc[3], acc[4], acc[5], acc[6], acc[7],
+                     acc[8], acc[9], acc[10], acc[11], acc[12], acc[13], acc[14], acc[15]]
+        return tl.inline_asm_elementwise(ST, STC, v, dtype=tl.int32, is_pure=False, pack=1)
+
+
+    @triton.jit
+    def _cta_sync(after):
+        """bar.sync 0 (every thread of the CTA), after the value `after`; returns 0 for the reads
+        that must follow it to add to their addresses."""
+        return tl.inline_asm_elementwise("bar.sync 0; mov.u32 $0, 0;", "=r,r", [after], dtype=tl.int32,
+                                         is_pure=False, pack=1)
+
+
+    @triton.jit
+    def _ksum_pass(buf, c0, tid, pid_n, m0_tok, xs_ptr, y_ptr, M, N, stride_ym, ROWS: tl.constexpr,
+                   TILES: tl.constexpr, RG: tl.constexpr, KWARPS: tl.constexpr, NV: tl.constexpr,
+                   LD: tl.constexpr, HAS_XS: tl.constexpr):
+        """Outputs (token column c0 + tid // (RG ROWS), row tid % (RG ROWS)) of the program: one thread
+        each sums its KWARPS partials in slice order and stores the result (consecutive threads,
+        consecutive rows)."""
+        rl = tid % (RG * ROWS)
+        c = c0 + tid // (RG * ROWS)  # token column within the program's 8 * TILES
+        cl = tl.minimum(c, 8 * TILES - 1)  # (idle threads read a valid word)
+        rr = rl % ROWS
+        s = ((cl // 8) * (ROWS // 8) + rr // 8) * 2 + cl % 2
+        src = ((rl // ROWS) * KWARPS * NV + s) * 33 + 4 * (rr % 8) + (cl % 8) // 2
+        tot = tl.inline_asm_elementwise(LD, "=f,r", [buf + 4 * src], dtype=tl.float32, is_pure=False, pack=1)
+        row = pid_n * (RG * ROWS) + rl
+        col = m0_tok + c
+        mask = (row < N) & (col < M) & (c < 8 * TILES)
+        if HAS_XS:  # activation codes in, real outputs out: one scale per token
+            tot = tot * tl.load(xs_ptr + col, mask=mask, other=0.0)
+        tl.store(y_ptr + col * stride_ym + row, tot.to(y_ptr.dtype.element_ty), mask=mask)
 
 
     @triton.jit
@@ -536,7 +627,8 @@ if HAS_TRITON:
                          TRIGGER: tl.constexpr = 1, TAIL: tl.constexpr = 0, KWARPS: tl.constexpr = 1,
                          PRE: tl.constexpr = 0, L2_AHEAD: tl.constexpr = 0, EVEN: tl.constexpr = 0,
                          RES: tl.constexpr = 0, XS: tl.constexpr = 0, XS_DECL: tl.constexpr = "",
-                         XS_ROWB: tl.constexpr = 256):
+                         XS_ROWB: tl.constexpr = 256, KSUM: tl.constexpr = 0, KSUM_DECL: tl.constexpr = "",
+                         KSUM_ST: tl.constexpr = "", KSUM_STC: tl.constexpr = "", KSUM_LD: tl.constexpr = ""):
         # Every per-lane quantity comes from the lane's own %tid.x, so the fragment plan holds
         # whatever layout Triton picks for these [32 * WARPS] tensors (one element per thread).
         # ROWS: weight rows per warp; lane (g, t) holds rows g, g+8, g+16, g+24 of them.
@@ -692,6 +784,29 @@ if HAS_TRITON:
                     sc2 = sn2
         if TRIGGER == 2:
             launch_dependents(PDL)
+        if KSUM:  # K slices summed through the kernel's own shared memory (TileConfig.ksum; SPLIT_K == 1)
+            NV: tl.constexpr = 2 * (ROWS // 8) * TILES
+            CP: tl.constexpr = (KWARPS * 32) // ROWS  # token columns per pass of the CTA's threads
+            kbuf = _xs_base(tid, KSUM_DECL)
+            z = _cta_sync(_ksum_store(kbuf + 4 * (warp * NV * 33 + lane), acc, ROWS, TILES, KSUM_ST, KSUM_STC))
+            _ksum_pass(kbuf + z, 0, tid, pid_n, m0_tok, xs_ptr, y_ptr, M, N, stride_ym, ROWS, TILES, RG, KWARPS, NV,
+                       KSUM_LD, HAS_XS)
+            for j in tl.static_range(1, (8 * TILES + CP - 1) // CP):
+                if j * CP < M - m0_tok:  # (no thread of a pass past the program's last token has work)
+                    _ksum_pass(kbuf + z, j * CP, tid, pid_n, m0_tok, xs_ptr, y_ptr, M, N, stride_ym, ROWS, TILES,
+                               RG, KWARPS, NV, KSUM_LD, HAS_XS)
+        else:
+            _mma_epilogue(acc, pid_n, pid_k, m0_tok, xs_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, stride_ym, row_a, t,
+                          ROWS, TILES, RG, KWARPS, HAS_XS, ZPID, SPLIT_K, TAIL)
+
+
+    @triton.jit
+    def _mma_epilogue(acc, pid_n, pid_k, m0_tok, xs_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, stride_ym, row_a, t,
+                      ROWS: tl.constexpr, TILES: tl.constexpr, RG: tl.constexpr, KWARPS: tl.constexpr,
+                      HAS_XS: tl.constexpr, ZPID: tl.constexpr, SPLIT_K: tl.constexpr, TAIL: tl.constexpr):
+        """Stop 22's epilogue: the K slices of each row group summed by tl.reduce (kwarps tiles), the
+        accumulators joined into [RG * 32, values] and stored through splitk_finish."""
+        BN: tl.constexpr = ROWS * RG
         if KWARPS > 1:  # sum each row group's K slices in the CTA; the epilogue runs on [RG * 32]
             p = _ksum4(acc[0], acc[1], acc[2], acc[3], RG, KWARPS)
             pc = (acc[4], acc[5], acc[6], acc[7])
@@ -798,6 +913,8 @@ def mma_gemv_supports(store: Int4Weight, cfg: TileConfig, m: int = 1, dtype=torc
         return False
     if cfg.xshare and not xshare_fits(cfg, m, dtype):
         return False
+    if cfg.ksum and not ksum_fits(cfg, m, dtype):
+        return False
     if cfg.preload and (cfg.prefetch or cfg.bm not in ROWS_PER_WARP or
                         blocks * 4 * (cfg.bm // 8) > PRELOAD_REGISTERS):
         return False
@@ -876,7 +993,8 @@ def mma_gemv(x: torch.Tensor, store: Int4Weight, cfg: TileConfig, token_scales: 
                            num_warps=cfg.warps, num_stages=1, TAIL=tail, KWARPS=cfg.kwarps,
                            **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {}),
                            RES=RESIDENCY, **launch_kwargs(pdl),
-                           **(xshare_args(tiles, cfg.kwarps, x2.dtype) if cfg.xshare else {}))
+                           **(xshare_args(tiles, cfg.kwarps, x2.dtype) if cfg.xshare else {}),
+                           **ksum_args(cfg, tiles))
     if RESIDENCY and kernel is not None:  # (RES keys a compiled kernel per cap)
         residency.cap(kernel, RESIDENCY)
     return y if x.dim() == 2 else y.reshape(*x.shape[:-1], n)
@@ -898,6 +1016,23 @@ def block_constraints(dt: str, rows: int, tiles: int, shared: bool = False) -> s
     if not shared:
         return CONSTRAINTS[(rows, tiles)]
     return CONSTRAINTS_SHARED_S8[(rows, tiles)] if dt == "s8" else CONSTRAINTS_SHARED[(rows, tiles)]
+
+
+def ksum_fits(cfg: TileConfig, m: int, dtype=torch.bfloat16) -> bool:
+    """TileConfig.ksum: K slices to sum in the CTA (kwarps > 1), no split-K, and the K-sum buffer plus
+    any xshare buffers in static shared memory (48 KB)."""
+    tiles = 2 if m > 8 else 1
+    xs = xshare_bytes(tiles, cfg.kwarps, xshare_row_bytes(dtype)) if cfg.xshare else 0
+    return cfg.kwarps > 1 and cfg.split_k == 1 and ksum_bytes(cfg.bm, tiles, cfg.warps) + xs <= 48 * 1024
+
+
+def ksum_args(cfg: TileConfig, tiles: int) -> dict:
+    """The kernel's K-sum constexprs (TileConfig.ksum): its buffer declaration and PTX."""
+    if not cfg.ksum:
+        return {}
+    nv = ksum_values(cfg.bm, tiles)
+    return {"KSUM": 1, "KSUM_DECL": ksum_decl(ksum_bytes(cfg.bm, tiles, cfg.warps)), "KSUM_ST": KSUM_STORE_ASM[nv],
+            "KSUM_STC": KSUM_STORE_CONSTRAINTS[nv], "KSUM_LD": KSUM_LOAD_ASM[(cfg.kwarps, nv)]}
 
 
 def xshare_args(tiles: int, kwarps: int, dtype) -> dict:
