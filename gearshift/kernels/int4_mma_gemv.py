@@ -27,6 +27,9 @@ Fragment plan (lane = 4*g + t, g = 0..7, t = 0..3; one warp owns 8 weight rows):
 * xshare (`TileConfig.xshare`, stop 41): the row groups of a CTA that run the same K slice load
   each block's inputs once into shared memory (double buffered, a named barrier per block) and the
   lanes read their B fragments there, instead of every warp loading its own from L2.
+* ksum (`TileConfig.ksum`, stop 42): a kwarps tile's K slices are summed through a static shared
+  buffer of the kernel's own, with one barrier and one thread per output, instead of tl.reduce and a
+  join/cat epilogue (about ten barriers after the last weight arrives).
 Per block and row: y += s * (D - 128 X) + m * X = s * D + (m - 128 s) * X (fp32, scale-after, a
 block never straddles a scale group). Split-K over programs with the deterministic one-launch
 reduction of `splitk.py`. DPR: P_W = (4) padded to bf16, P_X = (16), bf16 tensor cores.
@@ -313,6 +316,7 @@ if HAS_TRITON:
     from gearshift.kernels.splitk import splitk_finish
 
     _XS_LOAD = tl.constexpr(XS_GLOBAL_LOAD)
+    _KSUM_PAD = tl.constexpr(KSUM_PAD)
 
     @triton.jit
     def _thread_id(like):
@@ -415,7 +419,7 @@ if HAS_TRITON:
 
     @triton.jit
     def _xs_base(like, DECL: tl.constexpr):
-        """The address of the xshare buffers (static shared memory declared by DECL, `_xshare_decl`)."""
+        """The address of a static shared-memory buffer declared by DECL (`_xshare_decl`, `ksum_decl`)."""
         return tl.inline_asm_elementwise(DECL, "=r,r", [like], dtype=tl.int32, is_pure=False, pack=1)
 
 
@@ -463,7 +467,7 @@ if HAS_TRITON:
         cl = tl.minimum(c, 8 * TILES - 1)  # (idle threads read a valid word)
         rr = rl % ROWS
         s = ((cl // 8) * (ROWS // 8) + rr // 8) * 2 + cl % 2
-        src = ((rl // ROWS) * KWARPS * NV + s) * 33 + 4 * (rr % 8) + (cl % 8) // 2
+        src = ((rl // ROWS) * KWARPS * NV + s) * _KSUM_PAD + 4 * (rr % 8) + (cl % 8) // 2
         tot = tl.inline_asm_elementwise(LD, "=f,r", [buf + 4 * src], dtype=tl.float32, is_pure=False, pack=1)
         row = pid_n * (RG * ROWS) + rl
         col = m0_tok + c
@@ -788,7 +792,7 @@ if HAS_TRITON:
             NV: tl.constexpr = 2 * (ROWS // 8) * TILES
             CP: tl.constexpr = (KWARPS * 32) // ROWS  # token columns per pass of the CTA's threads
             kbuf = _xs_base(tid, KSUM_DECL)
-            z = _cta_sync(_ksum_store(kbuf + 4 * (warp * NV * 33 + lane), acc, ROWS, TILES, KSUM_ST, KSUM_STC))
+            z = _cta_sync(_ksum_store(kbuf + 4 * (warp * NV * _KSUM_PAD + lane), acc, ROWS, TILES, KSUM_ST, KSUM_STC))
             _ksum_pass(kbuf + z, 0, tid, pid_n, m0_tok, xs_ptr, y_ptr, M, N, stride_ym, ROWS, TILES, RG, KWARPS, NV,
                        KSUM_LD, HAS_XS)
             for j in tl.static_range(1, (8 * TILES + CP - 1) // CP):
