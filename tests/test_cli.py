@@ -159,6 +159,10 @@ def test_profile_bad_seed_is_one_line(capsys, tmp_path):
                           "--top must be at least 1")
 
 
+def test_profile_new_tiles_needs_a_seed(capsys):
+    assert_one_line_error(*cli(capsys, "profile", "--model", "llama3-8b", "--new-tiles")[::2], "--new-tiles only")
+
+
 def test_profile_needs_a_model_or_shapes(capsys):
     assert_one_line_error(*cli(capsys, "profile")[::2], "say what to profile")
 

@@ -462,9 +462,11 @@ def test_seeded_candidates_are_the_seeds_fastest_and_each_strategys_best():
     assert seeded_candidates(seed, type_key("w4a16", 64, 96, 256), 1, 1) is None
 
 
-def test_a_seeded_profile_times_only_the_seeds_picks():
+@pytest.mark.parametrize("new_tiles", [False, True])
+def test_a_seeded_profile_times_only_the_seeds_picks(new_tiles):
     """`gearshift profile --seed`: at a point the seed timed, only its picks run (and in full the
-    strategies it has no pick of, and the tiles it never timed); elsewhere the full sweep."""
+    strategies it has no pick of; with --new-tiles also the tiles it never timed); elsewhere the full
+    sweep."""
     from gearshift.dispatch.profiler import profile
     from gearshift.dispatch.strategies import DPRPartition, Strategy, register
 
@@ -485,13 +487,14 @@ def test_a_seeded_profile_times_only_the_seeds_picks():
     try:
         pm = profile([("s", 64, 256)], ["w4a16"], [1, 4], group=128, device_name="test",
                      strategies=["test_tiles", "test_new"], dtype=torch.float32, int4_layout="rows",
-                     timer=lambda calls: float(len(ran)), device="cpu", seed=seed, top=1)
+                     timer=lambda calls: float(len(ran)), device="cpu", seed=seed, top=1, new_tiles=new_tiles)
     finally:
         STRATEGIES.pop("test_tiles")
         STRATEGIES.pop("test_new")
-    # the seed's pick of the strategy it timed and the tile it never timed; the strategy it never
-    # timed, in full
-    assert set(pm.timings[key]["1"]) == {candidate_name("test_tiles", c) for c in (cfgs[1], cfgs[3])} | {
+    # the seed's pick of the strategy it timed (and with new_tiles the tile it never timed); the
+    # strategy it never timed, in full
+    assert set(pm.timings[key]["1"]) == {candidate_name("test_tiles", c)
+                                         for c in ((cfgs[1], cfgs[3]) if new_tiles else (cfgs[1],))} | {
         candidate_name("test_new", c) for c in cfgs[:2]}
     assert len(pm.timings[key]["4"]) == 6  # the seed never timed M = 4
     assert pm.meta["seeded_from"] == {"device": "seed GPU", "top": 1}

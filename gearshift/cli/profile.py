@@ -53,11 +53,15 @@ def register(subparsers) -> argparse.ArgumentParser:
                         "'auto' for the map the engine runs on this GPU now (its own, or the shipped map of the "
                         "same architecture). All four modes took 5 minutes on an H200 seeded from the H100's "
                         "map; points the seed never timed, and strategies it has no pick of at a point (new "
-                        "kernels, changed tiles), are swept in full, and tiles the seed never timed at a point "
-                        "(added since) are timed too")
+                        "kernels, changed tiles), are swept in full")
     p.add_argument("--top", type=int, default=3,
                    help="with --seed: the seed's fastest this many candidates per point, plus the fastest of "
                         "each other strategy it timed (default: 3)")
+    p.add_argument("--new-tiles", action="store_true",
+                   help="with --seed: also time every tile the seed never timed at a point (tiles added since "
+                        "it was made). The shipped maps keep only some timings per point, so from them this "
+                        "times most tiles at 1..64 tokens (an hour, not minutes); benchmarks/mma_ablations/"
+                        "tile_seed.py times just the new variants of the seed's best tiles")
     p.add_argument("--resume", action="store_true",
                    help="continue an interrupted run of the same command from <out>.partial: the points it "
                         "saved are kept, not timed again")
@@ -122,6 +126,7 @@ def run_signature(args, shapes, m_list, modes, fresh: bool | None) -> dict:
     return {"model": args.model, "shapes": [list(s) for s in shapes], "modes": modes, "m": m_list,
             "group_size": args.group_size, "int4_layout": args.int4_layout, "int4_prog": bool(args.int4_prog),
             "strategies": args.strategies, "seed": args.seed, "top": args.top if args.seed else None,
+            "new_tiles": bool(args.new_tiles),
             "replace": bool(args.replace), "fresh": fresh}
 
 
@@ -170,6 +175,8 @@ def run(args) -> int:
         if idle:
             raise GearshiftError(f"no strategy in --strategies serves mode(s) {idle}; narrow --modes or add one")
     seed = None
+    if args.new_tiles and not args.seed:
+        raise GearshiftError("--new-tiles only narrows a seeded run (--seed MAP); without a seed every tile is timed")
     if args.seed:
         from gearshift.dispatch.policy import PolicyMap, load_policy_for_device
 
@@ -238,8 +245,8 @@ def run(args) -> int:
         with tqdm(total=n_points, desc=f"profile {device}", unit="point") as bar:
             pm = profile(shapes, modes, m_list, group=args.group_size, device_name=device, progress=bar,
                          int4_layout=args.int4_layout, int4_progressive=args.int4_prog, strategies=strategies,
-                         log=skipped.append, seed=seed, top=args.top, policy=base, done=frozenset(done),
-                         on_point=checkpoint)
+                         log=skipped.append, seed=seed, top=args.top, new_tiles=args.new_tiles, policy=base,
+                         done=frozenset(done), on_point=checkpoint)
     except KeyboardInterrupt:
         where = f"saved at {partial}" if done else "nothing was saved"
         print(f"\ngearshift: interrupted after {len(done)} of {n_points} points ({where}); the same command with "

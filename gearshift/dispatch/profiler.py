@@ -191,7 +191,7 @@ def profile(shapes: Iterable[tuple[str, int, int]], modes: Iterable[str], m_list
             device_name: str | None = None, progress=None, policy: PolicyMap | None = None,
             strategies: list[str] | None = None, dtype=torch.bfloat16, log=None,
             int4_layout: str = "blocks16", int4_progressive: bool = False, timer=time_us,
-            device: str = "cuda", seed: PolicyMap | None = None, top: int = 3,
+            device: str = "cuda", seed: PolicyMap | None = None, top: int = 3, new_tiles: bool = False,
             done: Collection[str] = (), on_point: Callable[[PolicyMap, str], None] | None = None) -> PolicyMap:
     """Sweep (shape, mode, M, strategy, config); return the policy map, or `policy` extended (its
     other points kept; at a point timed again, the fastest over old and new timings). Int4 weights
@@ -241,12 +241,13 @@ def profile(shapes: Iterable[tuple[str, int, int]], modes: Iterable[str], m_list
                 allowed = seeded_candidates(seed, key, m, top) if seed is not None else None
                 if allowed is not None:
                     # a strategy none of whose seeded picks this sweep has (one the seed never timed
-                    # here, or whose tiles changed since) is timed in full, not left out; and so is
-                    # every tile the seed's point never timed (tiles added since)
-                    known = set(seed_point(seed, key, m) or ())
+                    # here, or whose tiles changed since) is timed in full, not left out; with
+                    # new_tiles, so is every tile the seed's point never timed (tiles added since;
+                    # the shipped maps keep only some timings per point, so this is most of a sweep)
+                    known = set(seed_point(seed, key, m) or ()) if new_tiles else None
                     seeded = {st.name for st, cfg in sweep if (st.name, cfg) in allowed}
                     sweep = [(st, cfg) for st, cfg in sweep if st.name not in seeded or (st.name, cfg) in allowed
-                             or candidate_name(st.name, cfg) not in known]
+                             or (known is not None and candidate_name(st.name, cfg) not in known)]
                 for strat, cfg in sweep:
                     name = candidate_name(strat.name, cfg)
                     try:
