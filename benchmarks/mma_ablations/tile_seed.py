@@ -1,9 +1,9 @@
 """Profile tiles with one flag (TileConfig.xshare or .ksum) against a map's best fragment tiles, and take
 them where they win (stops 41, 42).
 
-`gearshift profile --seed MAP --top N` times the seed's N fastest candidates at each point and every
-tile the seed never timed there. A new flag adds many tiles the shipped map never timed, so a seeded
-run would sweep all of them. `seed` writes a copy of the map in which every fragment tile of the
+`gearshift profile --seed MAP --top N --new-tiles` times the seed's N fastest candidates at each point
+and every tile the seed never timed there. A new flag adds many tiles the shipped map never timed (and
+the shipped maps keep only some timings per point), so such a run would sweep most of them. `seed` writes a copy of the map in which every fragment tile of the
 strategy (`--strategy`) counts as timed (without a time) at the given modes and M buckets, except the
 `--flag` twins of the point's `--top` fastest tiles and of the map's own pick (or, with `--all`, every
 flagged tile: stop 41's xshare seed). A profile seeded with it (same `--top`) times the map's fastest
@@ -15,7 +15,7 @@ take the flag (untimed: for a whole-step A/B of the flag everywhere, `policy_ab.
     python benchmarks/mma_ablations/tile_seed.py seed --flag ksum --map gearshift/data/policy/NVIDIA_H100_80GB_HBM3.json \\
         --strategy w4a16_mma --modes w4a16 --m 1,2 --top 6 --out seed.json
     python -m gearshift profile --model llama3-8b --m 1,2 --modes w4a16 --strategies w4a16_mma \\
-        --seed seed.json --top 6 --replace --out prof.json
+        --seed seed.json --top 6 --new-tiles --replace --out prof.json
     python benchmarks/mma_ablations/tile_seed.py take --flag ksum --map gearshift/data/policy/NVIDIA_H100_80GB_HBM3.json \\
         --profile prof.json --note "..." --out merged.json
 """
