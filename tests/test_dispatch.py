@@ -604,8 +604,8 @@ def test_the_triton_39_h100_map_differs_from_the_generic_one_only_where_it_was_r
                if t39.lookup(key, m) != base.lookup(key, m)}
     # 3.9's own W4A16 profile at 1-2 tokens (stop 38); elsewhere each map took the xshare tiles (stop 41,
     # 8 / 16 tokens) and the shared-memory K-sum tiles (stop 42, 1..16 tokens) that won under its own
-    # release (the generic map also at 32 tokens), so they differ only at 1..32 tokens, and past stop
-    # 38's points only where one side holds such a tile
+    # release (1..32 tokens), so they differ only at 1..32 tokens, and past stop 38's points only where
+    # one side holds such a tile
     assert changed and {m for _, m in changed} <= {1, 2, 4, 8, 16, 32}
     flagged = {(key, m) for key, m in changed
                if any(c.config is not None and (c.config.xshare or c.config.ksum)
