@@ -60,7 +60,7 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--new-tiles", action="store_true",
                    help="with --seed: also time every tile the seed never timed at a point (tiles added since "
                         "it was made). The shipped maps keep only some timings per point, so from them this "
-                        "times most tiles at 1..64 tokens (an hour, not minutes); benchmarks/mma_ablations/"
+                        "times most tiles at 1..64 tokens (most of a full sweep); benchmarks/mma_ablations/"
                         "tile_seed.py times just the new variants of the seed's best tiles")
     p.add_argument("--resume", action="store_true",
                    help="continue an interrupted run of the same command from <out>.partial: the points it "
