@@ -304,6 +304,18 @@ def _ss_step(x_bufs, a_bufs, ready, a_ready, acc, i, ROW0: gl.constexpr, BNC: gl
 
 
 @gluon.jit
+def _consumer_tail(acc, x_empty, a_empty, num_k, mma: gl.constexpr, y_ptr, m0, n0, M, N, WARPS: gl.constexpr,
+                   VEC: gl.constexpr):
+    """After a consumer's loop: retire the last wgmma, release the last tile's slots, store the rows."""
+    XST: gl.constexpr = x_empty.type.shape[0]
+    AST: gl.constexpr = a_empty.type.shape[0]
+    acc = warpgroup_mma_wait(0, deps=(acc,))
+    mbarrier.arrive(x_empty.index((num_k - 1) % XST))
+    mbarrier.arrive(a_empty.index((num_k - 1) % AST))
+    W.store_final(acc.to(y_ptr.dtype.element_ty), mma, y_ptr, m0, n0, M, N, WARPS, VEC)
+
+
+@gluon.jit
 def _ss_consumer(x_bufs, a_bufs, ready, empty, a_ready, a_empty, y_ptr, m0, n0, M, N, num_k, ROW0: gl.constexpr,
                  BNC: gl.constexpr, WARPS: gl.constexpr, VEC: gl.constexpr, ABL: gl.constexpr = 0):
     """Rows [ROW0, ROW0 + BNC) of the tile: shared-memory wgmmas, one in flight; tile i - 1's
@@ -320,10 +332,7 @@ def _ss_consumer(x_bufs, a_bufs, ready, empty, a_ready, a_empty, y_ptr, m0, n0, 
         acc = _ss_step(x_bufs, a_bufs, ready, a_ready, acc, i, ROW0, BNC, ABL)
         mbarrier.arrive(empty.index((i - 1) % STAGES))
         mbarrier.arrive(a_empty.index((i - 1) % AST))
-    acc = warpgroup_mma_wait(0, deps=(acc,))
-    mbarrier.arrive(empty.index((num_k - 1) % STAGES))
-    mbarrier.arrive(a_empty.index((num_k - 1) % AST))
-    W.store_final(acc.to(y_ptr.dtype.element_ty), mma, y_ptr, m0, n0 + ROW0, M, N, WARPS, VEC)
+    _consumer_tail(acc, empty, a_empty, num_k, mma, y_ptr, m0, n0 + ROW0, M, N, WARPS, VEC)
 
 
 @gluon.jit
@@ -562,17 +571,6 @@ def _producer_split3(x_desc, w_desc, x_bufs, w_bufs, b_ready, b_empty, a_bufs, a
 
 
 @gluon.jit
-def _split_step(x_bufs, a_bufs, x_ready, a_ready, acc, i, ROW0: gl.constexpr, BNC: gl.constexpr):
-    XST: gl.constexpr = x_bufs.type.shape[0]
-    AST: gl.constexpr = a_bufs.type.shape[0]
-    mbarrier.wait(x_ready.index(i % XST), (i // XST) & 1)
-    mbarrier.wait(a_ready.index(i % AST), (i // AST) & 1)
-    acc = warpgroup_mma(a_bufs.index(i % AST).slice(ROW0, BNC), x_bufs.index(i % XST).permute((1, 0)), acc,
-                        is_async=True)
-    return warpgroup_mma_wait(1, deps=(acc,))
-
-
-@gluon.jit
 def _split_consumer(x_desc, x_bufs, a_bufs, x_ready, x_empty, a_ready, a_empty, y_ptr, m0, n0, M, N, num_k,
                     ROW0: gl.constexpr, BNC: gl.constexpr, WARPS: gl.constexpr):
     """`_ss_consumer` on the split rings; the rows-0 consumer also refills the activation slot the
@@ -586,18 +584,15 @@ def _split_consumer(x_desc, x_bufs, a_bufs, x_ready, x_empty, a_ready, a_empty, 
         for t in range(gl.minimum(XST, num_k)):
             _fill_x(x_desc, x_bufs, x_ready, x_empty, t, m0)
     acc = gl.zeros([BNC, BM], gl.float32, layout=mma)
-    acc = _split_step(x_bufs, a_bufs, x_ready, a_ready, acc, 0, ROW0, BNC)
+    acc = _ss_step(x_bufs, a_bufs, x_ready, a_ready, acc, 0, ROW0, BNC)
     for i in range(1, num_k):
-        acc = _split_step(x_bufs, a_bufs, x_ready, a_ready, acc, i, ROW0, BNC)
+        acc = _ss_step(x_bufs, a_bufs, x_ready, a_ready, acc, i, ROW0, BNC)
         mbarrier.arrive(x_empty.index((i - 1) % XST))
         mbarrier.arrive(a_empty.index((i - 1) % AST))
         if FILLS:
             if i - 1 + XST < num_k:
                 _fill_x(x_desc, x_bufs, x_ready, x_empty, i - 1 + XST, m0)
-    acc = warpgroup_mma_wait(0, deps=(acc,))
-    mbarrier.arrive(x_empty.index((num_k - 1) % XST))
-    mbarrier.arrive(a_empty.index((num_k - 1) % AST))
-    W.store_final(acc.to(y_ptr.dtype.element_ty), mma, y_ptr, m0, n0 + ROW0, M, N, WARPS, True)
+    _consumer_tail(acc, x_empty, a_empty, num_k, mma, y_ptr, m0, n0 + ROW0, M, N, WARPS, True)
 
 
 @gluon.jit

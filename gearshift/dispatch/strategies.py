@@ -163,7 +163,7 @@ def mma_configs(m: int) -> list[TileConfig]:
     8/16/32), K split, warps."""
     if m > 64:
         return []
-    from gearshift.kernels.int4_mma_gemv import ksum_fits, xshare_bytes
+    from gearshift.kernels.int4_mma_gemv import ksum_fits, xshare_fits
 
     tiles = [TileConfig(rows, 0, 128, sk, w, 1, prefetch=pf, kwarps=kw) for rows, sk, w, pf, kw in
             ((16, 1, 4, False, 1), (16, 2, 4, False, 1), (16, 4, 4, False, 1), (16, 8, 4, False, 1),
@@ -184,9 +184,9 @@ def mma_configs(m: int) -> list[TileConfig]:
              # 32 rows per warp at 9..16 tokens: 130 registers instead of 128 cost 2-warp CTAs one CTA per SM
              TileConfig(32, 0, 128, sk, w, 1, prefetch=pf, kwarps=kw, maxnreg=128) for _, sk, w, pf, kw in ROWS32_TILES] + [
              # stop 41: each block's activations staged once per CTA in shared memory (5..16 tokens)
-             TileConfig(rows, 0, 128, sk, w, 1, kwarps=kw, maxnreg=r, pairs=lp == "T", preload=lp == "L", xshare=True)
-             for rows, sk, w, kw, r, lp in XSHARE_TILES
-             if 4 < m <= 16 and xshare_bytes(2 if m > 8 else 1, kw) <= 48 << 10]
+             x for x in (TileConfig(rows, 0, 128, sk, w, 1, kwarps=kw, maxnreg=r, pairs=lp == "T", preload=lp == "L",
+                                    xshare=True) for rows, sk, w, kw, r, lp in XSHARE_TILES)
+             if 4 < m <= 16 and xshare_fits(x, m)]
     # stop 42: each tile with K slices in the CTA and no split-K also with the shared-memory K sum
     return tiles + [k for k in (replace(c, ksum=True) for c in tiles) if ksum_fits(k, m)]
 

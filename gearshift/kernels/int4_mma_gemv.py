@@ -37,6 +37,8 @@ reduction of `splitk.py`. DPR: P_W = (4) padded to bf16, P_X = (16), bf16 tensor
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from gearshift.kernels import residency, switches
@@ -283,9 +285,15 @@ def ksum_bytes(rows: int, tiles: int, warps: int) -> int:
     return 4 * KSUM_PAD * ksum_values(rows, tiles) * warps
 
 
+def static_smem_decl(name: str, nbytes: int, align: int) -> str:
+    """PTX that declares a static shared-memory buffer of the kernel's own and returns its address
+    (Triton allocates shared memory only for its own layouts; `_xs_base` runs it)."""
+    return f"{{ .shared .align {align} .b8 {name}[{nbytes}]; mov.u32 $0, {name}; }}"
+
+
 def ksum_decl(nbytes: int) -> str:
-    """PTX that declares the K-sum buffer (static shared memory) and returns its address."""
-    return f"{{ .shared .align 16 .b8 gs_ksum[{nbytes}]; mov.u32 $0, gs_ksum; }}"
+    """The K-sum buffer's declaration."""
+    return static_smem_decl("gs_ksum", nbytes, 16)
 
 
 def _ksum_store_asm(nv: int) -> str:
@@ -308,8 +316,8 @@ KSUM_LOAD_ASM = {(kw, nv): _ksum_load_asm(kw, nv) for kw in (2, 4, 8, 16) for nv
 
 
 def _xshare_decl(nbytes: int) -> str:
-    """PTX that declares the xshare buffers (static shared memory) and returns their address."""
-    return f"{{ .shared .align 128 .b8 gs_xshare[{nbytes}]; mov.u32 $0, gs_xshare; }}"
+    """The xshare buffers' declaration."""
+    return static_smem_decl("gs_xshare", nbytes, 128)
 
 if HAS_TRITON:
     from gearshift.kernels.pdl import grid_wait, launch_dependents, prefetch_l2
@@ -1030,8 +1038,10 @@ def ksum_fits(cfg: TileConfig, m: int, dtype=torch.bfloat16) -> bool:
     return cfg.kwarps > 1 and cfg.split_k == 1 and ksum_bytes(cfg.bm, tiles, cfg.warps) + xs <= 48 * 1024
 
 
+@functools.lru_cache(maxsize=None)
 def ksum_args(cfg: TileConfig, tiles: int) -> dict:
-    """The kernel's K-sum constexprs (TileConfig.ksum): its buffer declaration and PTX."""
+    """The kernel's K-sum constexprs (TileConfig.ksum): its buffer declaration and PTX (cached: every
+    launch asks; callers only unpack the dict)."""
     if not cfg.ksum:
         return {}
     nv = ksum_values(cfg.bm, tiles)
@@ -1039,8 +1049,10 @@ def ksum_args(cfg: TileConfig, tiles: int) -> dict:
             "KSUM_STC": KSUM_STORE_CONSTRAINTS[nv], "KSUM_LD": KSUM_LOAD_ASM[(cfg.kwarps, nv)]}
 
 
+@functools.lru_cache(maxsize=None)
 def xshare_args(tiles: int, kwarps: int, dtype) -> dict:
-    """The kernel's xshare constexprs: its static buffer declaration and the bytes of a token row."""
+    """The kernel's xshare constexprs: its static buffer declaration and the bytes of a token row
+    (cached like `ksum_args`)."""
     rowb = xshare_row_bytes(dtype)
     return {"XS": 1, "XS_DECL": _xshare_decl(xshare_bytes(tiles, kwarps, rowb)), "XS_ROWB": rowb}
 
