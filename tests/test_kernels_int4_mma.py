@@ -672,6 +672,43 @@ for dt, rows, tiles, warps, kw, even, pre in (("bf16", 32, 2, 4, 2, 0, 0), ("bf1
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the PTX needs a CUDA GPU")
+@pytest.mark.parametrize("wait", [False, True])
+def test_gpu_trace_records_every_program_and_changes_no_bits(wait):
+    """int4_mma_gemv.TRACE (chain_trace.py's timeline): every program of every traced launch writes its
+    start <= (wait <=) end and an SM number into its own rows of TRACE_ARENA, in launch order, and the
+    outputs are the untraced launch's bits; split-K launches are not traced."""
+    from gearshift.kernels import int4_mma_gemv as mg
+
+    torch.manual_seed(7)
+    store = quantize_int4(torch.randn(208, 2048), 128).cuda().to_layout("blocks16")
+    tiles = [TileConfig(16, 0, 128, 1, 8, 1, kwarps=8, preload=True, ksum=True), TileConfig(16, 0, 128, 1, 2, 1, kwarps=2),
+             TileConfig(16, 0, 128, 1, 16, 1, kwarps=8, xshare=True, ksum=True), TileConfig(16, 0, 128, 2, 4, 1)]
+    x = torch.randn(5, 2048, device="cuda", dtype=torch.bfloat16)
+    ref = [mg.mma_gemv(x, store, c) for c in tiles]
+    mg.TRACE, mg.TRACE_WAIT = [], wait
+    arena = mg.TRACE_ARENA = torch.full((4096, 4), -1, device="cuda", dtype=torch.int64)
+    try:
+        out = [mg.mma_gemv(x, store, c) for c in tiles]
+        torch.cuda.synchronize()
+        launches = mg.TRACE
+    finally:
+        mg.TRACE, mg.TRACE_WAIT, mg.TRACE_ARENA = None, False, None
+    assert all(torch.equal(a, b) for a, b in zip(out, ref))
+    assert [t["tile"] for t in launches] == [c.key() for c in tiles[:3]]  # (split-K: untraced)
+    used = 0
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for t, c in zip(launches, tiles):
+        rows = t["rows"].cpu()
+        assert rows.shape[0] == -(-208 // (c.bm * c.warps // c.kwarps))
+        assert t["rows"].data_ptr() == arena[used:].data_ptr()  # the arena's rows, in launch order
+        used += rows.shape[0]
+        assert (rows[:, 0] > 0).all() and (rows[:, 0] <= rows[:, 2]).all()
+        assert ((rows[:, 3] >= 0) & (rows[:, 3] < sms)).all()
+        if wait:
+            assert ((rows[:, 0] <= rows[:, 1]) & (rows[:, 1] <= rows[:, 2])).all()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the PTX needs a CUDA GPU")
 @pytest.mark.parametrize("rows,split,warps,kwarps,loop,layout", [
     (16, 1, 8, 4, "", "blocks16"), (32, 1, 4, 2, "T", "blocks16"), (16, 1, 16, 8, "T", "blocks16"),
     (16, 1, 8, 4, "L", "blocks16"), (32, 2, 8, 4, "", "rows"), (32, 1, 2, 1, "", "rows")])

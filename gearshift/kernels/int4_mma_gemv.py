@@ -252,6 +252,15 @@ ONE_GROUP_Z = 1
 #: > 0: every launch asks for the shared memory that lets at most this many of its CTAs share an SM
 #: (`residency.py`; a timing experiment, results never change)
 RESIDENCY = 0
+#: a list: every launch (split_k 1 only) also records, per program, %globaltimer at its start and its
+#: end (and, with TRACE_WAIT, after its PDL wait), and its %smid, in rows of TRACE_ARENA, and appends
+#: those rows with the launch's shape here (`benchmarks/mma_ablations/chain_trace.py`; a timing
+#: experiment, results never change)
+TRACE: list | None = None
+TRACE_ARENA: torch.Tensor | None = None  # int64 [rows, 4] that TRACE's launches take their rows from, in order
+#: TRACE also records the time after the PDL wait (field 1; else it is left unset): that store changes
+#: ptxas's allocation of some tiles (the one-token qkv tile: 110 registers instead of 78)
+TRACE_WAIT = False
 # scales 1: the scale/min loads with an L2 prefetch size too; 2: none (timing ablation, wrong results)
 WEIGHT_LOAD = {"name": "plain", "scales": 0}
 CONSTRAINTS = {(rows, tiles): ",".join(["=r"] * ({8: 4, 16: 6, 32: 10}[rows] * tiles) + ["r"] * (rows // 2)
@@ -331,6 +340,23 @@ if HAS_TRITON:
         """%tid.x of the thread holding each element (not pure: never rematerialized elsewhere)."""
         return tl.inline_asm_elementwise("mov.u32 $0, %tid.x;", "=r,r", [like], dtype=tl.int32, is_pure=False,
                                          pack=1)
+
+
+    @triton.jit
+    def _trace(ws_ptr, like, FIELD: tl.constexpr):
+        """Thread 0 writes %globaltimer (ns) into field FIELD (0 start, 1 after the PDL wait, 2 end; the end
+        also writes %smid into field 3) of its program's int64 row of 4 at ws_ptr, at once, so that no
+        value stays live across the kernel (TRACE: a timing experiment; the rows are the launch's own
+        buffer, which no other kernel touches, so the store before the PDL wait is safe)."""
+        t = tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l,r", [like], dtype=tl.int64, is_pure=False,
+                                      pack=1)
+        p = (tl.program_id(0) + tl.num_programs(0) * (tl.program_id(1) + tl.num_programs(1) * tl.program_id(2)))
+        row = ws_ptr.to(tl.pointer_type(tl.int64)) + 4 * p.to(tl.int64) + like * 0
+        tl.store(row + FIELD, t, mask=like == 0)
+        if FIELD == 2:
+            sm = tl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r,r", [like], dtype=tl.int32, is_pure=False,
+                                           pack=1)
+            tl.store(row + 3, sm.to(tl.int64), mask=like == 0)
 
 
     @triton.jit
@@ -640,7 +666,8 @@ if HAS_TRITON:
                          PRE: tl.constexpr = 0, L2_AHEAD: tl.constexpr = 0, EVEN: tl.constexpr = 0,
                          RES: tl.constexpr = 0, XS: tl.constexpr = 0, XS_DECL: tl.constexpr = "",
                          XS_ROWB: tl.constexpr = 256, KSUM: tl.constexpr = 0, KSUM_DECL: tl.constexpr = "",
-                         KSUM_ST: tl.constexpr = "", KSUM_STC: tl.constexpr = "", KSUM_LD: tl.constexpr = ""):
+                         KSUM_ST: tl.constexpr = "", KSUM_STC: tl.constexpr = "", KSUM_LD: tl.constexpr = "",
+                         TRACE: tl.constexpr = 0):
         # Every per-lane quantity comes from the lane's own %tid.x, so the fragment plan holds
         # whatever layout Triton picks for these [32 * WARPS] tensors (one element per thread).
         # ROWS: weight rows per warp; lane (g, t) holds rows g, g+8, g+16, g+24 of them.
@@ -660,6 +687,8 @@ if HAS_TRITON:
         else:
             m0_tok = (tl.program_id(0) % TG) * 8 * TILES
         tid = _thread_id(tl.zeros([32 * WARPS], dtype=tl.int32))
+        if TRACE:
+            _trace(ws_ptr, tid, 0)
         lane = tid % 32
         g = lane // 4
         t = lane % 4
@@ -722,6 +751,8 @@ if HAS_TRITON:
                 wl = wl + (_load_rows(w_ptrs, k_lo + 16 * i, ROWS, LOAD, TILED),)
                 sl = sl + (_load_scales(s_ptr, mn_ptr, s_offs, ((k_lo + 16 * i) * 8) // G, ROWS, SHINT),)
             grid_wait(PDL)
+            if TRACE == 2:
+                _trace(ws_ptr, tid, 1)
             if TRIGGER == 3:
                 launch_dependents(PDL)
             if XS:
@@ -739,6 +770,8 @@ if HAS_TRITON:
             # 16*U bytes per lane and row in flight. Past the slice's end the last step re-reads itself.
             w, sc, w2, sc2 = _load_step(w_ptrs, s_ptr, mn_ptr, s_offs, k_lo, G, ROWS, LOAD, TILED, SHINT, U)
             grid_wait(PDL)  # weights only above this line: x, y and the split-K buffers below
+            if TRACE == 2:
+                _trace(ws_ptr, tid, 1)
             if TRIGGER == 3:
                 launch_dependents(PDL)
             if XS:  # (`_xs_step`; two blocks per trip with EVEN)
@@ -810,6 +843,8 @@ if HAS_TRITON:
         else:
             _mma_epilogue(acc, pid_n, pid_k, m0_tok, xs_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, stride_ym, row_a, t,
                           ROWS, TILES, RG, KWARPS, HAS_XS, ZPID, SPLIT_K, TAIL)
+        if TRACE:  # (the launch passes its trace rows as ws_ptr: split_k 1 has no workspace)
+            _trace(ws_ptr, tid, 2)
 
 
     @triton.jit
@@ -919,7 +954,8 @@ def mma_gemv_supports(store: Int4Weight, cfg: TileConfig, m: int = 1, dtype=torc
     step = BLOCK_COLS * cfg.split_k * cfg.kwarps * (2 if cfg.prefetch else 1)
     q = store.qweight
     blocks = k // (BLOCK_COLS * cfg.split_k * cfg.kwarps)  # per warp (k not tiled so fails below)
-    if cfg.stages > 1:  # a shared-memory ring (stop 33, never faster): results/mma_bulk_ring_x_prefetch.patch
+    if cfg.stages > 1:  # shared-memory rings (stop 33's TMA ring, stop 43's lane ring: never faster; their
+        # patches are results/mma_bulk_ring_x_prefetch.patch and results/lane_ring_stop43.patch)
         return False
     if cfg.pairs and (cfg.prefetch or cfg.preload or blocks % 2):
         return False
@@ -979,6 +1015,16 @@ def mma_gemv(x: torch.Tensor, store: Int4Weight, cfg: TileConfig, token_scales: 
     tg = cdiv(m, 8 * tiles)
     grid = (cdiv(n, bn) * tg, cfg.split_k, 1)
     ws, cnt = splitk_buffers(y, cfg.split_k, m * n, grid[0])
+    trace = TRACE is not None and cfg.split_k == 1
+    if trace:  # rows of TRACE_ARENA, made before any capture: a buffer allocated here could share memory
+        # with an earlier kernel's freed output, which that kernel may still write while this one's
+        # programs store their start times (before their PDL wait); and a memset would break the PDL chain
+        used = sum(t["rows"].shape[0] for t in TRACE)
+        ws = TRACE_ARENA[used: used + grid[0] * grid[1] * grid[2]]
+        if ws.shape[0] < grid[0] * grid[1] * grid[2]:
+            raise RuntimeError(f"TRACE_ARENA holds {TRACE_ARENA.shape[0]} rows; this launch needs rows {used}.."
+                               f"{used + grid[0] * grid[1] * grid[2]}")
+        TRACE.append({"rows": ws, "n": n, "k": store.in_features, "m": m, "tile": cfg.key()})
     xs = token_scales if token_scales is not None else y
     dt = {torch.bfloat16: "bf16", torch.float16: "f16", torch.int8: "s8"}[x2.dtype]
     if dt == "s8" and (token_scales is None or out_dtype is None):
@@ -1006,7 +1052,8 @@ def mma_gemv(x: torch.Tensor, store: Int4Weight, cfg: TileConfig, token_scales: 
                            **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {}),
                            RES=RESIDENCY, **launch_kwargs(pdl),
                            **(xshare_args(tiles, cfg.kwarps, x2.dtype) if cfg.xshare else {}),
-                           **ksum_args(cfg, tiles))
+                           **ksum_args(cfg, tiles),
+                           **({"TRACE": 2 if TRACE_WAIT else 1} if trace else {}))
     if RESIDENCY and kernel is not None:  # (RES keys a compiled kernel per cap)
         residency.cap(kernel, RESIDENCY)
     return y if x.dim() == 2 else y.reshape(*x.shape[:-1], n)
