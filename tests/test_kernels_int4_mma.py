@@ -721,7 +721,7 @@ def test_gpu_xshare_is_bit_identical(rows, split, warps, kwarps, loop, layout):
     store = quantize_int4(torch.randn(208, 2048), 128).cuda().to_layout(layout)
     cfg = TileConfig(rows, 0, 128, split, warps, 1, kwarps=kwarps, pairs=loop == "T", preload=loop == "L")
     xs = dataclasses.replace(cfg, xshare=True)
-    for m in (5, 8, 9, 13, 16, 23, 40):
+    for m in (1, 2, 3, 4, 5, 8, 9, 13, 16, 23, 40):
         if not mma_gemv_supports(store, xs, m):
             continue
         x = torch.randn(m, 2048, device="cuda", dtype=torch.bfloat16)
@@ -742,7 +742,7 @@ def test_gpu_xshare_int8_codes_are_bit_identical(rows, warps, kwarps, loop):
     cfg = TileConfig(rows, 0, 128, 1, warps, 1, kwarps=kwarps, pairs=loop == "T", preload=loop == "L")
     xs = dataclasses.replace(cfg, xshare=True)
     timed = 0
-    for m in (5, 8, 9, 16, 23):
+    for m in (2, 4, 5, 8, 9, 16, 23):
         if not mma_gemv_supports(store, xs, m, torch.int8):
             continue
         codes = torch.randint(-127, 128, (m, 2048), device="cuda", dtype=torch.int8)

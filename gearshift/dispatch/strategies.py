@@ -183,10 +183,10 @@ def mma_configs(m: int) -> list[TileConfig]:
              TileConfig(rows, 0, 128, sk, w, 1, kwarps=kw, preload=pl, maxnreg=64) for rows, sk, w, kw, pl in CAPPED_TILES] + [
              # 32 rows per warp at 9..16 tokens: 130 registers instead of 128 cost 2-warp CTAs one CTA per SM
              TileConfig(32, 0, 128, sk, w, 1, prefetch=pf, kwarps=kw, maxnreg=128) for _, sk, w, pf, kw in ROWS32_TILES] + [
-             # stop 41: each block's activations staged once per CTA in shared memory (5..16 tokens)
+             # stop 41: each block's activations staged once per CTA in shared memory (5..16 tokens; stop 43: 2..16)
              x for x in (TileConfig(rows, 0, 128, sk, w, 1, kwarps=kw, maxnreg=r, pairs=lp == "T", preload=lp == "L",
                                     xshare=True) for rows, sk, w, kw, r, lp in XSHARE_TILES)
-             if 4 < m <= 16 and xshare_fits(x, m)]
+             if 1 < m <= 16 and xshare_fits(x, m)]
     # stop 42: each tile with K slices in the CTA and no split-K also with the shared-memory K sum
     return tiles + [k for k in (replace(c, ksum=True) for c in tiles) if ksum_fits(k, m)]
 
