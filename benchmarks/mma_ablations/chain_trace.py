@@ -1,5 +1,5 @@
-"""Where a small-M decode step's time goes between kernels: a per-program timeline of the 128 fragment
-GEMV launches of one Llama-3-8B step (GPU; stop 43).
+"""Where a small-M decode step's time goes, between and inside its launches: a per-program timeline of
+the 128 fragment GEMV launches of one Llama-3-8B W4A16 step (GPU; stop 43).
 
 The fragment kernel's small shapes take 2-2.5 us more than their bytes need at copy bandwidth
 (o at one token: 5.5 us for 3.0 us of bytes), and stop 36's ablations of its block did not find
@@ -76,6 +76,7 @@ def traced_step(run, reps: int = 10):
     for L in launches:
         if int(L["rows"][:, 2].min()) <= 0:
             raise SystemExit(f"a program of a {L['n']}x{L['k']} launch wrote no trace")
+    mg.TRACE_ARENA = None  # (the launches' rows keep the arena alive)
     return launches, statistics.median(times)
 
 
@@ -125,7 +126,7 @@ def timeline(launches: list, shapes: list, nbytes: list, copy_tbs: float, wait: 
             bins[lo: hi + 1] += v * BIN_US  # (whole bins: coarse at the edges, exact in total to a bin)
     tbs = bins[:-1] / BIN_US / 1e6  # TB/s per bin
     rates = {f"below_{int(f * 100)}pct_of_copy": (tbs < f * copy_tbs).double().mean().item() for f in (0.5, 0.8)}
-    rates["mean_tbs"] = sum(nbytes) * layers_of(rows, shapes) / (span * 1e6)
+    rates["mean_tbs"] = sum(nbytes) * (len(rows) // len(shapes)) / (span * 1e6)
     summary = {}
     keys = ["span", "bytes_us", "lead", "early", "ramp", "drain", "dur_p10", "dur_p50", "dur_p90", "end_p10",
             "end_p50", "end_p90"] + (["release"] if wait else [])
@@ -136,14 +137,12 @@ def timeline(launches: list, shapes: list, nbytes: list, copy_tbs: float, wait: 
     return {"launches": per, "shapes": summary, "rate": rates}
 
 
-def layers_of(rows: list, shapes: list) -> int:
-    return len(rows) // len(shapes)
-
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--map", default="gearshift/data/policy/NVIDIA_H100_80GB_HBM3.json")
-    ap.add_argument("--mode", default="w4a16", help="w4a16 (the fragment kernel on bf16 inputs)")
+    ap.add_argument("--mode", default="w4a16", choices=("w4a16",),
+                    help="the fragment kernel on bf16 inputs (other modes add untraced quantizer launches)")
     ap.add_argument("--m", default="1,4")
     ap.add_argument("--wait", action="store_true", help="also trace the PDL wait (changes some tiles' registers)")
     ap.add_argument("--tag", default="")
