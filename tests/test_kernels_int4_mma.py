@@ -681,7 +681,8 @@ def test_gpu_trace_records_every_program_and_changes_no_bits(wait):
 
     torch.manual_seed(7)
     store = quantize_int4(torch.randn(208, 2048), 128).cuda().to_layout("blocks16")
-    tiles = [TileConfig(16, 0, 128, 1, 8, 1, kwarps=8, preload=True, ksum=True), TileConfig(16, 0, 128, 1, 2, 1, kwarps=2),
+    tiles = [TileConfig(16, 0, 128, 1, 8, 1, kwarps=8, preload=True, ksum=True),
+             TileConfig(16, 0, 128, 1, 2, 1, kwarps=2),
              TileConfig(16, 0, 128, 1, 16, 1, kwarps=8, xshare=True, ksum=True), TileConfig(16, 0, 128, 2, 4, 1)]
     x = torch.randn(5, 2048, device="cuda", dtype=torch.bfloat16)
     ref = [mg.mma_gemv(x, store, c) for c in tiles]

@@ -41,8 +41,8 @@ def compile_tile(cfg: TileConfig, dt: str, m: int, k: int):
               CONSTRAINTS=mg.block_constraints(dt, cfg.bm, tiles, cfg.xshare), ROWS=cfg.bm, TILES=tiles, TG=1,
               ZPID=dt != "s8" and bool(mg.ONE_GROUP_Z), OFFSET=mg.OFFSET[dt], U=2 if cfg.prefetch else 1,
               HAS_XS=dt == "s8", PDL=True, L2_PREFETCH=False, LOAD=mg.WEIGHT_LOADS["plain"], SHINT=0, TILED=True,
-              TRIGGER=mg.pdl_trigger(m), TAIL=0, KWARPS=cfg.kwarps, PRE=blocks if cfg.preload else 0, L2_AHEAD=0,
-              EVEN=int(cfg.pairs), RES=0)
+              TRIGGER=mg.pdl_trigger(m, dt == "s8"), TAIL=0, KWARPS=cfg.kwarps, PRE=blocks if cfg.preload else 0,
+              L2_AHEAD=0, EVEN=int(cfg.pairs), RES=0)
     dtype = torch.int8 if dt == "s8" else torch.bfloat16
     cx |= mg.ksum_args(cfg, tiles)
     if cfg.xshare:

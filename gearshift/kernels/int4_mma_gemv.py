@@ -1036,7 +1036,7 @@ def mma_gemv(x: torch.Tensor, store: Int4Weight, cfg: TileConfig, token_scales: 
     if trigger is None:
         trigger = TRIGGER if TRIGGER >= 0 else switches.gemv_trigger()
         if trigger < 0:
-            trigger = pdl_trigger(m)
+            trigger = pdl_trigger(m, token_scales is not None)
     kernel = _mma_gemv_kernel[grid](x2, store.qweight, store.scales, store.mins, y, ws, cnt, xs, m, n, store.in_features,
                            x2.stride(0), y.stride(0), G=store.group_size, WARPS=cfg.warps, SPLIT_K=cfg.split_k,
                            ASM=block_asm(dt, cfg.bm, tiles, cfg.xshare),
@@ -1104,7 +1104,7 @@ def xshare_args(tiles: int, kwarps: int, dtype) -> dict:
     return {"XS": 1, "XS_DECL": _xshare_decl(xshare_bytes(tiles, kwarps, rowb)), "XS_ROWB": rowb}
 
 
-def pdl_trigger(m: int) -> int:
+def pdl_trigger(m: int, codes: bool = False) -> int:
     """Where a PDL launch lets the next kernel in: 1 = at the start, 2 = after the main loop, 3 = right
     after the PDL wait, 0 = at exit (benchmarks/pdl.py on the H100: early paid off only for a single
     token; since the preloading tiles, also for two: policy_ab, whole W4A16 step 0.958-0.969, W4A8
@@ -1112,9 +1112,15 @@ def pdl_trigger(m: int) -> int:
     Stop 36: on chains of linears alone (policy_ab) a trigger after the main loop at 5..8 tokens and
     right after the wait at 9..16 (bf16) ran the step in 0.92-0.94 of the time; in the engine, whose
     linears are followed by norms, attention and SwiGLU, not by another linear's weight preload, the
-    same rule made the graphed decode step 1.06-1.14x as long at batch 8 / 16 (e2e_ab, W4A16 and W4A8),
-    so at exit it stays there. Judge this rule end to end, not on linears alone."""
-    return 1 if m <= 2 else 2 if m <= 4 else 0
+    same rule made the graphed decode step 1.06-1.14x as long at batch 8 / 16 (e2e_ab, W4A16 and W4A8).
+    Stop 43 (`engine_trace.py`): right after the wait loses in the engine because a linear lets the
+    norm in, the norm lets the next linear in, and two linears then share the SMs (1.13-1.14x). After
+    the main loop, on stop 43's tiles, W4A16 (bf16 inputs) at 5..8 tokens measured 0.923 / 0.982 /
+    0.960 of the exit trigger end to end at batch 8 in three calls (0.982 at batch 6) and 0.93-0.94 on
+    the linears. Stop 36 had measured 1.062 at batch 8 with stop 36's tiles; why is not known. At 9..16
+    tokens it lost end to end (1.012 / 1.036), and on activation codes (W4A8 / W4A4 / fp8; `codes`) it
+    was even (1.014 / 0.985 at batch 8). Judge this rule end to end, not on linears alone."""
+    return 1 if m <= 2 else 2 if m <= 4 or (m <= 8 and not codes) else 0
 
 
 def mma_gemv_quantized(x2: torch.Tensor, store: Int4Weight, act, cfg: TileConfig, int8: bool = False) -> torch.Tensor:
