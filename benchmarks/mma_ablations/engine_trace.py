@@ -3,9 +3,9 @@
 On chains of linears alone an earlier PDL trigger of the fragment kernel took 6-8% off the W4A16 step at
 8 / 16 tokens, and in the engine the same trigger made the decode step 6-14% longer (stop 36). This
 runs the engine (random-weight 8B model, graphed decode, as `e2e_ab.py`) once per setting of the
-kernel switches (`--side NAME=SWITCHES`, e.g. `exit=gemv_trigger=0 loop=gemv_trigger=2`) with every
-fragment launch traced (`int4_mma_gemv.TRACE`), and reports per linear role, mean over the layers of
-the last captured graph's last replay:
+kernel switches (`--side NAME=SWITCHES`, repeated: e.g. `--side exit=gemv_trigger=0 --side
+loop=gemv_trigger=2`) with every fragment launch traced (`int4_mma_gemv.TRACE`), and reports per
+linear role, mean over the layers of the last captured graph's last replay:
 
 - `busy`: from the launch's first program start to its last program end;
 - `span`: from the previous linear's last program end to this one's (the kernels between them included);
@@ -97,7 +97,8 @@ def main() -> None:
         res["sides"][name] = {"switches": spec, "ms_per_step": ms, "shapes": tl_["shapes"], "rate": tl_["rate"],
                               "launches": tl_["launches"]}
         print(f"{name} ({spec or 'defaults'}): {statistics.median(ms):.3f} ms per decode step (graphed, batch "
-              f"{a.batch}); linears' implied DRAM rate {tl_['rate']['mean_tbs']:.2f} TB/s over the step's linears")
+              f"{a.batch}); the linears' bytes over the step's span (other kernels included): "
+              f"{tl_['rate']['mean_tbs']:.2f} TB/s")
         print("  role      tile                       busy   span  bytes   lead  program  drain")
         for role, s in tl_["shapes"].items():
             print(f"  {role:8s}  {s['tile']:26s} {s['busy']:5.2f} {s['span']:6.2f} {s['bytes_us']:5.2f} "
