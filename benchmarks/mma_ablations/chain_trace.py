@@ -58,9 +58,7 @@ def traced_step(run, reps: int = 10):
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         run()
-    launches, mg.TRACE = mg.TRACE, None
-    if sum(L["rows"].shape[0] for L in launches) > mg.TRACE_ARENA.shape[0]:
-        raise SystemExit("trace arena too small")
+    launches, mg.TRACE = mg.TRACE, None  # (a launch past the arena's end raised already)
     for _ in range(3):
         graph.replay()
     torch.cuda.synchronize()

@@ -71,7 +71,7 @@ def main() -> None:
     default = dict(switches.state())
     res = {"device": torch.cuda.get_device_name(), "mode": a.mode, "batch": a.batch, "copy_tbs": copy_tbs,
            "sides": {}}
-    per_graph = 32 * len(shapes)
+    per_graph = PRESETS["llama3-8b"]["layers"] * len(shapes)
     for name, spec in sides.items():
         switches.set_switches(**(default | parse_switches(spec)))
         mg.TRACE, mg.TRACE_ARENA = [], torch.full((1 << 21, 4), -1, device="cuda", dtype=torch.int64)

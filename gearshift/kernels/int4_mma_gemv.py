@@ -1019,12 +1019,12 @@ def mma_gemv(x: torch.Tensor, store: Int4Weight, cfg: TileConfig, token_scales: 
     if trace:  # rows of TRACE_ARENA, made before any capture: a buffer allocated here could share memory
         # with an earlier kernel's freed output, which that kernel may still write while this one's
         # programs store their start times (before their PDL wait); and a memset would break the PDL chain
-        used = sum(t["rows"].shape[0] for t in TRACE)
+        used = TRACE[-1]["first"] + TRACE[-1]["rows"].shape[0] if TRACE else 0
         ws = TRACE_ARENA[used: used + grid[0] * grid[1] * grid[2]]
         if ws.shape[0] < grid[0] * grid[1] * grid[2]:
             raise RuntimeError(f"TRACE_ARENA holds {TRACE_ARENA.shape[0]} rows; this launch needs rows {used}.."
                                f"{used + grid[0] * grid[1] * grid[2]}")
-        TRACE.append({"rows": ws, "n": n, "k": store.in_features, "m": m, "tile": cfg.key()})
+        TRACE.append({"rows": ws, "first": used, "n": n, "k": store.in_features, "m": m, "tile": cfg.key()})
     xs = token_scales if token_scales is not None else y
     dt = {torch.bfloat16: "bf16", torch.float16: "f16", torch.int8: "s8"}[x2.dtype]
     if dt == "s8" and (token_scales is None or out_dtype is None):
