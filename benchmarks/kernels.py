@@ -97,6 +97,22 @@ class Model:
         return sum(s.nbytes() for layer in self.stores for s in layer)
 
 
+def kernel_switches(spec: str, default_module: str = "w4a16_wgmma") -> dict:
+    """`[MODULE.]NAME=VALUE[,...]` -> {(module, attr): value} for timing experiments that set a
+    kernel module's switch (e.g. int4_mma_gemv.TRIGGER=2); an unknown name is an error, not a no-op."""
+    import importlib
+
+    out = {}
+    for item in filter(None, spec.split(",")):
+        name, _, value = item.partition("=")
+        mod_name, _, attr = name.rpartition(".")
+        mod = importlib.import_module(f"gearshift.kernels.{mod_name or default_module}")
+        if not hasattr(mod, attr):
+            raise SystemExit(f"{mod.__name__} has no switch {attr!r}")
+        out[(mod, attr)] = type(getattr(mod, attr))(int(value)) if value.lstrip("-").isdigit() else value
+    return out
+
+
 def step_fn(model, xs, fn):
     def run():
         for layer in model.stores:

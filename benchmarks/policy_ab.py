@@ -25,11 +25,11 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from kernels import Model, codes_step_fn, producer_codes, step_fn, time_step, tinygemm_step  # noqa: E402
+from kernels import Model, codes_step_fn, kernel_switches, producer_codes, step_fn, time_step, tinygemm_step  # noqa: E402
 
 from gearshift.dispatch.dispatcher import AdaptiveDispatcher  # noqa: E402
 from gearshift.dispatch.policy import PolicyMap, device_slug  # noqa: E402
-from gearshift.dispatch.profiler import PRESETS, shapes_from_config  # noqa: E402
+from gearshift.dispatch.profiler import PRESETS, copy_bandwidth, shapes_from_config  # noqa: E402
 from gearshift.kernels.library import to_tinygemm  # noqa: E402
 from gearshift.kernels.reference import linear_reference  # noqa: E402
 from gearshift.quant.modes import MODES  # noqa: E402
@@ -68,20 +68,7 @@ def main() -> None:
                     "timing at every M, as if every producer wrote them at no cost; side A keeps --norm-codes. "
                     "B - A is then what the remaining quantizer launches cost in the step")
     a = ap.parse_args()
-    import importlib
-
-    def switches(spec: str) -> dict:
-        out = {}
-        for item in filter(None, spec.split(",")):
-            name, _, value = item.partition("=")
-            mod_name, _, attr = name.rpartition(".")
-            mod = importlib.import_module(f"gearshift.kernels.{mod_name or 'w4a16_wgmma'}")
-            if not hasattr(mod, attr):
-                raise SystemExit(f"{mod.__name__} has no switch {attr!r}")
-            out[(mod, attr)] = type(getattr(mod, attr))(int(value)) if value.lstrip("-").isdigit() else value
-        return out
-
-    sets = {"a": switches(a.set_a), "b": switches(a.set_b)}
+    sets = {"a": kernel_switches(a.set_a), "b": kernel_switches(a.set_b)}
     defaults = {key: getattr(*key) for s in sets.values() for key in s}
 
     def side(name):  # the kernels' switches as that side wants them
@@ -140,7 +127,8 @@ def main() -> None:
         res[m] = {name: statistics.median(v) for name, v in t.items()} | {"runs": t}
         line = f"M={m:2}: A {res[m]['a']:.3f} ms  B {res[m]['b']:.3f} ms  B/A {res[m]['b'] / res[m]['a']:.3f}"
         if dense is not None:
-            res[m]["cublas_bf16"] = time_step(step_fn(dense, xs, lambda x, s: torch.nn.functional.linear(x, s.weight)))
+            res[m]["cublas_bf16"] = statistics.median(
+                time_step(step_fn(dense, xs, lambda x, s: torch.nn.functional.linear(x, s.weight))) for _ in range(a.rounds))
             line += f"  cuBLAS bf16 {res[m]['cublas_bf16']:.3f} ms"
         if tg is not None:
             res[m]["tinygemm"] = statistics.median(time_step(tinygemm_step(tg, xs)) for _ in range(a.rounds))
@@ -154,7 +142,7 @@ def main() -> None:
         {"device": dev, "preset": a.preset, "a": a.a, "b": a.b, "layout_a": a.layout_a, "layout_b": a.layout_b,
          "mode": a.mode,
          "int4_prog": a.int4_prog, "set_a": a.set_a, "set_b": a.set_b, "norm_codes": a.norm_codes,
-         "free_codes_b": a.free_codes_b, "ms": res},
+         "free_codes_b": a.free_codes_b, "weight_bytes": model.nbytes(), "copy_bw_Bps": copy_bandwidth(), "ms": res},
         indent=1))
 
 

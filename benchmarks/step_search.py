@@ -11,6 +11,10 @@ alternating, and taken if it is faster by more than `--min-gain`. Finally the fo
 shipped one are timed alternately (`--rounds`). Writes the search log and the map with the found
 entries (`policy_merge.py` can take them into the shipped map after an A/B with `policy_ab.py`).
 
+With --engine the target is the engine's graphed decode step at batch M instead (`engine_step.py`): there
+each linear's neighbours are norms, attention and SwiGLU, not other linears (stop 44: the linears-only
+search took 4 tokens' step to 0.957 and the engine's decode step only to 0.99-1.01).
+
     PYTHONPATH=. python benchmarks/step_search.py --mode w4a16 --m 1,2 --top 6 --out benchmarks/results
 """
 from __future__ import annotations
@@ -25,7 +29,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from kernels import Model, codes_step_fn, producer_codes, time_step  # noqa: E402
+from engine_step import EngineStep  # noqa: E402
+from kernels import Model, codes_step_fn, kernel_switches, producer_codes, time_step  # noqa: E402
 
 from gearshift.dispatch.dispatcher import AdaptiveDispatcher  # noqa: E402
 from gearshift.dispatch.policy import Choice, PolicyMap, candidate_name, device_slug, parse_candidate  # noqa: E402
@@ -73,24 +78,40 @@ def main() -> None:
     ap.add_argument("--min-gain", type=float, default=0.005, help="smallest confirmed gain (fraction) that is taken")
     ap.add_argument("--rounds", type=int, default=5, help="final alternating rounds, found vs shipped")
     ap.add_argument("--out", default="benchmarks/results")
+    ap.add_argument("--set", default="", metavar="[MODULE.]NAME=VALUE[,...]",
+                    help="kernel switches held for the whole search, e.g. int4_mma_gemv.TRIGGER=2 to choose tiles "
+                    "under another PDL trigger than int4_mma_gemv.pdl_trigger's")
+    ap.add_argument("--engine", action="store_true",
+                    help="time each candidate on the engine's graphed decode step at batch M (engine_step.py: norms, "
+                    "attention, SwiGLU and lm_head around the linears) instead of on the 128 linears alone")
+    ap.add_argument("--context", type=int, default=512, help="--engine: cached tokens each sequence attends to")
     ap.add_argument("--tag", default="")
     a = ap.parse_args()
+    for (mod, attr), v in kernel_switches(a.set).items():
+        setattr(mod, attr, v)
     s8 = a.mode != "w4a16"  # the int8-code modes run on int4-prog weights, as the engine's records do
     pm_json = json.loads(Path(a.policy).read_text())
     shipped = PolicyMap.from_json(pm_json)
     shapes, layers = PRESETS["llama3-8b"]["shapes"], PRESETS["llama3-8b"]["layers"]
-    model = Model("int4p" if s8 else "int4", shapes, layers, 128, torch.bfloat16, "blocks16")
+    model = None if a.engine else Model("int4p" if s8 else "int4", shapes, layers, 128, torch.bfloat16, "blocks16")
+    models = {}  # --engine: the random-weight engine model, built once for every M
     act = MODES[a.mode].act
     keys = [f"{a.mode}:g128:{n}x{k}" for _, n, k in shapes]
-    res = {"device": torch.cuda.get_device_name(), "mode": a.mode, "int4_prog": s8, "m": {}}
+    res = {"device": torch.cuda.get_device_name(), "mode": a.mode, "int4_prog": s8, "set": a.set,
+           "target": f"engine decode step, context {a.context}" if a.engine else "128 linears", "m": {}}
     found = PolicyMap.from_json(pm_json)
     for m in (int(v) for v in a.m.split(",")):
-        xs = [torch.randn(m, k, device="cuda", dtype=torch.bfloat16) for _, _, k in shapes]
-        d0 = AdaptiveDispatcher(shipped, autoload=False)
-        codes = producer_codes(d0, shapes, model.stores[0], xs, act, m) if act is not None else [None] * len(shapes)
+        if a.engine:
+            engine = EngineStep("llama3-8b", a.mode, s8, m, a.context, models=models)
+        else:
+            xs = [torch.randn(m, k, device="cuda", dtype=torch.bfloat16) for _, _, k in shapes]
+            d0 = AdaptiveDispatcher(shipped, autoload=False)
+            codes = producer_codes(d0, shapes, model.stores[0], xs, act, m) if act is not None else [None] * len(shapes)
 
         def step_ms(choices: dict[str, str]) -> float:
             d = AdaptiveDispatcher(with_choices(shipped, choices, m), autoload=False)
+            if a.engine:
+                return engine.ms(d)
             return time_step(codes_step_fn(model, xs, d, act, codes))
 
         cands = {key: candidates(pm_json, key, m, a.top) for key in keys}
@@ -146,7 +167,7 @@ def main() -> None:
     tag = a.tag if not a.tag or a.tag.startswith("_") else "_" + a.tag
     slug = device_slug(res["device"])
     (out / f"step_search_{slug}_{a.mode}{tag}.json").write_text(json.dumps(res, indent=1))
-    found.meta = dict(found.meta) | {"step_search": f"{a.mode} M={a.m}{tag}"}
+    found.meta = dict(found.meta) | {"step_search": f"{a.mode} M={a.m}{tag}" + (f" with {a.set}" if a.set else "")}
     found.save(out / f"policy_step_search_{slug}_{a.mode}{tag}.json")
 
 
