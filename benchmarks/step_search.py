@@ -20,7 +20,6 @@ search took 4 tokens' step to 0.957 and the engine's decode step only to 0.99-1.
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import statistics
 import sys
@@ -33,38 +32,10 @@ from engine_step import EngineStep  # noqa: E402
 from kernels import Model, codes_step_fn, kernel_switches, producer_codes, time_step  # noqa: E402
 
 from gearshift.dispatch.dispatcher import AdaptiveDispatcher  # noqa: E402
-from gearshift.dispatch.policy import Choice, PolicyMap, candidate_name, device_slug, parse_candidate  # noqa: E402
+from gearshift.dispatch.policy import PolicyMap, device_slug  # noqa: E402
+from gearshift.dispatch.step_search import adopt, candidates, coordinate_descent, with_choices  # noqa: E402
 from gearshift.dispatch.profiler import PRESETS  # noqa: E402
 from gearshift.quant.modes import MODES  # noqa: E402
-
-
-def candidates(pm_json: dict, key: str, m: int, top: int) -> list[str]:
-    """The shape's `top` fastest profiled candidates at m (the shipped choice first)."""
-    timed = pm_json.get("timings", {}).get(key, {}).get(str(m), {})
-    ranked = [n for n, us in sorted(timed.items(), key=lambda kv: kv[1] or 1e9) if us]
-    e = Choice.from_dict(pm_json["entries"][key][str(m)])
-    out = [candidate_name(e.strategy, e.config)]
-    for n in ranked:
-        if not any(_same(n, o) for o in out):
-            out.append(n)
-        if len(out) >= top:
-            break
-    return out
-
-
-def _same(a: str, b: str) -> bool:
-    sa, ca = parse_candidate(a)
-    sb, cb = parse_candidate(b)
-    return sa == sb and (ca.to_dict() if ca else None) == (cb.to_dict() if cb else None)
-
-
-def with_choices(base: PolicyMap, choices: dict[str, str], m: int) -> PolicyMap:
-    pm = copy.copy(base)
-    pm.entries = {k: list(v) for k, v in base.entries.items()}
-    for key, cand in choices.items():
-        s, cfg = parse_candidate(cand)
-        pm.set(key, m, Choice(s, cfg, None))
-    return pm
 
 
 def main() -> None:
@@ -114,39 +85,13 @@ def main() -> None:
                 return engine.ms(d)
             return time_step(codes_step_fn(model, xs, d, act, codes))
 
-        cands = {key: candidates(pm_json, key, m, a.top) for key in keys}
-        cur = {key: c[0] for key, c in cands.items()}
-        log = []
-        base_ms = step_ms(cur)
-        print(f"M={m}: shipped {base_ms:.3f} ms", flush=True)
-        for p in range(a.passes):
-            changed = False
-            for key in keys:
-                tried = {}
-                for cand in cands[key][1:] if p == 0 else cands[key]:
-                    if cand == cur[key]:
-                        continue
-                    try:
-                        tried[cand] = step_ms(cur | {key: cand})
-                    except Exception as e:  # a candidate this store cannot run
-                        log.append({"key": key, "cand": cand, "error": f"{type(e).__name__}: {e}"[:200]})
-                if not tried:
-                    continue
-                best = min(tried, key=tried.get)
-                ta, tb = [], []
-                for _ in range(a.confirm):
-                    ta.append(step_ms(cur))
-                    tb.append(step_ms(cur | {key: best}))
-                ratio = statistics.median(tb) / statistics.median(ta)
-                log.append({"pass": p, "key": key, "tried_ms": tried, "best": best, "confirm_cur": ta,
-                            "confirm_best": tb, "ratio": ratio, "taken": ratio < 1 - a.min_gain})
-                print(f"  {key}: best alternative {statistics.median(tb):.3f} vs {statistics.median(ta):.3f} "
-                      f"({ratio:.3f}){' taken' if ratio < 1 - a.min_gain else ''}", flush=True)
-                if ratio < 1 - a.min_gain:
-                    cur[key] = best
-                    changed = True
-            if not changed:
-                break
+        cands = {key: candidates(shipped, key, m, a.top) for key in keys}
+        print(f"M={m}: shipped {step_ms({key: c[0] for key, c in cands.items()}):.3f} ms", flush=True)
+        cur, log = coordinate_descent(cands, step_ms, passes=a.passes, confirm=a.confirm, min_gain=a.min_gain)
+        for e in log:
+            if "ratio" in e:
+                print(f"  {e['key']}: best alternative {statistics.median(e['confirm_best']):.3f} vs "
+                      f"{statistics.median(e['confirm_cur']):.3f} ({e['ratio']:.3f}){' taken' if e['taken'] else ''}")
         tf, ts = [], []
         for _ in range(a.rounds):
             ts.append(step_ms({key: c[0] for key, c in cands.items()}))
@@ -156,12 +101,7 @@ def main() -> None:
                        "changed": [k for k in keys if cur[k] != cands[k][0]], "log": log}
         print(f"M={m}: found {statistics.median(tf):.3f} ms vs shipped {statistics.median(ts):.3f} ({ratio:.3f}); "
               f"changed {res['m'][m]['changed']}", flush=True)
-        for key, cand in cur.items():
-            if cand == cands[key][0]:
-                continue  # the shipped entry stays as it is
-            s, cfg = parse_candidate(cand)
-            us = pm_json.get("timings", {}).get(key, {}).get(str(m), {}).get(cand)
-            found.set(key, m, Choice(s, cfg, us))
+        adopt(found, cur, m)  # the shipped entries of unchanged keys stay as they are
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     tag = a.tag if not a.tag or a.tag.startswith("_") else "_" + a.tag

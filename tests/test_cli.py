@@ -163,6 +163,17 @@ def test_profile_new_tiles_needs_a_seed(capsys):
     assert_one_line_error(*cli(capsys, "profile", "--model", "llama3-8b", "--new-tiles")[::2], "--new-tiles only")
 
 
+def test_profile_refine_arguments_are_checked_before_any_gpu_work(capsys):
+    assert_one_line_error(*cli(capsys, "profile", "--shapes", "64x256", "--refine", "1")[::2], "give --model")
+    assert_one_line_error(*cli(capsys, "profile", "--model", "llama3-8b", "--refine-only")[::2], "--refine-only needs")
+    assert_one_line_error(*cli(capsys, "profile", "--model", "llama3-8b", "--refine", "3")[::2], "must be M buckets")
+    assert_one_line_error(*cli(capsys, "profile", "--model", "llama3-8b", "--refine", "1,x")[::2], "batch sizes like")
+    assert_one_line_error(*cli(capsys, "profile", "--model", "llama3-8b", "--refine", "1", "--refine-top", "1")[::2],
+                          "--refine-top must be")
+    assert_one_line_error(*cli(capsys, "profile", "--model", "llama3-8b", "--refine", "1", "--group-size", "-1")[::2],
+                          "--group-size above 0")
+
+
 def test_profile_needs_a_model_or_shapes(capsys):
     assert_one_line_error(*cli(capsys, "profile")[::2], "say what to profile")
 

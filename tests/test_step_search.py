@@ -1,18 +1,15 @@
-"""benchmarks/step_search.py's bookkeeping (CPU): which candidates a shape is searched over, and the
-map a set of choices makes."""
+"""gearshift/dispatch/step_search.py (CPU): which candidates a shape is searched over, the coordinate
+descent on a step timer, and the map a set of choices makes."""
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-step_search = pytest.importorskip("step_search")
-
-from gearshift.dispatch.policy import PolicyMap  # noqa: E402
+from gearshift.dispatch.policy import PolicyMap
+from gearshift.dispatch.step_search import adopt, candidates, coordinate_descent, same_candidate, with_choices
 
 CFG = {"bm": 16, "bn": 0, "bk": 128, "split_k": 1, "warps": 8, "stages": 1, "kwarps": 8}
+KEY = "w4a16:g128:64x128"
 
 
 def _name(**over):
@@ -20,28 +17,107 @@ def _name(**over):
 
 
 def _map():
-    key = "w4a16:g128:64x128"
     timings = {_name(): 5.0, _name(warps=4, kwarps=4): 4.0, _name(warps=16): 6.0, _name(bm=8): None,
                _name(warps=2, kwarps=2): 7.0}
-    return {"version": 1, "device": "GPU", "buckets": [1, 2], "meta": {},
-            "entries": {key: {"1": {"strategy": "w4a16_mma", "config": dict(CFG), "us": 5.0},
-                              "2": {"strategy": "w4a16_mma", "config": dict(CFG), "us": 6.0}}},
-            "timings": {key: {"1": timings}}}
+    return PolicyMap.from_json({"version": 1, "device": "GPU", "buckets": [1, 2], "meta": {},
+                                "entries": {KEY: {"1": {"strategy": "w4a16_mma", "config": dict(CFG), "us": 5.0},
+                                                  "2": {"strategy": "w4a16_mma", "config": dict(CFG), "us": 6.0}}},
+                                "timings": {KEY: {"1": timings}}})
 
 
 def test_candidates_start_with_the_shipped_pick_then_the_fastest():
-    pm = _map()
-    c = step_search.candidates(pm, "w4a16:g128:64x128", 1, 3)
+    c = candidates(_map(), KEY, 1, 3)
     # the shipped tile first (even where a faster one was timed), no duplicate, untimed ones never
-    assert step_search._same(c[0], _name())
-    assert step_search._same(c[1], _name(warps=4, kwarps=4)) and step_search._same(c[2], _name(warps=16))
+    assert same_candidate(c[0], _name())
+    assert same_candidate(c[1], _name(warps=4, kwarps=4)) and same_candidate(c[2], _name(warps=16))
     assert len(c) == 3
-    assert len(step_search.candidates(pm, "w4a16:g128:64x128", 1, 10)) == 4  # bm=8 was never timed
+    assert len(candidates(_map(), KEY, 1, 10)) == 4  # bm=8 was never timed
+    assert len(candidates(_map(), KEY, 2, 5)) == 1  # nothing timed at M = 2: the pick alone
 
 
 def test_with_choices_changes_only_that_bucket():
-    base = PolicyMap.from_json(_map())
-    pm = step_search.with_choices(base, {"w4a16:g128:64x128": _name(warps=4, kwarps=4)}, 1)
-    assert pm.lookup("w4a16:g128:64x128", 1).config.warps == 4
-    assert pm.lookup("w4a16:g128:64x128", 2).config.warps == 8
-    assert base.lookup("w4a16:g128:64x128", 1).config.warps == 8  # the base map is untouched
+    base = _map()
+    pm = with_choices(base, {KEY: _name(warps=4, kwarps=4)}, 1)
+    assert pm.lookup(KEY, 1).config.warps == 4
+    assert pm.lookup(KEY, 2).config.warps == 8
+    assert base.lookup(KEY, 1).config.warps == 8  # the base map is untouched
+
+
+def _timer(costs: dict, calls: list):
+    """A step timer: the sum of each key's cost under the choices."""
+    def time_fn(choices):
+        calls.append(dict(choices))
+        return sum(costs[k][c] for k, c in choices.items())
+    return time_fn
+
+
+def test_descent_takes_a_confirmed_gain_and_keeps_the_rest():
+    cands = {"a": ["a0", "a1", "a2"], "b": ["b0", "b1"]}
+    costs = {"a": {"a0": 10.0, "a1": 9.0, "a2": 9.5}, "b": {"b0": 5.0, "b1": 5.01}}
+    calls = []
+    cur, log = coordinate_descent(cands, _timer(costs, calls), passes=3, confirm=2, min_gain=0.005)
+    assert cur == {"a": "a1", "b": "b0"}  # b1 is 0.07% slower: not taken
+    taken = [e for e in log if e.get("taken")]
+    assert [e["key"] for e in taken] == ["a"] and taken[0]["ratio"] == pytest.approx(14.0 / 15.0)
+    # the second pass changed nothing, so the search stopped there (no third pass)
+    assert max(e["pass"] for e in log) == 1
+    # every alternative was timed with the other key at its current pick
+    assert {"a": "a2", "b": "b0"} in calls and {"a": "a1", "b": "b1"} in calls
+
+
+def test_descent_needs_the_gain_to_clear_min_gain_and_skips_failing_candidates():
+    cands = {"a": ["a0", "bad", "a1"]}
+    costs = {"a": {"a0": 10.0, "a1": 9.96}}
+
+    def time_fn(choices):
+        if choices["a"] == "bad":
+            raise RuntimeError("out of resources")
+        return costs["a"][choices["a"]]
+
+    ticks = []
+    cur, log = coordinate_descent(cands, time_fn, min_gain=0.005, on_try=lambda: ticks.append(1))
+    assert cur == {"a": "a0"}  # 0.4% faster is below the 0.5% asked
+    assert any(e.get("cand") == "bad" and "out of resources" in e["error"] for e in log)
+    assert len(ticks) == 2  # one progress tick per alternative tried, failed ones included
+
+
+def test_adopt_writes_only_changed_picks_with_their_profiled_time():
+    pm = _map()
+    changed = adopt(pm, {KEY: _name(warps=4, kwarps=4)}, 1)
+    assert changed == [KEY]
+    assert pm.lookup(KEY, 1).config.warps == 4 and pm.lookup(KEY, 1).us == 4.0
+    assert adopt(pm, {KEY: _name(warps=4, kwarps=4)}, 1) == []  # already the pick
+    assert pm.lookup(KEY, 2).config.warps == 8
+
+
+def test_refine_map_keeps_what_the_decode_step_confirms(monkeypatch):
+    """`gearshift profile --refine` (cli/refine.py) on a fake decode step whose time is the sum of the
+    picks' costs: the faster alternative of the one shape is adopted, recorded and reported."""
+    import gearshift.model.step_timer as step_timer
+    import gearshift.model.tiny as tiny
+    from gearshift.cli.refine import refine_map, refine_points
+
+    cost = {8: 5.0, 4: 4.0, 16: 6.0, 2: 7.0}  # by warps, as _map's timings
+    built = []
+
+    class FakeTimer:
+        def __init__(self, model, mode, batch, context=512):
+            assert (mode, batch, context) == ("w4a16", 1, 64)
+
+        def ms(self, dispatcher):
+            return cost[dispatcher.policy.lookup(KEY, 1).config.warps]
+
+    monkeypatch.setattr(step_timer, "DecodeStepTimer", FakeTimer)
+    monkeypatch.setattr(tiny, "build_random_model", lambda *a, **kw: built.append((a, kw)) or object())
+    pm = _map()
+    shapes = [("x", 64, 128), ("y", 64, 128)]  # the same key twice: searched once
+    assert refine_points(pm, shapes, ["w4a16"], [1], 128, 4) == 3
+    said = []
+    recs = refine_map(pm, "llama3-8b", shapes, ["w4a16", "w4a8"], [1], group=128, int4_prog=False,
+                      int4_layout="blocks16", top=4, context=64, say=said.append)
+    assert built and built[0][1]["weights"] == "int4" and built[0][1]["group_size"] == 128
+    assert [(r["mode"], r["m"], r["changed"]) for r in recs] == [("w4a16", 1, [KEY])]
+    assert recs[0]["ms_before"] == 5.0 and recs[0]["ms_after"] == 4.0
+    assert pm.lookup(KEY, 1).config.warps == 4 and pm.lookup(KEY, 2).config.warps == 8
+    assert any("w4a8" in line and "nothing to refine" in line for line in said)
+    assert any("5.000 -> 4.000 ms" in line for line in said)

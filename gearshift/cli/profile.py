@@ -62,6 +62,18 @@ def register(subparsers) -> argparse.ArgumentParser:
                         "it was made). The shipped maps keep only some timings per point, so from them this "
                         "times most tiles at 1..64 tokens (most of a full sweep); benchmarks/mma_ablations/"
                         "tile_seed.py times just the new variants of the seed's best tiles")
+    p.add_argument("--refine", default=None, metavar="M[,M...]",
+                   help="after profiling, re-choose the picks at these batch sizes (M buckets, e.g. 1,2,4,8,16) "
+                        "on the model's graphed decode step: each shape's --refine-top fastest profiled tiles are "
+                        "searched with the norms, attention and SwiGLU between the linears, and a change is kept "
+                        "only if it is confirmed faster by 0.5%%. Needs --model (a random-weight model of its "
+                        "shapes is built on the GPU); about half a minute per (mode, M) once tiles are compiled")
+    p.add_argument("--refine-only", action="store_true",
+                   help="with --refine: skip the profile and refine the map already at --out (at the default "
+                        "path: the one there, else the map shipped for this GPU and Triton release)")
+    p.add_argument("--refine-top", type=int, default=6, help="with --refine: candidates per shape (default 6)")
+    p.add_argument("--refine-context", type=int, default=512,
+                   help="with --refine: cached tokens each sequence of the decode step attends to (default 512)")
     p.add_argument("--resume", action="store_true",
                    help="continue an interrupted run of the same command from <out>.partial: the points it "
                         "saved are kept, not timed again")
@@ -108,6 +120,53 @@ def extend_base(out, device: str, default_out: bool):
             pm.path = str(shipped)
             return pm
     return None
+
+
+def refine_buckets(args) -> list[int]:
+    """The --refine batch sizes, checked before any GPU work (empty without --refine)."""
+    from gearshift.dispatch.policy import M_BUCKETS
+    from gearshift.errors import GearshiftError
+
+    if args.refine_only and not args.refine:
+        raise GearshiftError("--refine-only needs --refine M[,M...]: the batch sizes to refine")
+    if not args.refine:
+        return []
+    if not args.model:
+        raise GearshiftError("--refine times the model's decode step: give --model (a preset or a directory "
+                             "with config.json), not only --shapes")
+    if args.group_size <= 0:
+        raise GearshiftError("--refine builds a group-wise int4 model: give a --group-size above 0")
+    if args.refine_top < 2:
+        raise GearshiftError(f"--refine-top must be at least 2 (the pick and one alternative), got {args.refine_top}")
+    try:
+        ms = [int(v) for v in args.refine.split(",") if v.strip()]
+    except ValueError:
+        raise GearshiftError(f"--refine takes batch sizes like 1,2,4,8,16, got {args.refine!r}") from None
+    bad = [m for m in ms if m not in M_BUCKETS]
+    if bad or not ms:
+        raise GearshiftError(f"--refine batch sizes must be M buckets of the map ({', '.join(map(str, M_BUCKETS))}); "
+                             f"got {args.refine!r}")
+    return ms
+
+
+def finish_refine(args, pm, shapes, modes, refine_m, out) -> int:
+    """Run the decode-step search on pm, record it in the map's meta and save it at out."""
+    from tqdm import tqdm
+
+    from gearshift.cli.refine import refine_map, refine_points
+
+    say = lambda line: tqdm.write(line, file=sys.stderr)  # noqa: E731 - keeps lines above the bar
+    total = refine_points(pm, shapes, modes, refine_m, args.group_size, args.refine_top)
+    with tqdm(total=total, desc="refine on the decode step", unit="tile") as bar:
+        recs = refine_map(pm, args.model, shapes, modes, refine_m, group=args.group_size, int4_prog=args.int4_prog,
+                          int4_layout=args.int4_layout, top=args.refine_top, context=args.refine_context,
+                          progress=bar, say=say)
+    pm.meta["refined"] = list(pm.meta.get("refined", [])) + [
+        {"model": str(args.model), "context": args.refine_context, "top": args.refine_top,
+         "points": [{k: r[k] for k in ("mode", "m", "ms_before", "ms_after", "changed")} for r in recs]}]
+    path = pm.save(out)
+    print(f"policy map written to {path} (refined on the decode step at M = {', '.join(map(str, refine_m))})")
+    return 0
 
 
 def _interrupted(signum, frame):
@@ -162,6 +221,7 @@ def run(args) -> int:
     if not args.model and not args.shapes:
         raise GearshiftError("say what to profile: --model (a model directory or a preset such as llama3-8b) "
                              "or --shapes NxK,...")
+    refine_m = refine_buckets(args)
     strategies = None
     if args.strategies:
         from gearshift.dispatch.strategies import STRATEGIES
@@ -216,6 +276,12 @@ def run(args) -> int:
         if release_note:
             print(f"gearshift: {release_note}", file=sys.stderr)
     out = args.out or (cache_dir() / f"{device_slug(device)}.json")
+    if args.refine_only:
+        base = extend_base(out, device, default_out=args.out is None)
+        if base is None:
+            raise GearshiftError(f"--refine-only: no policy map of this GPU at {out} to refine; profile first")
+        print(f"gearshift: refining the map at {getattr(base, 'path', out)}; writing it to {out}", file=sys.stderr)
+        return finish_refine(args, base, shapes, modes, refine_m, out)
     partial = partial_path(out)
     n_points = len(shapes) * len(modes) * len(m_list)
     done: set[str] = set()
@@ -268,6 +334,8 @@ def run(args) -> int:
         pm.meta["extended"] = list(pm.meta.get("extended", [])) + [run]
     path = pm.save(out)
     partial.unlink(missing_ok=True)
+    if refine_m:
+        finish_refine(args, pm, shapes, modes, refine_m, out)
     for mode in modes:
         ab = ablations(pm, shapes, layers, mode, group=args.group_size)
         for m, row in ab.items():

@@ -1,0 +1,73 @@
+"""`gearshift profile --refine`: re-choose a map's small-M picks on the model's graphed decode step.
+
+The profile times each linear shape in a chain of its own. The engine's decode step interleaves the
+linears with norms, attention and SwiGLU under PDL, and a tile's neighbours change its cost. For each
+mode and batch size M, this takes each shape's fastest profiled candidates and searches them on the
+decode step itself (`dispatch/step_search.py`). The step is captured as a CUDA graph of a
+random-weight model at the model's shapes (`model/step_timer.py`): timing does not depend on weight
+values. A change is kept only if it beats the current pick by more than `min_gain` in alternating
+re-timings.
+"""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+
+
+def model_config_path(model: str) -> str:
+    """What `build_random_model` reads for --model: a preset name, or the config.json of a directory."""
+    p = Path(model)
+    return str(p / "config.json") if p.is_dir() else model
+
+
+def refine_map(pm, model: str, shapes, modes, m_list, *, group: int, int4_prog: bool, int4_layout: str,
+               top: int = 6, context: int = 512, min_gain: float = 0.005, progress=None, say=print) -> list[dict]:
+    """Search each (mode, M) of the map on the decode step; write the kept changes into pm.
+    Returns one record per (mode, M): the step before and after, and the keys changed."""
+    from gearshift.dispatch import AdaptiveDispatcher
+    from gearshift.dispatch.policy import type_key
+    from gearshift.dispatch.step_search import adopt, candidates, coordinate_descent, with_choices
+    from gearshift.model.step_timer import DecodeStepTimer
+    from gearshift.model.tiny import build_random_model
+
+    weights = "int4-prog" if int4_prog else "int4"
+    model_obj = build_random_model(model_config_path(model), weights=weights, group_size=group, device="cuda",
+                                   int4_layout=int4_layout)
+    records = []
+    for mode in modes:
+        keys = [k for k in dict.fromkeys(type_key(mode, group, n, kk) for _, n, kk in shapes) if k in pm.entries]
+        if not keys:
+            say(f"refine {mode}: the map has none of this model's shapes; nothing to refine")
+            continue
+        for m in m_list:
+            timer = DecodeStepTimer(model_obj, mode, batch=m, context=context)
+
+            def step_ms(choices, m=m, timer=timer):
+                return timer.ms(AdaptiveDispatcher(with_choices(pm, choices, m), autoload=False))
+
+            cands = {key: candidates(pm, key, m, top) for key in keys}
+            before = [step_ms({k: c[0] for k, c in cands.items()}) for _ in range(3)]
+            cur, log = coordinate_descent(cands, step_ms, min_gain=min_gain,
+                                          on_try=None if progress is None else lambda: progress.update(1))
+            after = [step_ms(cur) for _ in range(3)] if cur != {k: c[0] for k, c in cands.items()} else before
+            changed = adopt(pm, cur, m)
+            rec = {"mode": mode, "m": m, "ms_before": statistics.median(before),
+                   "ms_after": statistics.median(after), "changed": changed,
+                   "errors": [e for e in log if "error" in e]}
+            records.append(rec)
+            say(f"refine {mode} M={m}: decode step {rec['ms_before']:.3f} -> {rec['ms_after']:.3f} ms"
+                + (f" ({', '.join(changed)} changed)" if changed else " (picks kept)"))
+    return records
+
+
+def refine_points(pm, shapes, modes, m_list, group: int, top: int) -> int:
+    """How many alternative candidates the search will try once per (mode, M) (for a progress bar)."""
+    from gearshift.dispatch.policy import type_key
+    from gearshift.dispatch.step_search import candidates
+
+    total = 0
+    for mode in modes:
+        keys = [k for k in dict.fromkeys(type_key(mode, group, n, kk) for _, n, kk in shapes) if k in pm.entries]
+        total += sum(max(len(candidates(pm, k, m, top)) - 1, 0) for k in keys for m in m_list)
+    return total
