@@ -170,6 +170,8 @@ def test_profile_refine_arguments_are_checked_before_any_gpu_work(capsys):
     assert_one_line_error(*cli(capsys, "profile", "--model", "llama3-8b", "--refine", "1,x")[::2], "batch sizes like")
     assert_one_line_error(*cli(capsys, "profile", "--model", "llama3-8b", "--refine", "1", "--refine-top", "1")[::2],
                           "--refine-top must be")
+    assert_one_line_error(*cli(capsys, "profile", "--model", "llama3-8b", "--refine", "1", "--refine-context", "0")[::2],
+                          "--refine-context must be")
     assert_one_line_error(*cli(capsys, "profile", "--model", "llama3-8b", "--refine", "1", "--group-size", "-1")[::2],
                           "--group-size above 0")
 

@@ -136,6 +136,8 @@ def refine_buckets(args) -> list[int]:
                              "with config.json), not only --shapes")
     if args.group_size <= 0:
         raise GearshiftError("--refine builds a group-wise int4 model: give a --group-size above 0")
+    if args.refine_context < 1:
+        raise GearshiftError(f"--refine-context must be at least 1 cached token, got {args.refine_context}")
     if args.refine_top < 2:
         raise GearshiftError(f"--refine-top must be at least 2 (the pick and one alternative), got {args.refine_top}")
     try:
