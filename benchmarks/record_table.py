@@ -19,12 +19,13 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from kernels import PEAK  # noqa: E402  (the H100 SXM dense datasheet peaks, as kernels.py's tables)
+
 from gearshift.dispatch.profiler import PRESETS  # noqa: E402
 
-#: dense datasheet tensor-core peaks of the H100 SXM, TFLOP/s (the ratio's denominator, as PERF.md's)
-PEAK_TFLOPS = {"bf16": 989.0, "int8": 1979.0}
-#: the tensor-core type each mode's large-M kernels run on
-MODE_MMA = {"w4a16": "bf16", "w4a8": "int8", "w4a4": "int8", "w4a8fp8": "int8"}
+#: the tensor-core type each mode's large-M kernels run on (a key of PEAK)
+MODE_MMA = {"w4a16": "bf16_tflops", "w4a8": "int8_tops", "w4a4": "int8_tops", "w4a8fp8": "fp8_tflops"}
 
 
 def step_flops(preset: str, m: int) -> float:
@@ -47,7 +48,7 @@ def rows(run: dict) -> list[dict]:
         tflops = step_flops(run["preset"], int(m)) / (ms * 1e-3) / 1e12
         row = {"mode": run["mode"], "m": int(m), "ms": ms, "x_floor": ms / floor_ms,
                "gbs": run["weight_bytes"] / (ms * 1e-3) / 1e9, "x_bw": floor_ms / ms, "tflops": tflops,
-               "x_peak": tflops / PEAK_TFLOPS[MODE_MMA[run["mode"]]], "floor_ms": floor_ms,
+               "x_peak": tflops / PEAK[MODE_MMA[run["mode"]]], "floor_ms": floor_ms,
                "spread": (min(r["runs"]["a"] + r["runs"]["b"]), max(r["runs"]["a"] + r["runs"]["b"]))}
         if "cublas_bf16" in r:
             row["cublas"] = r["cublas_bf16"]

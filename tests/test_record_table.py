@@ -59,3 +59,24 @@ def test_kernel_switches_parse_module_switches_and_refuse_unknown_ones():
     assert kernels_bench.kernel_switches("") == {}
     with pytest.raises(SystemExit, match="no switch"):
         kernels_bench.kernel_switches("int4_mma_gemv.NO_SUCH_SWITCH=1")
+
+
+def test_map_table_reads_each_picks_profile_time_as_bandwidth_and_throughput():
+    map_table = pytest.importorskip("map_table")
+    from gearshift.dispatch.policy import PolicyMap
+
+    pm = PolicyMap.from_json({"version": 1, "device": "GPU", "buckets": [1, 16], "meta": {},
+                              "entries": {"w4a16:g128:4096x4096": {
+                                  "1": {"strategy": "w4a16_mma", "config": {"bm": 16, "bn": 0, "bk": 128, "split_k": 1,
+                                                                            "warps": 8, "stages": 1, "ksum": True},
+                                        "us": 4.0},
+                                  "16": {"strategy": "dequant_cublas", "config": None, "us": None}}}})
+    rows = map_table.rows(pm, "w4a16", [("o", 4096, 4096), ("qkv", 6144, 4096)], [1, 16], copy_bw=3e12)
+    assert len(rows) == 1  # no time at 16, no entry for qkv: left out
+    r = rows[0]
+    nbytes = 4096 * 4096 / 2 + 4 * 4096 * 32
+    assert r["shape"] == "o" and r["tile"] == "w4a16_mma bm16 w8 ksum"
+    assert r["gbs"] == pytest.approx(nbytes / 4e-6 / 1e9) and r["x_bw"] == pytest.approx(nbytes / 4e-6 / 3e12)
+    assert r["tflops"] == pytest.approx(2 * 4096 * 4096 / 4e-6 / 1e12)
+    assert "| o | 1 | w4a16_mma bm16 w8 ksum | 4.0 |" in map_table.markdown(pm, ["w4a16"], [("o", 4096, 4096)], [1],
+                                                                            3e12, "m.json")
