@@ -19,10 +19,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from record_table import MODE_MMA  # noqa: E402
+from record_table import MODE_MMA, emit  # noqa: E402
 from kernels import PEAK  # noqa: E402
 
-from gearshift.dispatch.policy import PolicyMap, parse_type_key, type_key  # noqa: E402
+from gearshift.dispatch.policy import PolicyMap, parse_type_key  # noqa: E402
 from gearshift.dispatch.profiler import PRESETS  # noqa: E402
 
 SHIPPED = "gearshift/data/policy/NVIDIA_H100_80GB_HBM3.json"
@@ -97,13 +97,8 @@ def main() -> None:
     except (OSError, ValueError, KeyError) as e:
         raise SystemExit(f"cannot read the policy map {a.policy!r}: {e}")
     m_list = [int(v) for v in a.m.split(",")]
-    md = markdown(pm, [m.strip() for m in a.modes.split(",") if m.strip()], PRESETS[a.preset]["shapes"], m_list,
-                  a.copy_bw, a.policy)
-    if a.out:
-        Path(a.out).write_text(md)
-    else:
-        print(md)
-
+    emit(markdown(pm, [m.strip() for m in a.modes.split(",") if m.strip()], PRESETS[a.preset]["shapes"], m_list,
+                  a.copy_bw, a.policy), a.out)
 
 if __name__ == "__main__":
     main()

@@ -78,6 +78,14 @@ def markdown(runs: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def emit(md: str, out: str | None) -> None:
+    """Write the Markdown to `out`, or print it."""
+    if out:
+        Path(out).write_text(md)
+    else:
+        print(md)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("runs", nargs="+", help="policy_ab.py JSONs of record runs (the same map on both sides)")
@@ -89,11 +97,7 @@ def main() -> None:
             runs.append(json.loads(Path(p).read_text()))
         except (OSError, json.JSONDecodeError) as e:
             raise SystemExit(f"{p}: {e}")
-    md = markdown(runs)
-    if a.out:
-        Path(a.out).write_text(md)
-    else:
-        print(md)
+    emit(markdown(runs), a.out)
 
 
 if __name__ == "__main__":
