@@ -97,6 +97,19 @@ class Model:
         return sum(s.nbytes() for layer in self.stores for s in layer)
 
 
+def tag_suffix(tag: str) -> str:
+    """A result file name's tag part: '' or '_TAG' (a leading '_' is not doubled)."""
+    return tag if not tag or tag.startswith("_") else "_" + tag
+
+
+def write_json(out_dir, name: str, res) -> Path:
+    """Write a benchmark's result JSON as out_dir/name (the folder made if missing)."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / name).write_text(json.dumps(res, indent=1))
+    return out / name
+
+
 def kernel_switches(spec: str, default_module: str = "w4a16_wgmma") -> dict:
     """`[MODULE.]NAME=VALUE[,...]` -> {(module, attr): value} for timing experiments that set a
     kernel module's switch (e.g. int4_mma_gemv.TRIGGER=2); an unknown name is an error, not a no-op."""

@@ -17,7 +17,6 @@ same map and layout the two sides' outputs are then checked bit-identical too (e
 """
 import argparse
 import copy
-import json
 import statistics
 import sys
 from pathlib import Path
@@ -25,7 +24,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from kernels import Model, codes_step_fn, kernel_switches, producer_codes, step_fn, time_step, tinygemm_step  # noqa: E402
+from kernels import (Model, codes_step_fn, kernel_switches, producer_codes, step_fn, tag_suffix, time_step,  # noqa: E402
+                     tinygemm_step, write_json)
 
 from gearshift.dispatch.dispatcher import AdaptiveDispatcher  # noqa: E402
 from gearshift.dispatch.policy import PolicyMap, device_slug  # noqa: E402
@@ -135,16 +135,11 @@ def main() -> None:
             line += f"  tinygemm {res[m]['tinygemm']:.3f} ms"
         print(line, flush=True)
     dev = torch.cuda.get_device_name()
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    tag = a.tag if not a.tag or a.tag.startswith("_") else "_" + a.tag
-    (out / f"policy_ab_{device_slug(dev)}{tag}_{a.mode}.json").write_text(json.dumps(
-        {"device": dev, "preset": a.preset, "a": a.a, "b": a.b, "layout_a": a.layout_a, "layout_b": a.layout_b,
-         "mode": a.mode,
-         "int4_prog": a.int4_prog, "set_a": a.set_a, "set_b": a.set_b, "norm_codes": a.norm_codes,
-         "free_codes_b": a.free_codes_b, "weight_bytes": model.nbytes(), "copy_bw_Bps": copy_bandwidth(), "ms": res},
-        indent=1))
-
+    write_json(a.out, f"policy_ab_{device_slug(dev)}{tag_suffix(a.tag)}_{a.mode}.json",
+               {"device": dev, "preset": a.preset, "a": a.a, "b": a.b, "layout_a": a.layout_a, "layout_b": a.layout_b,
+                "mode": a.mode, "int4_prog": a.int4_prog, "set_a": a.set_a, "set_b": a.set_b,
+                "norm_codes": a.norm_codes, "free_codes_b": a.free_codes_b, "weight_bytes": model.nbytes(),
+                "copy_bw_Bps": copy_bandwidth(), "ms": res})
 
 if __name__ == "__main__":
     main()

@@ -29,7 +29,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from engine_step import EngineStep  # noqa: E402
-from kernels import Model, codes_step_fn, kernel_switches, producer_codes, time_step  # noqa: E402
+from kernels import Model, codes_step_fn, kernel_switches, producer_codes, tag_suffix, time_step, write_json  # noqa: E402
 
 from gearshift.dispatch.dispatcher import AdaptiveDispatcher  # noqa: E402
 from gearshift.dispatch.policy import PolicyMap, device_slug  # noqa: E402
@@ -102,11 +102,9 @@ def main() -> None:
         print(f"M={m}: found {statistics.median(tf):.3f} ms vs shipped {statistics.median(ts):.3f} ({ratio:.3f}); "
               f"changed {res['m'][m]['changed']}", flush=True)
         adopt(found, cur, m)  # the shipped entries of unchanged keys stay as they are
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    tag = a.tag if not a.tag or a.tag.startswith("_") else "_" + a.tag
+    tag = tag_suffix(a.tag)
     slug = device_slug(res["device"])
-    (out / f"step_search_{slug}_{a.mode}{tag}.json").write_text(json.dumps(res, indent=1))
+    out = write_json(a.out, f"step_search_{slug}_{a.mode}{tag}.json", res).parent
     found.meta = dict(found.meta) | {"step_search": f"{a.mode} M={a.m}{tag}" + (f" with {a.set}" if a.set else "")}
     found.save(out / f"policy_step_search_{slug}_{a.mode}{tag}.json")
 

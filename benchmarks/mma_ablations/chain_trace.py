@@ -27,7 +27,6 @@ step is timed untraced and traced in the same run, and the traced time is what t
     PYTHONPATH=. python benchmarks/mma_ablations/chain_trace.py --m 1,4 --out benchmarks/results
 """
 import argparse
-import json
 import statistics
 import sys
 from pathlib import Path
@@ -35,7 +34,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from kernels import Model, step_fn, time_step  # noqa: E402
+from kernels import Model, step_fn, tag_suffix, time_step, write_json  # noqa: E402
 
 from gearshift.dispatch.dispatcher import AdaptiveDispatcher  # noqa: E402
 from gearshift.dispatch.policy import PolicyMap, device_slug  # noqa: E402
@@ -182,10 +181,7 @@ def main() -> None:
                   f"{s['dur_p10']:5.2f} {s['dur_p50']:5.2f} {s['dur_p90']:5.2f}  "
                   f"{s['end_p10']:5.2f} {s['end_p50']:5.2f} {s['end_p90']:5.2f}"
                   + (f"  {s['release']:6.2f}" if a.wait else ""), flush=True)
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    tag = f"_{a.tag}" if a.tag else ""
-    (out / f"chain_trace_{device_slug(dev)}{tag}_{a.mode}.json").write_text(json.dumps(res, indent=1))
+    write_json(a.out, f"chain_trace_{device_slug(dev)}{tag_suffix(a.tag)}_{a.mode}.json", res)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,6 @@ and the graphed ms per decode step of each side.
         --side rule= --side loop=gemv_trigger=2 --out benchmarks/results
 """
 import argparse
-import json
 import statistics
 import sys
 from pathlib import Path
@@ -30,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from chain_trace import timeline  # noqa: E402
 from e2e import model_for  # noqa: E402
 from e2e_ab import parse_switches  # noqa: E402
+from kernels import tag_suffix, write_json  # noqa: E402
 
 from gearshift.dispatch.policy import device_slug  # noqa: E402
 from gearshift.dispatch.profiler import PRESETS, copy_bandwidth  # noqa: E402
@@ -104,11 +104,7 @@ def main() -> None:
             print(f"  {role:8s}  {s['tile']:26s} {s['busy']:5.2f} {s['span']:6.2f} {s['bytes_us']:5.2f} "
                   f"{s['lead']:6.2f}  {s['dur_p50']:6.2f} {s['drain']:6.2f}", flush=True)
     switches.set_switches(**default)
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    tag = f"_{a.tag}" if a.tag else ""
-    (out / f"engine_trace_{device_slug(res['device'])}{tag}_{a.mode}_b{a.batch}.json").write_text(
-        json.dumps(res, indent=1))
+    write_json(a.out, f"engine_trace_{device_slug(res['device'])}{tag_suffix(a.tag)}_{a.mode}_b{a.batch}.json", res)
 
 
 if __name__ == "__main__":

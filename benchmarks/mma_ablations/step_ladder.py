@@ -23,7 +23,6 @@ block's instructions; if it is near `shipped`, in the kernel's skeleton (grid, l
     PYTHONPATH=. python benchmarks/mma_ablations/step_ladder.py --m 1,2,4,8,16 --out benchmarks/results
 """
 import argparse
-import json
 import statistics
 import sys
 from pathlib import Path
@@ -35,7 +34,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE.parent / "tc_ablations"))
-from kernels import Model, codes_step_fn, producer_codes, time_step  # noqa: E402
+from kernels import Model, codes_step_fn, producer_codes, tag_suffix, time_step, write_json  # noqa: E402
 from xloads import no_xloads  # noqa: E402
 
 import gearshift.kernels.int4_mma_gemv as mg  # noqa: E402
@@ -138,10 +137,7 @@ def main() -> None:
         res["ms"][m] = {name: statistics.median(v) for name, v in t.items()} | {"runs": t}
         print(f"M={m:2}: " + "  ".join(f"{name} {res['ms'][m][name]:.3f} ({res['ms'][m][name] / floor_ms:.2f}x)"
                                        for name in names), flush=True)
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    tag = f"_{a.tag}" if a.tag else ""
-    (out / f"step_ladder_{device_slug(res['device'])}{tag}_{a.mode}.json").write_text(json.dumps(res, indent=1))
+    write_json(a.out, f"step_ladder_{device_slug(res['device'])}{tag_suffix(a.tag)}_{a.mode}.json", res)
 
 
 if __name__ == "__main__":

@@ -21,12 +21,18 @@ def model_config_path(model: str) -> str:
     return str(p / "config.json") if p.is_dir() else model
 
 
+def mode_keys(pm, shapes, mode: str, group: int) -> list[str]:
+    """The map's entry keys of the model's shapes in `mode` (each once: shapes can share an N x K)."""
+    from gearshift.dispatch.policy import type_key
+
+    return [k for k in dict.fromkeys(type_key(mode, group, n, kk) for _, n, kk in shapes) if k in pm.entries]
+
+
 def refine_map(pm, model: str, shapes, modes, m_list, *, group: int, int4_prog: bool, int4_layout: str,
                top: int = 6, context: int = 512, min_gain: float = 0.005, progress=None, say=print) -> list[dict]:
     """Search each (mode, M) of the map on the decode step; write the kept changes into pm.
     Returns one record per (mode, M): the step before and after, and the keys changed."""
     from gearshift.dispatch import AdaptiveDispatcher
-    from gearshift.dispatch.policy import type_key
     from gearshift.dispatch.step_search import adopt, candidates, coordinate_descent, with_choices
     from gearshift.model.step_timer import DecodeStepTimer
     from gearshift.model.tiny import build_random_model
@@ -36,7 +42,7 @@ def refine_map(pm, model: str, shapes, modes, m_list, *, group: int, int4_prog: 
                                    int4_layout=int4_layout)
     records = []
     for mode in modes:
-        keys = [k for k in dict.fromkeys(type_key(mode, group, n, kk) for _, n, kk in shapes) if k in pm.entries]
+        keys = mode_keys(pm, shapes, mode, group)
         if not keys:
             say(f"refine {mode}: the map has none of this model's shapes; nothing to refine")
             continue
@@ -63,11 +69,10 @@ def refine_map(pm, model: str, shapes, modes, m_list, *, group: int, int4_prog: 
 
 def refine_points(pm, shapes, modes, m_list, group: int, top: int) -> int:
     """How many alternative candidates the search will try once per (mode, M) (for a progress bar)."""
-    from gearshift.dispatch.policy import type_key
     from gearshift.dispatch.step_search import candidates
 
     total = 0
     for mode in modes:
-        keys = [k for k in dict.fromkeys(type_key(mode, group, n, kk) for _, n, kk in shapes) if k in pm.entries]
+        keys = mode_keys(pm, shapes, mode, group)
         total += sum(max(len(candidates(pm, k, m, top)) - 1, 0) for k in keys for m in m_list)
     return total
