@@ -24,6 +24,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from e2e import model_for  # noqa: E402
+from gearshift.kernels import switches  # noqa: E402
 
 
 def parse_switches(spec: str) -> dict:
@@ -31,10 +32,11 @@ def parse_switches(spec: str) -> dict:
     for item in filter(None, spec.split(",")):
         name, _, value = item.partition("=")
         # numbers stay numbers (swiglu_codes_min_rows=64); set_switches casts to each switch's type
+        # words stay words where the switch is one (small_trigger=wait); else false / true
         try:
-            out[name] = int(value) if value.isdigit() else float(value)
+            out[name] = int(value) if value.lstrip("-").isdigit() else float(value)
         except ValueError:
-            out[name] = value not in ("false", "False", "")
+            out[name] = value if isinstance(switches._FUSED.get(name), str) else value not in ("false", "False", "")
     return out
 
 

@@ -30,7 +30,8 @@ def test_switch_and_cpu():
         assert pdl.L2_PREFETCH is True and not pdl.l2_prefetch_enabled(x)  # (never on CPU)
     finally:
         pdl.set_l2_prefetch(before)
-    assert [pdl_trigger(m) for m in (1, 2, 4, 8, 16, 32)] == [1, 1, 2, 2, 0, 0]
+    # bf16 inputs: the start to 4 tokens, after the loop to 8, right after the wait to 16 (stop 45)
+    assert [pdl_trigger(m) for m in (1, 2, 3, 4, 5, 8, 9, 16, 17, 32)] == [1, 1, 1, 1, 2, 2, 3, 3, 0, 0]
     # activation codes (W4A8 / W4A4 / fp8) keep the exit trigger from 5 tokens (stop 43: even end to end)
     assert [pdl_trigger(m, codes=True) for m in (1, 2, 4, 5, 8, 16)] == [1, 1, 2, 0, 0, 0]
 
@@ -44,6 +45,7 @@ sig = dict(x_ptr="*bf16", w_ptr="*bf16", y_ptr="*bf16", q_ptr="*i8", qs_ptr="*fp
 for on in (True, False):
     out[f"rms{int(on)}"] = ptx(_rms_norm_kernel, sig, dict(BD=1024, PDL=on, QMAX=0.0))
 out["rms_codes"] = ptx(_rms_norm_kernel, sig, dict(BD=1024, PDL=True, QMAX=127.0))
+out["rms_late"] = ptx(_rms_norm_kernel, sig, dict(BD=1024, PDL=2, QMAX=0.0))
 sig = dict(x_ptr="*bf16", qw_ptr="*u8", s_ptr="*bf16", mn_ptr="*bf16", y_ptr="*bf16", ws_ptr="*fp32",
            cnt_ptr="*i32", xs_ptr="*fp32", M="i32", N="i32", K="i32", stride_xm="i32", stride_ym="i32")
 for trig in (0, 1, 2, 3):
@@ -78,6 +80,38 @@ def test_rmsnorm_waits_before_loading(ptx):
     codes = ptx["rms_codes"]
     assert _first(codes, r"griddepcontrol\.wait") < _first(codes, r"st\.global\.b8|st\.global\.v\d\.b8|st\.global\.b32")
     assert "st.global" in codes and len(re.findall(r"st\.global", codes)) > len(re.findall(r"st\.global", ptx["rms1"]))
+    # small_trigger "wait": the successor is let in only once this kernel has passed its own wait
+    wait, dep, load = (_first(ptx["rms_late"], p) for p in (r"griddepcontrol\.wait",
+                                                             r"griddepcontrol\.launch_dependents", r"ld\.global"))
+    assert 0 <= wait < dep and wait < load
+
+
+def test_small_trigger_switch():
+    from gearshift.kernels import switches
+
+    assert switches.small_trigger() == "start"  # outside a forward pass, under the rule
+    assert pdl.small_pdl(False) == 0 and pdl.small_pdl(True) == 1
+    # the rule: at their start only for 1-2 tokens on bf16 inputs (stop 45, trigger_matrix.py)
+    assert [switches.small_trigger_rule(r, False) for r in (1, 2, 3, 16, 512)] == ["start", "start", "wait", "wait", "wait"]
+    assert [switches.small_trigger_rule(r, True) for r in (1, 2, 16)] == ["wait"] * 3
+    with switches.small_trigger_pass(4, codes=False):
+        assert switches.small_trigger() == "wait" and pdl.small_pdl(True) == 2
+        with switches.small_trigger_pass(1, codes=False):
+            assert pdl.small_pdl(True) == 1
+        assert pdl.small_pdl(True) == 2
+    assert switches.small_trigger() == "start"
+    try:
+        switches.set_small_trigger("wait")
+        assert pdl.small_pdl(True) == 2 and pdl.small_pdl(False) == 0
+        with switches.small_trigger_pass(1, codes=False):  # a fixed setting overrides the rule
+            assert switches.small_trigger() == "wait"
+        assert ("small_trigger", "wait") in switches.state()
+    finally:
+        switches.set_small_trigger("rule")
+    for bad in (lambda: switches.set_small_trigger("end"), lambda: switches.set_switches(small_trigger="end")):
+        with pytest.raises(ValueError, match="small_trigger"):
+            bad()
+    assert switches.small_trigger() == "start"
 
 
 @pytest.mark.parametrize("trigger", [0, 1, 2, 3])

@@ -16,7 +16,7 @@ from typing import NamedTuple
 import torch
 
 from gearshift.kernels._triton import HAS_TRITON, next_pow2, tl, triton
-from gearshift.kernels.pdl import launch_kwargs, pdl_enabled
+from gearshift.kernels.pdl import launch_kwargs, pdl_enabled, small_pdl
 from gearshift.quant.activations import ActQuantSpec, quantize_activations
 
 _QMAX = {"int8": 127.0, "int4": 7.0, "fp8": 448.0}
@@ -61,7 +61,7 @@ def codes_qmax(spec) -> float | None:
     return _QMAX[spec.dtype]
 
 if HAS_TRITON:
-    from gearshift.kernels.pdl import grid_wait, launch_dependents
+    from gearshift.kernels.pdl import small_prologue
 
     @triton.jit
     def token_codes(x, scale, QMAX: tl.constexpr, FP8: tl.constexpr):
@@ -96,8 +96,7 @@ if HAS_TRITON:
     def _act_quant_kernel(x_ptr, q_ptr, s_ptr, sum_ptr, K, stride_x, stride_q, sum_row, sum_group,
                           QMAX: tl.constexpr, FP8: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr,
                           GROUP: tl.constexpr, ONE_PASS: tl.constexpr):
-        launch_dependents(PDL)  # the GEMM after this may start prefetching its weights
-        grid_wait(PDL)
+        small_prologue(PDL)
         row = tl.program_id(0)
         offs = tl.arange(0, BLOCK)
         if ONE_PASS:  # the whole row (BLOCK >= K) in registers: one read of x, no loop
@@ -196,7 +195,7 @@ def quantize_act_triton(x2: torch.Tensor, spec: ActQuantSpec, codes_dtype: torch
         sums = torch.empty((m, k // group_sums), device=x2.device, dtype=torch.float32)
     else:
         sums = s
-    pdl = pdl_enabled(q)
+    pdl = small_pdl(pdl_enabled(q))
     # element strides of the sums per token and per group, whichever way round they are stored
     sum_row, sum_group = 0, 0
     if group_sums:

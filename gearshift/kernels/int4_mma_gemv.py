@@ -1119,8 +1119,16 @@ def pdl_trigger(m: int, codes: bool = False) -> int:
     0.960 of the exit trigger end to end at batch 8 in three calls (0.982 at batch 6) and 0.93-0.94 on
     the linears. Stop 36 had measured 1.062 at batch 8 with stop 36's tiles; why is not known. At 9..16
     tokens it lost end to end (1.012 / 1.036), and on activation codes (W4A8 / W4A4 / fp8; `codes`) it
-    was even (1.014 / 0.985 at batch 8). Judge this rule end to end, not on linears alone."""
-    return 1 if m <= 2 else 2 if m <= 4 or (m <= 8 and not codes) else 0
+    was even (1.014 / 0.985 at batch 8). Judge this rule end to end, not on linears alone.
+    Stop 45: those losses came from the small kernels between the linears letting the next linear in at
+    their own start. With them triggering after their wait (`switches.small_trigger_rule`: from 3 tokens
+    on bf16 inputs) the engine's graphed decode step (`trigger_matrix.py`) took the start trigger at
+    3 / 4 tokens to 0.999 / 0.996 of the old rule (linears 0.992 / 0.987) and the trigger right after the
+    wait at 12 / 16 to 0.980 / 0.989 (linears 0.910 / 0.947); at 5..8 the trigger after the loop stays
+    (right after the wait: 1.14-1.20 there, on the engine and on linears). Codes paths: unchanged."""
+    if codes:
+        return 1 if m <= 2 else 2 if m <= 4 else 0
+    return 1 if m <= 4 else 2 if m <= 8 else 3 if m <= 16 else 0
 
 
 def mma_gemv_quantized(x2: torch.Tensor, store: Int4Weight, act, cfg: TileConfig, int8: bool = False) -> torch.Tensor:

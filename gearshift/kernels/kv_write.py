@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from gearshift.kernels._triton import HAS_TRITON, tl, triton
-from gearshift.kernels.pdl import launch_kwargs, pdl_enabled
+from gearshift.kernels.pdl import launch_kwargs, pdl_enabled, small_pdl
 
 
 def kv_write_reference(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -25,13 +25,12 @@ def kv_write_reference(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Te
 
 if HAS_TRITON:
     from gearshift.kernels.indexing import split_bth
-    from gearshift.kernels.pdl import grid_wait, launch_dependents
+    from gearshift.kernels.pdl import small_prologue
 
     @triton.jit
     def _kv_write_kernel(k_ptr, v_ptr, kc_ptr, vc_ptr, tgt_ptr, T, H, skb, skt, skh, svb, svt, svh,
                          scb, sch, scp, D: tl.constexpr, PDL: tl.constexpr):
-        launch_dependents(PDL)
-        grid_wait(PDL)
+        small_prologue(PDL)
         b, t, h, bt = split_bth(tl.program_id(0), T, H)  # one (b, t, h) row of D values
         offs = tl.arange(0, D)
         p = tl.load(tgt_ptr + bt)
@@ -48,7 +47,7 @@ def kv_write_triton(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tenso
     if (k.stride(-1) != 1 or v.stride(-1) != 1 or k_cache.stride(-1) != 1 or d & (d - 1)
             or k_cache.stride() != v_cache.stride() or not target.is_contiguous()):
         return kv_write_reference(k_cache, v_cache, k, v, target)
-    pdl = pdl_enabled(k_cache)
+    pdl = small_pdl(pdl_enabled(k_cache))
     _kv_write_kernel[(b * t * h,)](k, v, k_cache, v_cache, target, t, h, k.stride(0), k.stride(1), k.stride(2),
                                    v.stride(0), v.stride(1), v.stride(2), k_cache.stride(0), k_cache.stride(1),
                                    k_cache.stride(2), D=d, PDL=pdl, num_warps=1, **launch_kwargs(pdl))

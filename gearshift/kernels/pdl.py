@@ -81,6 +81,14 @@ def l2_prefetch_enabled(t: torch.Tensor) -> bool:
     return L2_PREFETCH and _hopper(t)
 
 
+def small_pdl(on: bool) -> int:
+    """The PDL constexpr of a small kernel between the linears (`small_prologue`): 0 plain, 1 let
+    the next kernel in before the wait, 2 after it (`switches.small_trigger`)."""
+    from gearshift.kernels.switches import small_trigger
+
+    return 0 if not on else 1 if small_trigger() == "start" else 2
+
+
 def launch_kwargs(on: bool) -> dict:
     """Extra launch arguments for a kernel whose PDL constexpr is `on`."""
     return {"launch_pdl": True} if on else {}
@@ -103,6 +111,16 @@ if HAS_TRITON:
         """Let the next PDL kernel be scheduled once every program of this one has got here."""
         if PDL:
             tl.inline_asm_elementwise(GDC_LAUNCH, "=r", [], dtype=tl.int32, is_pure=False, pack=1)
+
+
+    @triton.jit
+    def small_prologue(PDL: tl.constexpr):
+        """A small kernel's PDL entry (PDL from `small_pdl`): the wait, and the trigger before or after it."""
+        if PDL == 1:
+            launch_dependents(PDL)
+        grid_wait(PDL)
+        if PDL == 2:
+            launch_dependents(PDL)
 
 
     @triton.jit

@@ -13,7 +13,7 @@ import torch
 
 from gearshift.kernels._triton import HAS_TRITON, next_pow2, tl, triton
 from gearshift.kernels.act_quant import ActCodes, codes_buffers
-from gearshift.kernels.pdl import launch_kwargs, pdl_enabled
+from gearshift.kernels.pdl import launch_kwargs, pdl_enabled, small_pdl
 
 
 def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -32,13 +32,12 @@ def add_rms_norm_reference(x: torch.Tensor, delta: torch.Tensor, weight: torch.T
 
 if HAS_TRITON:
     from gearshift.kernels.act_quant import row_codes
-    from gearshift.kernels.pdl import grid_wait, launch_dependents
+    from gearshift.kernels.pdl import small_prologue
 
     @triton.jit
     def _rms_norm_kernel(x_ptr, w_ptr, y_ptr, q_ptr, qs_ptr, D, stride_x, stride_y, stride_q, eps, BD: tl.constexpr,
                          PDL: tl.constexpr, QMAX: tl.constexpr, STORE_Y: tl.constexpr = True):
-        launch_dependents(PDL)  # the next kernel may start prefetching its weights
-        grid_wait(PDL)
+        small_prologue(PDL)
         row = tl.program_id(0)
         offs = tl.arange(0, BD)
         mask = offs < D
@@ -65,8 +64,7 @@ if HAS_TRITON:
     def _add_rms_norm_kernel(x_ptr, d_ptr, w_ptr, s_ptr, y_ptr, q_ptr, qs_ptr, D, stride_x, stride_d, stride_s,
                              stride_y, stride_q, eps, BD: tl.constexpr, PDL: tl.constexpr, QMAX: tl.constexpr,
                              STORE_Y: tl.constexpr = True):
-        launch_dependents(PDL)
-        grid_wait(PDL)
+        small_prologue(PDL)
         row = tl.program_id(0)
         offs = tl.arange(0, BD)
         mask = offs < D
@@ -99,7 +97,7 @@ def _launch_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, qmax: float 
     y = _normed_buffer(x2.shape[0], d, x, weight, normed)
     q, qs, sq = codes_buffers(x2.shape[0], d, qmax, y, codes_dtype)
     bd = next_pow2(d)
-    pdl = pdl_enabled(y)
+    pdl = small_pdl(pdl_enabled(y))
     _rms_norm_kernel[(x2.shape[0],)](x2, weight, y, q, qs, d, x2.stride(0), y.stride(0), sq, eps, BD=bd, PDL=pdl,
                                      QMAX=qmax or 0.0, STORE_Y=normed, num_warps=4 if bd <= 4096 else 8,
                                      **launch_kwargs(pdl))
@@ -130,7 +128,7 @@ def _launch_add_norm(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor,
     y = _normed_buffer(x2.shape[0], d, x, weight, normed)
     q, qs, sq = codes_buffers(x2.shape[0], d, qmax, y, codes_dtype)
     bd = next_pow2(d)
-    pdl = pdl_enabled(y)
+    pdl = small_pdl(pdl_enabled(y))
     _add_rms_norm_kernel[(x2.shape[0],)](x2, d2, weight, s, y, q, qs, d, x2.stride(0), d2.stride(0), s.stride(0),
                                          y.stride(0), sq, eps, BD=bd, PDL=pdl, QMAX=qmax or 0.0, STORE_Y=normed,
                                          num_warps=4 if bd <= 4096 else 8, **launch_kwargs(pdl))

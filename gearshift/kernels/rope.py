@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from gearshift.kernels._triton import HAS_TRITON, tl, triton
-from gearshift.kernels.pdl import launch_kwargs, pdl_enabled
+from gearshift.kernels.pdl import launch_kwargs, pdl_enabled, small_pdl
 
 
 def rope_reference(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -23,7 +23,7 @@ def rope_reference(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tor
 
 if HAS_TRITON:
     from gearshift.kernels.indexing import split_bth
-    from gearshift.kernels.pdl import grid_wait, launch_dependents
+    from gearshift.kernels.pdl import small_prologue
 
     @triton.jit
     def rotate_row(xb, cos_row, sin_row, HALF: tl.constexpr, out_dtype: tl.constexpr):
@@ -41,8 +41,7 @@ if HAS_TRITON:
     @triton.jit
     def _rope_kernel(x_ptr, cos_ptr, sin_ptr, y_ptr, T, H, sxb, sxt, sxh, scb, sct, HALF: tl.constexpr,
                      PDL: tl.constexpr):
-        launch_dependents(PDL)
-        grid_wait(PDL)
+        small_prologue(PDL)
         pid = tl.program_id(0)  # one (b, t, h) row of D values
         b, t, h, _ = split_bth(pid, T, H)
         cb = b * scb + t * sct
@@ -61,7 +60,7 @@ def rope_triton(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.
         return rope_reference(x, cos, sin)
     cos, sin = cos.contiguous(), sin.contiguous()
     y = torch.empty((b, t, h, d), device=x.device, dtype=x.dtype)
-    pdl = pdl_enabled(y)
+    pdl = small_pdl(pdl_enabled(y))
     _rope_kernel[(b * t * h,)](x, cos, sin, y, t, h, x.stride(0), x.stride(1), x.stride(2), cos.stride(0),
                                cos.stride(1), HALF=d // 2, PDL=pdl, num_warps=1, **launch_kwargs(pdl))
     return y

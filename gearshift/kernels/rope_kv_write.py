@@ -14,7 +14,7 @@ import torch
 
 from gearshift.kernels._triton import HAS_TRITON, tl, triton
 from gearshift.kernels.kv_write import kv_write_reference
-from gearshift.kernels.pdl import launch_kwargs, pdl_enabled
+from gearshift.kernels.pdl import launch_kwargs, pdl_enabled, small_pdl
 from gearshift.kernels.rope import rope_reference
 
 
@@ -39,14 +39,13 @@ def rope_kv_write_reference(qkv: torch.Tensor, n_q: int, n_kv: int, cos: torch.T
 
 if HAS_TRITON:
     from gearshift.kernels.indexing import split_bth
-    from gearshift.kernels.pdl import grid_wait, launch_dependents
+    from gearshift.kernels.pdl import small_prologue
     from gearshift.kernels.rope import rotate_row
 
     @triton.jit
     def _rope_kv_write_kernel(x_ptr, cos_ptr, sin_ptr, q_ptr, kc_ptr, vc_ptr, tgt_ptr, T, HQ, HKV, sxb, sxt,
                               scb, sct, skb, skh, skp, HALF: tl.constexpr, PDL: tl.constexpr):
-        launch_dependents(PDL)
-        grid_wait(PDL)
+        small_prologue(PDL)
         # one (b, t, head) row of D values; heads 0..HQ-1 are q, HQ..HQ+HKV-1 are k (v follows k)
         b, t, h, bt = split_bth(tl.program_id(0), T, HQ + HKV)
         offs = tl.arange(0, HALF)
@@ -78,7 +77,7 @@ def rope_kv_write_triton(qkv: torch.Tensor, n_q: int, n_kv: int, cos: torch.Tens
         return rope_kv_write_reference(qkv, n_q, n_kv, cos, sin, k_cache, v_cache, target)
     cos, sin = cos.contiguous(), sin.contiguous()
     q = torch.empty((b, t, n_q, d), device=qkv.device, dtype=qkv.dtype)
-    pdl = pdl_enabled(q)
+    pdl = small_pdl(pdl_enabled(q))
     _rope_kv_write_kernel[(b * t * (n_q + n_kv),)](
         qkv, cos, sin, q, k_cache, v_cache, target, t, n_q, n_kv, qkv.stride(0), qkv.stride(1), cos.stride(0),
         cos.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), HALF=half, PDL=pdl, num_warps=1,

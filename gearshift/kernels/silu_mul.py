@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 from gearshift.kernels._triton import HAS_TRITON, interpreting, next_pow2, tl, triton
 from gearshift.kernels.act_quant import ActCodes, codes_buffers
-from gearshift.kernels.pdl import launch_kwargs, pdl_enabled
+from gearshift.kernels.pdl import launch_kwargs, pdl_enabled, small_pdl
 from gearshift.kernels.splitk import zeroed_words
 from gearshift.kernels.switches import swiglu_codes_for
 
@@ -33,12 +33,11 @@ def silu_mul_reference(gate_up: torch.Tensor) -> torch.Tensor:
 
 if HAS_TRITON:
     from gearshift.kernels.act_quant import row_codes, token_codes, token_scale
-    from gearshift.kernels.pdl import grid_wait, launch_dependents
+    from gearshift.kernels.pdl import small_prologue
 
     @triton.jit
     def _silu_mul_kernel(gu_ptr, y_ptr, I, stride_gu, stride_y, BLOCK: tl.constexpr, PDL: tl.constexpr):
-        launch_dependents(PDL)  # the down projection may start prefetching its weights
-        grid_wait(PDL)
+        small_prologue(PDL)
         row = tl.program_id(0)
         offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         mask = offs < I
@@ -58,8 +57,7 @@ if HAS_TRITON:
     def _silu_mul_codes_kernel(gu_ptr, y_ptr, q_ptr, qs_ptr, I, stride_gu, stride_y, stride_q, BLOCK: tl.constexpr,
                                PDL: tl.constexpr, QMAX: tl.constexpr, STORE_Y: tl.constexpr = True):
         """STORE_Y=False: the codes only (the product is rounded to y's dtype all the same)."""
-        launch_dependents(PDL)
-        grid_wait(PDL)
+        small_prologue(PDL)
         row = tl.program_id(0)
         offs = tl.arange(0, BLOCK)  # the whole row: its codes need its max
         mask = offs < I
@@ -87,8 +85,7 @@ if HAS_TRITON:
         max, arrives, waits for the row's P arrivals, then quantizes its chunk at the row's scale;
         the row's last program to finish resets the row's three words (max, arrivals, finished) to 0
         for the next launch. The max is order-free, so the codes are the one-program kernel's bits."""
-        launch_dependents(PDL)
-        grid_wait(PDL)
+        small_prologue(PDL)
         row = tl.program_id(0)
         n_prog = tl.num_programs(1)
         offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
@@ -173,7 +170,7 @@ def _rows(gate_up: torch.Tensor, product: bool = True):
 def silu_mul_triton(gate_up: torch.Tensor) -> torch.Tensor:
     gu, i, y = _rows(gate_up)
     block = 1024
-    pdl = pdl_enabled(y)
+    pdl = small_pdl(pdl_enabled(y))
     _silu_mul_kernel[(gu.shape[0], triton.cdiv(i, block))](gu, y, i, gu.stride(0), y.stride(0), BLOCK=block, PDL=pdl,
                                                            num_warps=4, **launch_kwargs(pdl))
     return y.reshape(*gate_up.shape[:-1], i)
@@ -198,7 +195,7 @@ def silu_mul_codes_triton(gate_up: torch.Tensor, qmax: float, codes_dtype: torch
         if gu.is_cuda and grid[0] * grid[1] > max_split_programs(gu.device):
             raise ValueError(f"{grid[0]} rows of {grid[1]} split programs could not all be resident at once "
                              f"(at most {max_split_programs(gu.device)} on this GPU): use split=False")
-        pdl = pdl_enabled(y)
+        pdl = small_pdl(pdl_enabled(y))
         _silu_mul_codes_split_kernel[grid](gu, y, q, qs, _sync_words(gu.device, gu.shape[0]), i, gu.stride(0),
                                            y.stride(0), sq, BLOCK=split_block, PDL=pdl, QMAX=qmax, STORE_Y=product,
                                            num_warps=4, **launch_kwargs(pdl))
@@ -207,7 +204,7 @@ def silu_mul_codes_triton(gate_up: torch.Tensor, qmax: float, codes_dtype: torch
     if block > CODES_MAX_WIDTH:
         raise ValueError(f"SwiGLU codes need the whole row in one program: width {i} > {CODES_MAX_WIDTH}")
     warps = warps or (4 if block <= 4096 else 8 if block <= 8192 else 32)  # swiglu_codes.py: 32 best at 14336
-    pdl = pdl_enabled(y)
+    pdl = small_pdl(pdl_enabled(y))
     _silu_mul_codes_kernel[(gu.shape[0],)](gu, y, q, qs, i, gu.stride(0), y.stride(0), sq, BLOCK=block, PDL=pdl,
                                            QMAX=qmax, STORE_Y=product, num_warps=warps, **launch_kwargs(pdl))
     return (y.reshape(*gate_up.shape[:-1], i) if product else None), ActCodes(q, qs, qmax)

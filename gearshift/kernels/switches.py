@@ -11,7 +11,8 @@ from __future__ import annotations
 from gearshift.kernels._triton import HAS_TRITON
 
 _FUSED = {"enabled": True, "on_cpu": False, "swiglu_codes": True, "swiglu_codes_min_rows": 1,
-          "decode_attention": True, "decode_attention_codes": False, "gemv_trigger": -1}
+          "decode_attention": True, "decode_attention_codes": False, "gemv_trigger": -1,
+          "small_trigger": "rule"}
 
 
 def state() -> tuple:
@@ -25,6 +26,8 @@ def set_switches(**values) -> None:
     unknown = set(values) - set(_FUSED)
     if unknown:
         raise ValueError(f"unknown switches {sorted(unknown)}; known: {sorted(_FUSED)}")
+    if "small_trigger" in values and values["small_trigger"] not in SMALL_TRIGGERS:
+        raise ValueError(f"small_trigger must be one of {SMALL_TRIGGERS}, not {values['small_trigger']!r}")
     for k, v in values.items():
         _FUSED[k] = type(_FUSED[k])(v)
 
@@ -90,3 +93,52 @@ def gemv_trigger() -> int:
     """-1: the fragment GEMV lets its PDL successor in where `int4_mma_gemv.pdl_trigger` says; 0-3:
     at that one point for every launch (end-to-end A/B of the rule; the bits never change)."""
     return _FUSED["gemv_trigger"]
+
+
+
+SMALL_TRIGGERS = ("rule", "start", "wait")
+_PASS = {"small": None}  # the running forward pass's resolved small trigger (`small_trigger_pass`)
+
+
+def small_trigger_rule(rows: int, codes: bool) -> str:
+    """Where the small kernels between the linears (RMSNorm, SwiGLU, RoPE + KV write, the activation
+    quantizer) let their PDL successor in, for a pass of `rows` tokens whose linears take activation
+    codes or not: "start" (before their wait, so the next linear preloads its weights while they
+    wait) or "wait" (right after it, once their predecessor has completed).
+
+    Stop 44 (`engine_trace.py`): with "start", a linear that lets its successor in early lets the linear
+    after the norm in too, and two linears share the SMs. Stop 45 (`benchmarks/trigger_matrix.py`, the
+    engine's graphed decode step on the H100): "wait" costs W4A16 3.4-3.7% at 1-2 tokens, is even at
+    3-16 under the old GEMV rule and lets the GEMV trigger earlier from 3 tokens without losing; W4A8
+    (codes) gains 0.5-1.9% from it at every batch. Timing only: the bits never change."""
+    return "start" if rows <= 2 and not codes else "wait"
+
+
+class small_trigger_pass:
+    """Context of one forward pass: the small kernels launched inside it trigger where the switch
+    says ("rule": `small_trigger_rule(rows, codes)`). Outside any pass they trigger at their start."""
+
+    def __init__(self, rows: int, codes: bool):
+        where = _FUSED["small_trigger"]
+        self.where = small_trigger_rule(rows, codes) if where == "rule" else where
+
+    def __enter__(self):
+        self.before, _PASS["small"] = _PASS["small"], self.where
+        return self
+
+    def __exit__(self, *exc):
+        _PASS["small"] = self.before
+
+
+def small_trigger() -> str:
+    """The small kernels' trigger for the launch at hand: "start" or "wait" (see `small_trigger_rule`)."""
+    if _PASS["small"] is not None:
+        return _PASS["small"]
+    return "start" if _FUSED["small_trigger"] == "rule" else _FUSED["small_trigger"]
+
+
+def set_small_trigger(where: str) -> None:
+    """"rule" (the default), or "start" / "wait" for every pass (A/B timing)."""
+    if where not in SMALL_TRIGGERS:
+        raise ValueError(f"small_trigger must be one of {SMALL_TRIGGERS}, not {where!r}")
+    _FUSED["small_trigger"] = where

@@ -22,11 +22,12 @@ from gearshift.kernels.rope import rope_triton
 from gearshift.kernels.rope_kv_write import split_qkv
 from gearshift.kernels.silu_mul import emits_codes, silu_mul_codes_triton, silu_mul_reference, silu_mul_triton
 from gearshift.kernels.switches import (decode_attention_codes_on, decode_attention_on, fused_for,  # noqa: F401
-                                       set_fused_kernels)  # (set_fused_kernels: re-exported)
+                                       set_fused_kernels, small_trigger_pass)  # (set_fused_kernels: re-exported)
 from gearshift.model.config import ModelConfig
 from gearshift.model.kv_cache import KVCache
 from gearshift.model.quant_linear import CodesOnly, QuantLinear
 from gearshift.model.rope import Rotary, apply_rotary
+from gearshift.quant.modes import get_mode
 
 
 class RMSNorm(nn.Module):
@@ -244,6 +245,12 @@ class Transformer(nn.Module):
     def forward_tensors(self, tokens: torch.Tensor, positions: torch.Tensor, n_new: torch.Tensor, cache: KVCache,
                         upto: int, mode: str, logits: str) -> torch.Tensor:
         """The forward on device tensors only (no host data): what CUDA graphs capture."""
+        b, t = tokens.shape
+        m = get_mode(mode) if isinstance(mode, str) else mode
+        with small_trigger_pass(b * t, codes=m.act is not None):  # where its norms etc. let PDL successors in
+            return self._forward_tensors(tokens, positions, n_new, cache, upto, mode, logits)
+
+    def _forward_tensors(self, tokens, positions, n_new, cache, upto, mode, logits):
         b, t = tokens.shape
         dev = tokens.device
         steps = torch.arange(t, device=dev).unsqueeze(0)
