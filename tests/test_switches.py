@@ -20,5 +20,5 @@ def test_set_switches_casts_keys_graphs_and_rejects_unknown_names():
 
 def test_gemv_trigger_defaults_to_the_rule():
     assert switches.gemv_trigger() == -1
-    assert [pdl_trigger(m) for m in (1, 2, 3, 4, 5, 8, 9, 16, 64)] == [1, 1, 1, 1, 2, 2, 3, 3, 0]
+    assert [pdl_trigger(m) for m in (1, 2, 3, 4, 5, 8, 9, 16, 64)] == [1, 1, 1, 1, 2, 2, 2, 3, 0]
     assert [pdl_trigger(m, codes=True) for m in (1, 2, 3, 4, 5, 16)] == [1, 1, 2, 2, 0, 0]

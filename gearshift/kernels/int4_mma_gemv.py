@@ -1123,12 +1123,14 @@ def pdl_trigger(m: int, codes: bool = False) -> int:
     Stop 45: those losses came from the small kernels between the linears letting the next linear in at
     their own start. With them triggering after their wait (`switches.small_trigger_rule`: from 3 tokens
     on bf16 inputs) the engine's graphed decode step (`trigger_matrix.py`) took the start trigger at
-    3 / 4 tokens to 0.999 / 0.996 of the old rule (linears 0.992 / 0.987) and the trigger right after the
-    wait at 12 / 16 to 0.980 / 0.989 (linears 0.910 / 0.947); at 5..8 the trigger after the loop stays
-    (right after the wait: 1.14-1.20 there, on the engine and on linears). Codes paths: unchanged."""
+    3 / 4 tokens to 0.999 / 0.996 of the old rule (linears 0.992 / 0.987). At 9..16 tokens (the map's
+    16-token tiles) the trigger after the loop beat the one right after the wait at batch 10 / 12
+    (engine 1.012 / 1.005 for the latter) and lost at 16 (0.985; linears 0.95-0.96 at 12 / 16), so 2 up to
+    12 tokens and 3 above. At 5..8 the trigger after the loop stays (right after the wait: 1.14-1.20 there,
+    on the engine and on linears). Codes paths: unchanged."""
     if codes:
         return 1 if m <= 2 else 2 if m <= 4 else 0
-    return 1 if m <= 4 else 2 if m <= 8 else 3 if m <= 16 else 0
+    return 1 if m <= 4 else 2 if m <= 12 else 3 if m <= 16 else 0
 
 
 def mma_gemv_quantized(x2: torch.Tensor, store: Int4Weight, act, cfg: TileConfig, int8: bool = False) -> torch.Tensor:
