@@ -36,7 +36,7 @@ def parse_switches(spec: str) -> dict:
         try:
             out[name] = int(value) if value.lstrip("-").isdigit() else float(value)
         except ValueError:
-            out[name] = value if isinstance(switches._FUSED.get(name), str) else value not in ("false", "False", "")
+            out[name] = value if isinstance(dict(switches.state()).get(name), str) else value not in ("false", "False", "")
     return out
 
 

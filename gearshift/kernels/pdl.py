@@ -19,6 +19,9 @@ Contract for every kernel launched with `launch_kwargs()`: no load of an input w
 earlier kernel, and no store at all, before `grid_wait()`. A kernel that calls
 `launch_dependents()` lets the next PDL kernel be scheduled once all of its programs have started;
 that kernel still waits for this one to complete before it reads anything this one writes.
+The small kernels between the linears enter through `small_prologue()`, which triggers before or after
+their wait as `switches.small_trigger_rule` says (after it, an early trigger of the linear before them
+cannot let the next linear in beside it: stop 45).
 `set_pdl(False)` (or GEARSHIFT_PDL=0) launches everything plainly; the results are identical.
 """
 
@@ -30,6 +33,7 @@ import os
 import torch
 
 from gearshift.kernels._triton import HAS_TRITON, interpreting, tl, triton
+from gearshift.kernels.switches import small_trigger
 
 
 def _env_on(name: str) -> bool:
@@ -84,8 +88,6 @@ def l2_prefetch_enabled(t: torch.Tensor) -> bool:
 def small_pdl(on: bool) -> int:
     """The PDL constexpr of a small kernel between the linears (`small_prologue`): 0 plain, 1 let
     the next kernel in before the wait, 2 after it (`switches.small_trigger`)."""
-    from gearshift.kernels.switches import small_trigger
-
     return 0 if not on else 1 if small_trigger() == "start" else 2
 
 
