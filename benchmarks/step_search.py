@@ -56,6 +56,8 @@ def main() -> None:
                     help="time each candidate on the engine's graphed decode step at batch M (engine_step.py: norms, "
                     "attention, SwiGLU and lm_head around the linears) instead of on the 128 linears alone")
     ap.add_argument("--context", type=int, default=512, help="--engine: cached tokens each sequence attends to")
+    ap.add_argument("--against", metavar="MAP", help="compare the found picks in the final alternating rounds with this "
+                    "map's picks instead of --policy's (e.g. the shipped map when --policy is a re-profiled one)")
     ap.add_argument("--tag", default="")
     a = ap.parse_args()
     for (mod, attr), v in kernel_switches(a.set).items():
@@ -71,6 +73,7 @@ def main() -> None:
     res = {"device": torch.cuda.get_device_name(), "mode": a.mode, "int4_prog": s8, "set": a.set,
            "target": f"engine decode step, context {a.context}" if a.engine else "128 linears", "m": {}}
     found = PolicyMap.from_json(pm_json)
+    against = PolicyMap.from_json(json.loads(Path(a.against).read_text())) if a.against else None
     for m in (int(v) for v in a.m.split(",")):
         if a.engine:
             engine = EngineStep("llama3-8b", a.mode, s8, m, a.context, models=models)
@@ -92,12 +95,15 @@ def main() -> None:
             if "ratio" in e:
                 print(f"  {e['key']}: best alternative {statistics.median(e['confirm_best']):.3f} vs "
                       f"{statistics.median(e['confirm_cur']):.3f} ({e['ratio']:.3f}){' taken' if e['taken'] else ''}")
+        base = {key: c[0] for key, c in cands.items()}
+        if a.against:
+            base = {key: candidates(against, key, m, 1)[0] for key in keys}
         tf, ts = [], []
         for _ in range(a.rounds):
-            ts.append(step_ms({key: c[0] for key, c in cands.items()}))
+            ts.append(step_ms(base))
             tf.append(step_ms(cur))
         ratio = statistics.median(tf) / statistics.median(ts)
-        res["m"][m] = {"shipped_ms": ts, "found_ms": tf, "ratio": ratio, "choices": cur,
+        res["m"][m] = {"shipped_ms": ts, "found_ms": tf, "ratio": ratio, "choices": cur, "against": a.against or a.policy,
                        "changed": [k for k in keys if cur[k] != cands[k][0]], "log": log}
         print(f"M={m}: found {statistics.median(tf):.3f} ms vs shipped {statistics.median(ts):.3f} ({ratio:.3f}); "
               f"changed {res['m'][m]['changed']}", flush=True)
