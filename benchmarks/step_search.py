@@ -97,7 +97,11 @@ def main() -> None:
                       f"{statistics.median(e['confirm_cur']):.3f} ({e['ratio']:.3f}){' taken' if e['taken'] else ''}")
         base = {key: c[0] for key, c in cands.items()}
         if a.against:
-            base = {key: candidates(against, key, m, 1)[0] for key in keys}
+            picks = {key: candidates(against, key, m, 1) for key in keys}
+            missing = [key for key, c in picks.items() if not c]
+            if missing:
+                raise SystemExit(f"--against {a.against} has no pick at M={m} for {missing}")
+            base = {key: c[0] for key, c in picks.items()}
         tf, ts = [], []
         for _ in range(a.rounds):
             ts.append(step_ms(base))
