@@ -48,11 +48,11 @@ def tile(choice) -> str:
 def rows(pm: PolicyMap, mode: str, shapes, m_list, copy_bw: float) -> list[dict]:
     out = []
     for name, n, k in shapes:
-        key = next((key for key in pm.entries if parse_type_key(key) is not None
-                    and parse_type_key(key)[0] == mode and parse_type_key(key)[2:] == (n, k)), None)
-        if key is None:
+        t = next(((key, t) for key, t in ((key, parse_type_key(key)) for key in pm.entries)
+                  if t is not None and t[0] == mode and t[2:] == (n, k)), None)
+        if t is None:
             continue
-        group = parse_type_key(key)[1]
+        key, group = t[0], t[1][1]
         for m in m_list:
             c = pm.lookup(key, m)
             if c is None or not c.us:

@@ -89,13 +89,14 @@ def main() -> None:
             return time_step(codes_step_fn(model, xs, d, act, codes))
 
         cands = {key: candidates(shipped, key, m, a.top) for key in keys}
-        print(f"M={m}: shipped {step_ms({key: c[0] for key, c in cands.items()}):.3f} ms", flush=True)
+        start = {key: c[0] for key, c in cands.items()}
+        print(f"M={m}: shipped {step_ms(start):.3f} ms", flush=True)
         cur, log = coordinate_descent(cands, step_ms, passes=a.passes, confirm=a.confirm, min_gain=a.min_gain)
         for e in log:
             if "ratio" in e:
                 print(f"  {e['key']}: best alternative {statistics.median(e['confirm_best']):.3f} vs "
                       f"{statistics.median(e['confirm_cur']):.3f} ({e['ratio']:.3f}){' taken' if e['taken'] else ''}")
-        base = {key: c[0] for key, c in cands.items()}
+        base = start
         if a.against:
             picks = {key: candidates(against, key, m, 1) for key in keys}
             missing = [key for key, c in picks.items() if not c]
@@ -108,7 +109,7 @@ def main() -> None:
             tf.append(step_ms(cur))
         ratio = statistics.median(tf) / statistics.median(ts)
         res["m"][m] = {"shipped_ms": ts, "found_ms": tf, "ratio": ratio, "choices": cur, "against": a.against or a.policy,
-                       "changed": [k for k in keys if cur[k] != cands[k][0]], "log": log}
+                       "changed": [k for k in keys if cur[k] != start[k]], "log": log}
         print(f"M={m}: found {statistics.median(tf):.3f} ms vs shipped {statistics.median(ts):.3f} ({ratio:.3f}); "
               f"changed {res['m'][m]['changed']}", flush=True)
         adopt(found, cur, m)  # the shipped entries of unchanged keys stay as they are

@@ -82,7 +82,6 @@ def main() -> None:
 
     from e2e import model_for
     from gearshift.dispatch import get_dispatcher
-    from gearshift.model.cuda_graphs import GraphRunner
     from gearshift.model.step_timer import DecodeStepTimer
 
     cs = combos(gemv, small)
@@ -94,8 +93,7 @@ def main() -> None:
               "context": a.context, "base": base, "batches": {}}
     try:
         for b in (int(x) for x in a.batches.split(",")):
-            timer = DecodeStepTimer(model, a.mode, b, a.context)
-            timer.runner = GraphRunner(max_graphs=len(cs) + 1)  # one capture per combination, kept
+            timer = DecodeStepTimer(model, a.mode, b, a.context, max_graphs=len(cs) + 1)  # a capture per combination
             times = {label(c): [] for c in cs}
             for r in range(a.rounds):
                 for c in (cs if r % 2 == 0 else cs[::-1]):

@@ -1106,28 +1106,16 @@ def xshare_args(tiles: int, kwarps: int, dtype) -> dict:
 
 def pdl_trigger(m: int, codes: bool = False) -> int:
     """Where a PDL launch lets the next kernel in: 1 = at the start, 2 = after the main loop, 3 = right
-    after the PDL wait, 0 = at exit (benchmarks/pdl.py on the H100: early paid off only for a single
-    token; since the preloading tiles, also for two: policy_ab, whole W4A16 step 0.958-0.969, W4A8
-    0.990, while at 4 / 8 tokens W4A8 lost 1% / W4A16 14%).
-    Stop 36: on chains of linears alone (policy_ab) a trigger after the main loop at 5..8 tokens and
-    right after the wait at 9..16 (bf16) ran the step in 0.92-0.94 of the time; in the engine, whose
-    linears are followed by norms, attention and SwiGLU, not by another linear's weight preload, the
-    same rule made the graphed decode step 1.06-1.14x as long at batch 8 / 16 (e2e_ab, W4A16 and W4A8).
-    Stop 43 (`engine_trace.py`): right after the wait loses in the engine because a linear lets the
-    norm in, the norm lets the next linear in, and two linears then share the SMs (1.13-1.14x). After
-    the main loop, on stop 43's tiles, W4A16 (bf16 inputs) at 5..8 tokens measured 0.923 / 0.982 /
-    0.960 of the exit trigger end to end at batch 8 in three calls (0.982 at batch 6) and 0.93-0.94 on
-    the linears. Stop 36 had measured 1.062 at batch 8 with stop 36's tiles; why is not known. At 9..16
-    tokens it lost end to end (1.012 / 1.036), and on activation codes (W4A8 / W4A4 / fp8; `codes`) it
-    was even (1.014 / 0.985 at batch 8). Judge this rule end to end, not on linears alone.
-    Stop 45: those losses came from the small kernels between the linears letting the next linear in at
-    their own start. With them triggering after their wait (`switches.small_trigger_rule`: from 3 tokens
-    on bf16 inputs) the engine's graphed decode step (`trigger_matrix.py`) took the start trigger at
-    3 / 4 tokens to 0.999 / 0.996 of the old rule (linears 0.992 / 0.987). At 9..16 tokens (the map's
-    16-token tiles) the trigger after the loop beat the one right after the wait at batch 10 / 12
-    (engine 1.012 / 1.005 for the latter) and lost at 16 (0.985; linears 0.95-0.96 at 12 / 16), so 2 up to
-    12 tokens and 3 above. At 5..8 the trigger after the loop stays (right after the wait: 1.14-1.20 there,
-    on the engine and on linears). Codes paths: unchanged."""
+    after the PDL wait, 0 = at exit; `codes`: the launch reads activation codes (W4A8 / W4A4 / fp8).
+    Why these points (H100; the measurements are "Stop 36" to "Stop 45" in docs/kernels_history.md):
+    chains of linears alone (policy_ab) want early triggers everywhere, but in the engine a norm,
+    attention or SwiGLU sits between the linears. Early triggers lost there until stop 45 made those
+    small kernels let their successor in only after their own wait (`switches.small_trigger_rule`);
+    since then the engine's graphed decode step (`trigger_matrix.py`) is fastest on bf16 inputs with
+    the start trigger to 4 tokens, after the loop to 12 and right after the wait at 13-16 (0.97-0.98 of
+    the earlier rule at 3 / 4 / 10 / 12 / 16 tokens; right after the wait costs 1.14-1.20x at 5..8).
+    On codes, triggers after 4 tokens stayed even or lost end to end, so they keep the exit trigger.
+    Judge this rule end to end, not on linears alone."""
     if codes:
         return 1 if m <= 2 else 2 if m <= 4 else 0
     return 1 if m <= 4 else 2 if m <= 12 else 3 if m <= 16 else 0

@@ -23,7 +23,7 @@ from gearshift.model.kv_cache import KVCache
 class DecodeStepTimer:
     """One decode step of `model` at a batch and context, timed under any dispatcher."""
 
-    def __init__(self, model, mode: str, batch: int, context: int = 512, seed: int = 0):
+    def __init__(self, model, mode: str, batch: int, context: int = 512, seed: int = 0, max_graphs: int = 2):
         if not torch.cuda.is_available() or model.device.type != "cuda":
             raise RuntimeError("DecodeStepTimer times CUDA graphs: it needs the model on a CUDA GPU")
         self.model, self.mode, self.context = model, mode, int(context)
@@ -33,7 +33,8 @@ class DecodeStepTimer:
         gen = torch.Generator(device=model.device).manual_seed(seed)
         self.tokens = torch.randint(0, model.config.vocab_size, (batch, 1), device=model.device, generator=gen)
         self.start, self.n_new = [self.context] * batch, [1] * batch
-        self.runner = GraphRunner(max_graphs=2)  # each capture holds its memory pool: keep only the last ones
+        # each capture holds its memory pool: keep only the last ones (more when several settings alternate)
+        self.runner = GraphRunner(max_graphs=max_graphs)
 
     def _step(self):
         return self.runner.run(self.model, self.tokens, self.cache, self.start, self.n_new, self.context + 1,
