@@ -137,7 +137,7 @@ def test_the_model_runs_it_and_feeds_o_its_codes(monkeypatch, preset):
                         lambda *a, **kw: calls.append(a[3].shape) or real(*a, **kw))
     torch.manual_seed(0)
     model = build_random_model(preset, weights="int4", device=DEV, dtype=torch.bfloat16)
-    ids = torch.randint(0, 512, (3, 5), device=DEV)  # three sequences: fewer keep SDPA (MIN_BATCH)
+    ids = torch.randint(0, 512, (3, 5), device=DEV)  # three sequences
     old = get_dispatcher()
     set_dispatcher(d := CodesDispatcher())
     try:
@@ -189,18 +189,33 @@ def test_graphs_are_keyed_by_the_switches():
         model.use_cuda_graphs = False
 
 
-@pytest.mark.parametrize("batch", [1, 2])
-def test_one_or_two_sequences_keep_sdpa(monkeypatch, batch):
-    from gearshift.kernels.switches import fused_on_cpu
+def test_the_model_runs_it_from_the_min_batch_switch(monkeypatch):
+    """One sequence's decode step attends with this kernel by default (stop 46); with
+    `decode_attention_min_batch=2` it keeps SDPA, and the logits agree either way."""
+    from gearshift.kernels import decode_attention as da
+    from gearshift.kernels import switches
     from gearshift.model.tiny import build_random_model
 
     calls = []
-    monkeypatch.setattr("gearshift.model.transformer.decode_attention_triton", lambda *a, **kw: calls.append(1))
-    model = build_random_model("tiny", weights="int4", device=DEV, dtype=torch.bfloat16)
-    fused_on_cpu(True)
+    real = da.decode_attention_triton
+    monkeypatch.setattr("gearshift.model.transformer.decode_attention_triton",
+                        lambda *a, **kw: calls.append(a[0].shape) or real(*a, **kw))
+    torch.manual_seed(0)
+    model = build_random_model("tiny", device=DEV, dtype=torch.bfloat16)
+    ids = torch.randint(0, 512, (1, 4), device=DEV)
+    before = switches.state()
+    outs = []
     try:
-        cache = model.new_cache(batch, 8)
-        model(torch.randint(0, 512, (batch, 3), device=DEV), cache, [0] * batch, [3] * batch, mode="w4a16")
+        switches.fused_on_cpu(True)
+        for min_batch in (1, 2):
+            switches.set_switches(decode_attention_min_batch=min_batch)
+            calls.clear()
+            cache = model.new_cache(1, 8)
+            model(ids, cache, [0], [4])
+            outs.append(model(ids[:, -1:], cache, [4], [1]))
+            n = model.config.num_hidden_layers
+            assert len(calls) == (2 * n if min_batch == 1 else 0)
     finally:
-        fused_on_cpu(False)
-    assert calls == []
+        switches.fused_on_cpu(False)
+        switches.set_switches(**dict(before))
+    torch.testing.assert_close(outs[0], outs[1], atol=0.05, rtol=0.05)

@@ -94,16 +94,16 @@ def test_small_trigger_switch():
     # the rule: at their start only for 1-2 tokens on bf16 inputs (stop 45, trigger_matrix.py)
     assert [switches.small_trigger_rule(r, False) for r in (1, 2, 3, 16, 512)] == ["start", "start", "wait", "wait", "wait"]
     assert [switches.small_trigger_rule(r, True) for r in (1, 2, 16)] == ["wait"] * 3
-    with switches.small_trigger_pass(4, codes=False):
+    with switches.pdl_pass(4, codes=False):
         assert switches.small_trigger() == "wait" and pdl.small_pdl(True) == 2
-        with switches.small_trigger_pass(1, codes=False):
+        with switches.pdl_pass(1, codes=False):
             assert pdl.small_pdl(True) == 1
         assert pdl.small_pdl(True) == 2
     assert switches.small_trigger() == "start"
     try:
         switches.set_small_trigger("wait")
         assert pdl.small_pdl(True) == 2 and pdl.small_pdl(False) == 0
-        with switches.small_trigger_pass(1, codes=False):  # a fixed setting overrides the rule
+        with switches.pdl_pass(1, codes=False):  # a fixed setting overrides the rule
             assert switches.small_trigger() == "wait"
         assert ("small_trigger", "wait") in switches.state()
     finally:

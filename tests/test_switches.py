@@ -25,8 +25,9 @@ def test_gemv_trigger_defaults_to_the_rule():
 
 
 def test_forward_pass_resolves_the_small_trigger(monkeypatch):
-    """The model resolves the small kernels' PDL trigger once per forward pass, from its rows and
-    whether its mode's linears take activation codes (`small_trigger_rule`), and restores it after."""
+    """The model resolves the small kernels' PDL trigger and decode attention's launch point once per
+    forward pass, from its rows and whether its mode's linears take activation codes
+    (`small_trigger_rule`, `decode_attention_launch_rule`), and restores them after."""
     import torch
 
     from gearshift.model import transformer
@@ -34,19 +35,36 @@ def test_forward_pass_resolves_the_small_trigger(monkeypatch):
 
     seen = []
 
-    class Recorder(switches.small_trigger_pass):
+    class Recorder(switches.pdl_pass):
         def __enter__(self):
-            seen.append((self.where, switches.small_trigger()))
+            seen.append((self.small, switches.small_trigger()))
             out = super().__enter__()
-            seen[-1] += (switches.small_trigger(),)
+            seen[-1] += (switches.small_trigger(), switches.attention_launch(64))
             return out
 
-    monkeypatch.setattr(transformer, "small_trigger_pass", Recorder)
+    monkeypatch.setattr(transformer, "pdl_pass", Recorder)
     torch.manual_seed(0)
     model = build_random_model("tiny", weights="int4", device="cpu", dtype=torch.float32)
     for mode, b, t in (("w4a16", 1, 1), ("w4a16", 2, 2), ("w4a8", 1, 1)):
         cache = model.new_cache(b, 8)
         model(torch.randint(0, 512, (b, t)), cache, [0] * b, [t] * b, mode=mode)
-    # (resolved, before the pass, inside it): 1 and 4 rows on bf16 inputs, 1 row on codes
-    assert seen == [("start", "start", "start"), ("wait", "start", "wait"), ("wait", "start", "wait")]
-    assert switches.small_trigger() == "start"
+    # (resolved, before the pass, inside it, attention inside it): 1 and 4 rows on bf16 inputs, 1 row on codes
+    assert seen == [("start", "start", "start", "off"), ("wait", "start", "wait", "start"),
+                    ("wait", "start", "wait", "start")]
+    assert switches.small_trigger() == "start" and switches.attention_launch(1) == "off"
+
+
+def test_decode_attention_launch_rule_and_override():
+    """Decode attention runs from one sequence and lets o in without PDL at 1-2 rows on bf16 inputs,
+    else at its start (stop 46); the switch overrides the rule for every launch and rejects unknown points."""
+    before = switches.state()
+    try:
+        assert switches.decode_attention_min_batch() == 1
+        assert [switches.decode_attention_launch(r) for r in (1, 2, 3, 4, 64)] == ["off", "off"] + ["start"] * 3
+        assert [switches.decode_attention_launch(r, codes=True) for r in (1, 2, 3)] == ["start"] * 3
+        switches.set_switches(decode_attention_launch="loop", decode_attention_min_batch="3")
+        assert switches.decode_attention_launch(1) == "loop" and switches.decode_attention_min_batch() == 3
+        with pytest.raises(ValueError, match="decode_attention_launch must be one of"):
+            switches.set_switches(decode_attention_launch="early")
+    finally:
+        switches.set_switches(**dict(before))

@@ -8,6 +8,9 @@ PTX stripped one piece at a time (GPU; timing only, the stripped variants give w
   so the weight and activation loads stay live and everything outside the block (scales, the
   fold FMAs, the in-CTA reduction, split-K, stores, PDL) is unchanged;
 - `weights only`: the same without the x loads;
+- `no sum MMAs`: shipped without the token-sum MMAs (A = 1.0), which the scale-after needs;
+- `bf16 dequant`: no sum MMAs, and two bf16x2 FMAs per weight pair instead (offset off, s * q + m):
+  the instruction stream of a kernel that dequantizes before the MMA;
 - `trigger at exit` (--trigger-exit): shipped, but every launch lets its PDL successor in only at
   its exit (`int4_mma_gemv.TRIGGER = 0`);
 - `no scale loads` (--no-scales): shipped, and stripped to its weights, without the scale / min loads
@@ -23,6 +26,7 @@ block's instructions; if it is near `shipped`, in the kernel's skeleton (grid, l
     PYTHONPATH=. python benchmarks/mma_ablations/step_ladder.py --m 1,2,4,8,16 --out benchmarks/results
 """
 import argparse
+import re
 import statistics
 import sys
 from pathlib import Path
@@ -63,16 +67,45 @@ def loads_only(asm: str, rows: int, tiles: int, x: bool) -> str:
     return "\n".join(lines)
 
 
-def variants(s8: bool) -> dict:
-    base = mg.MMA_ASM_S8 if s8 else mg.MMA_ASM
+SUM_MMA = "{one, one, one, one}"
+
+
+def no_sum_mma(asm: str) -> str:
+    """The block without its token-sum MMAs (A = 1.0): what they cost (wrong results)."""
+    return "\n".join(line for line in asm.split("\n") if SUM_MMA not in line)
+
+
+def bf16_dequant(asm: str) -> str:
+    """The block as a dequantize-before-MMA kernel would run it (timing only, wrong results): each
+    bf16 pair 128 + q gets the offset removed and s * q + m applied in bf16x2 (two FMAs, with
+    per-block stand-ins for s and m that ptxas cannot fold), and the token-sum MMAs are gone."""
+    if "0x43004300" not in asm:
+        return asm
+    w0 = re.search(r"lop3\.b32 a0, (\$\d+),", asm).group(1)
+    out = []
+    for line in no_sum_mma(asm).split("\n"):
+        out.append(line)
+        if line.startswith("mov.b32 mg,"):
+            out += [".reg .b32 n128, s2, m2;", "mov.b32 n128, 0xC300C300;", f"shr.b32 s2, {w0}, 31;",
+                    "or.b32 s2, s2, 0x3F803F80;", f"shr.b32 m2, {w0}, 30;"]
+        elif line.startswith("lop3.b32 "):
+            reg = line.split()[1].rstrip(",")
+            out += [f"fma.rn.bf16x2 {reg}, {reg}, one, n128;", f"fma.rn.bf16x2 {reg}, {reg}, s2, m2;"]
+    return "\n".join(out)
+
+
+def variants(s8: bool, shared: bool = False) -> dict:
+    base = (mg.MMA_ASM_S8_SHARED if shared else mg.MMA_ASM_S8) if s8 else (mg.MMA_ASM_SHARED if shared else mg.MMA_ASM)
     keys = list(base)
     rt = (lambda k: k) if s8 else (lambda k: k[1:])
-    return {
-        "shipped": dict(base),
-        "no x loads": {k: no_xloads(base[k]) for k in keys},
-        "loads only": {k: loads_only(base[k], *rt(k), x=True) for k in keys},
-        "weights only": {k: loads_only(base[k], *rt(k), x=False) for k in keys},
-    }
+    out = {"shipped": dict(base),
+           "no sum MMAs": {k: no_sum_mma(base[k]) for k in keys},
+           "bf16 dequant": {k: bf16_dequant(base[k]) for k in keys}}
+    if not shared:
+        out |= {"no x loads": {k: no_xloads(base[k]) for k in keys},
+                "loads only": {k: loads_only(base[k], *rt(k), x=True) for k in keys},
+                "weights only": {k: loads_only(base[k], *rt(k), x=False) for k in keys}}
+    return out
 
 
 def main() -> None:
@@ -83,6 +116,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--skeleton", action="store_true", help="also time the streaming skeleton chain")
     ap.add_argument("--no-strip", action="store_true", help="leave out the stripped-PTX variants")
+    ap.add_argument("--only", default="", help="comma-separated variant names to time (default: all)")
     ap.add_argument("--trigger-exit", action="store_true", help="add the trigger-at-exit variant")
     ap.add_argument("--no-scales", action="store_true", help="add variants without the scale / min loads")
     ap.add_argument("--residency", default="", help="CTAs per SM caps to add as variants, e.g. 1,2,3")
@@ -105,11 +139,16 @@ def main() -> None:
         sk = skeleton(SimpleNamespace(layers=layers, per_sm=""), 16 * 256, 8 * 256, persistent_too=False)
         res["skeleton"] = sk
     table = mg.MMA_ASM_S8 if s8 else mg.MMA_ASM
+    table_shared = mg.MMA_ASM_S8_SHARED if s8 else mg.MMA_ASM_SHARED
     asms = variants(s8)
+    asms_shared = variants(s8, shared=True)
     # label -> (block PTX table, int4_mma_gemv switches)
     vs = {"shipped": (asms["shipped"], {})}
     if not a.no_strip:
         vs |= {name: (t, {}) for name, t in asms.items() if name != "shipped"}
+    if a.only:
+        keep = {"shipped", *a.only.split(",")}
+        vs = {name: v for name, v in vs.items() if name in keep}
     if a.trigger_exit:
         vs["trigger at exit"] = (asms["shipped"], {"TRIGGER": 0})
     if a.no_scales:
@@ -128,10 +167,12 @@ def main() -> None:
             for name in names:
                 asm, sw = vs[name]
                 table.update(asm)
+                table_shared.update(asms_shared.get(name, asms_shared["shipped"]))
                 for k, v in (defaults | sw).items():
                     setattr(mg, k, v)
                 t[name].append(time_step(codes_step_fn(model, xs, d, act, codes)))
         table.update(asms["shipped"])
+        table_shared.update(asms_shared["shipped"])
         for k, v in defaults.items():
             setattr(mg, k, v)
         res["ms"][m] = {name: statistics.median(v) for name, v in t.items()} | {"runs": t}

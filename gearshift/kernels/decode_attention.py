@@ -23,7 +23,6 @@ slot is the cache's scratch slot past every key, see all `upto` keys (their rows
 from __future__ import annotations
 
 import math
-import os
 
 import torch
 import torch.nn.functional as F
@@ -32,15 +31,13 @@ from gearshift.kernels._triton import HAS_TRITON, cdiv, interpreting, next_pow2,
 from gearshift.kernels.act_quant import ActCodes, codes_buffers
 from gearshift.kernels.pdl import launch_kwargs, pdl_enabled
 from gearshift.kernels.splitk import zeroed_words
+from gearshift.kernels.switches import attention_launch
 
 #: query tokens per sequence up to which the engine runs this kernel (decode, QSPEC draft and verify
-#: passes); longer passes (prefill) run SDPA, whose tiles reuse each key over many queries
+#: passes); longer passes (prefill) run SDPA, whose tiles reuse each key over many queries. From how
+#: many sequences it runs, and where it lets the o projection in: the switches
+#: `decode_attention_min_batch` / `decode_attention_launch` (kernels/switches.py)
 MAX_QUERY_TOKENS = 64
-#: and from this many sequences in the batch: at one sequence the kernel alone is faster than SDPA
-#: (3.7 against 5.3 us per layer at 128 keys), but the engine's whole step measured 3-7% slower with it
-#: at one sequence and 4-13% at two, 3-8% faster at three and 1-4% at 4 / 16 / 32 (H100,
-#: benchmarks/e2e_ab.py, docs/kernels_history.md "Stop 35"), so one or two sequences keep SDPA
-MIN_BATCH = 3
 #: keys per program and per inner block: constants, so that a token's result never depends on how
 #: many keys the launch covers (`upto` is a CUDA-graph bucket)
 KV_CHUNK = 256
@@ -50,11 +47,6 @@ KV_BLOCK = 64
 MAX_SPLITS = 8
 WARPS = 4
 STAGES = 3
-#: where the programs let the next kernel (the o projection, PDL) be scheduled: "start", "loop" (after
-#: the keys are read), or "off" (no PDL for this kernel). A timing switch (same results): at batch 4 /
-#: 16 the engine's step with SDPA took 1.039 / 1.035 of the kernel's with "start", 1.027 / 1.011 with
-#: "loop", 1.045 / 0.888 with "off" (W4A16, one call each)
-LAUNCH_DEPENDENTS = os.environ.get("GEARSHIFT_DECODE_ATTENTION_LAUNCH", "start")
 
 
 def decode_attention_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -204,12 +196,13 @@ def decode_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
                        dtype=torch.float32)
     cnt = zeroed_words("decode_attention", q.device, rows * (n_kv + 1))
     codes, scales, s_codes = codes_buffers(rows, h * d, qmax, out, codes_dtype)
-    pdl = pdl_enabled(out) and LAUNCH_DEPENDENTS != "off"
+    launch = attention_launch(rows)
+    pdl = pdl_enabled(out) and launch != "off"
     _decode_attention_kernel[(rows, n_kv, n_chunks)](
         q, k_cache, v_cache, slots, out, ws, stat, cnt, codes, scales, t, upto, n_chunks, 1.0 / math.sqrt(d),
         q.stride(0), q.stride(1), q.stride(2), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         out.stride(0), s_codes, G=g, GP=gp, D=d, HD=h * d, HDP=next_pow2(h * d), CHUNK=chunk, BLOCK=block, MAX_SPLITS=max_splits,
         SPLIT=n_chunks > 1, CODES=qmax is not None,
-        QMAX=qmax or 0.0, PDL=pdl, LAUNCH=0 if LAUNCH_DEPENDENTS == "start" else 1, F32_DOT=interpreting(), num_warps=warps,
+        QMAX=qmax or 0.0, PDL=pdl, LAUNCH=0 if launch == "start" else 1, F32_DOT=interpreting(), num_warps=warps,
         num_stages=stages, **launch_kwargs(pdl))
     return out.view(b, t, h * d), (None if qmax is None else ActCodes(codes, scales, qmax))

@@ -11,8 +11,8 @@ from __future__ import annotations
 from gearshift.kernels._triton import HAS_TRITON
 
 _FUSED = {"enabled": True, "on_cpu": False, "swiglu_codes": True, "swiglu_codes_min_rows": 1,
-          "decode_attention": True, "decode_attention_codes": False, "gemv_trigger": -1,
-          "small_trigger": "rule"}
+          "decode_attention": True, "decode_attention_codes": False, "decode_attention_min_batch": 1,
+          "decode_attention_launch": "rule", "gemv_trigger": -1, "small_trigger": "rule"}
 
 
 def state() -> tuple:
@@ -28,6 +28,9 @@ def set_switches(**values) -> None:
         raise ValueError(f"unknown switches {sorted(unknown)}; known: {sorted(_FUSED)}")
     if "small_trigger" in values and values["small_trigger"] not in SMALL_TRIGGERS:
         raise ValueError(f"small_trigger must be one of {SMALL_TRIGGERS}, not {values['small_trigger']!r}")
+    if "decode_attention_launch" in values and values["decode_attention_launch"] not in DECODE_ATTENTION_LAUNCHES:
+        raise ValueError(f"decode_attention_launch must be one of {DECODE_ATTENTION_LAUNCHES}, "
+                         f"not {values['decode_attention_launch']!r}")
     for k, v in values.items():
         _FUSED[k] = type(_FUSED[k])(v)
 
@@ -89,6 +92,42 @@ def set_decode_attention(enabled: bool, codes: bool | None = None) -> None:
         _FUSED["decode_attention_codes"] = bool(codes)
 
 
+def decode_attention_min_batch() -> int:
+    """Sequences in the cache from which short passes run the decode attention kernel (fewer: SDPA).
+
+    Stop 35 set 3: one or two sequences measured 3-7% / 4-13% slower end to end with the kernel. Stop 46
+    found why (`benchmarks/decode_attention_ab.py`, the graphed decode step on the H100): the kernel let
+    the o projection in at its start, and o's weight preload then competed with the attention's few
+    programs (16 at one sequence and 512 keys). Launched without PDL at 1-2 rows it is 1.3% faster
+    than SDPA at batch 1 and 2 (`decode_attention_launch_rule`), so the kernel now runs from one sequence."""
+    return _FUSED["decode_attention_min_batch"]
+
+
+DECODE_ATTENTION_LAUNCHES = ("rule", "start", "loop", "off")
+
+
+def decode_attention_launch_rule(rows: int, codes: bool) -> str:
+    """Where the decode attention kernel lets its PDL successor in, for a pass of `rows` query tokens
+    whose linears take activation codes or not: "off" (no PDL: the o projection starts once attention
+    has completed) at 1-2 rows on bf16 inputs, else "start". Stop 46 (`benchmarks/step_ab.py`, the graphed
+    decode step on the H100): on bf16 inputs at 1-2 rows o's weight preload slowed the attention's few
+    programs ("start" 1.07-1.08x the time of "off"); with codes the quantizer comes between the two and
+    "start" is 0.987-0.991 of "off"; from 3 rows "off" cost 1.018-1.022. Timing only: same bits."""
+    return "off" if rows <= 2 and not codes else "start"
+
+
+def decode_attention_launch(rows: int, codes: bool = False) -> str:
+    """The switch ("rule", the default, or one point for every launch: "start", "loop", "off")."""
+    where = _FUSED["decode_attention_launch"]
+    return decode_attention_launch_rule(rows, codes) if where == "rule" else where
+
+
+def attention_launch(rows: int) -> str:
+    """Decode attention's launch point for the launch at hand: the running pass's (`pdl_pass`), else
+    the switch for `rows` bf16 tokens."""
+    return _PASS["attention"] if _PASS["attention"] is not None else decode_attention_launch(rows)
+
+
 def gemv_trigger() -> int:
     """-1: the fragment GEMV lets its PDL successor in where `int4_mma_gemv.pdl_trigger` says; 0-3:
     at that one point for every launch (end-to-end A/B of the rule; the bits never change)."""
@@ -97,7 +136,7 @@ def gemv_trigger() -> int:
 
 
 SMALL_TRIGGERS = ("rule", "start", "wait")
-_PASS = {"small": None}  # the running forward pass's resolved small trigger (`small_trigger_pass`)
+_PASS = {"small": None, "attention": None}  # the running forward pass's resolved launch points (`pdl_pass`)
 
 
 def small_trigger_rule(rows: int, codes: bool) -> str:
@@ -114,20 +153,25 @@ def small_trigger_rule(rows: int, codes: bool) -> str:
     return "start" if rows <= 2 and not codes else "wait"
 
 
-class small_trigger_pass:
-    """Context of one forward pass: the small kernels launched inside it trigger where the switch
-    says ("rule": `small_trigger_rule(rows, codes)`). Outside any pass they trigger at their start."""
+class pdl_pass:
+    """Context of one forward pass of `rows` tokens whose linears take activation codes or not: the
+    small kernels and decode attention launched inside it let their PDL successors in where the
+    switches say, resolved once here ("rule": `small_trigger_rule`, `decode_attention_launch_rule`), so
+    a captured CUDA graph holds one setting. Outside any pass: the small kernels at their start,
+    attention by the rule for bf16 inputs."""
 
     def __init__(self, rows: int, codes: bool):
         where = _FUSED["small_trigger"]
-        self.where = small_trigger_rule(rows, codes) if where == "rule" else where
+        self.small = small_trigger_rule(rows, codes) if where == "rule" else where
+        self.attention = decode_attention_launch(rows, codes)
 
     def __enter__(self):
-        self.before, _PASS["small"] = _PASS["small"], self.where
+        self.before = dict(_PASS)
+        _PASS.update(small=self.small, attention=self.attention)
         return self
 
     def __exit__(self, *exc):
-        _PASS["small"] = self.before
+        _PASS.update(self.before)
 
 
 def small_trigger() -> str:

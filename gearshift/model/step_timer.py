@@ -21,24 +21,27 @@ from gearshift.model.kv_cache import KVCache
 
 
 class DecodeStepTimer:
-    """One decode step of `model` at a batch and context, timed under any dispatcher."""
+    """One decode step of `model` at a batch and context, timed under any dispatcher. With `tokens` > 1,
+    a pass of that many new tokens per sequence with every position's logits: QSPEC's verify pass."""
 
-    def __init__(self, model, mode: str, batch: int, context: int = 512, seed: int = 0, max_graphs: int = 2):
+    def __init__(self, model, mode: str, batch: int, context: int = 512, seed: int = 0, max_graphs: int = 2,
+                 tokens: int = 1):
         if not torch.cuda.is_available() or model.device.type != "cuda":
             raise RuntimeError("DecodeStepTimer times CUDA graphs: it needs the model on a CUDA GPU")
         self.model, self.mode, self.context = model, mode, int(context)
-        self.cache = KVCache.for_model(model.config, batch, self.context + 8, model.dtype, model.device)
+        self.cache = KVCache.for_model(model.config, batch, self.context + max(8, tokens), model.dtype, model.device)
         self.cache.k.normal_()
         self.cache.v.normal_()
         gen = torch.Generator(device=model.device).manual_seed(seed)
-        self.tokens = torch.randint(0, model.config.vocab_size, (batch, 1), device=model.device, generator=gen)
-        self.start, self.n_new = [self.context] * batch, [1] * batch
+        self.tokens = torch.randint(0, model.config.vocab_size, (batch, tokens), device=model.device, generator=gen)
+        self.start, self.n_new = [self.context] * batch, [tokens] * batch
+        self.logits = "last" if tokens == 1 else "all"
         # each capture holds its memory pool: keep only the last ones (more when several settings alternate)
         self.runner = GraphRunner(max_graphs=max_graphs)
 
     def _step(self):
-        return self.runner.run(self.model, self.tokens, self.cache, self.start, self.n_new, self.context + 1,
-                               self.mode, "last")
+        return self.runner.run(self.model, self.tokens, self.cache, self.start, self.n_new,
+                               self.context + self.tokens.shape[1], self.mode, self.logits)
 
     def ms(self, dispatcher, reps: int = 20, trials: int = 3) -> float:
         """Median over `trials` of the mean ms per step over `reps` back-to-back replays under

@@ -14,15 +14,15 @@ import torch.nn.functional as F
 from torch import nn
 
 from gearshift.kernels.decode_attention import MAX_QUERY_TOKENS as DECODE_MAX_TOKENS
-from gearshift.kernels.decode_attention import MIN_BATCH as DECODE_MIN_BATCH
 from gearshift.kernels.decode_attention import decode_attention_triton
 from gearshift.kernels.rmsnorm import (add_rms_norm_codes_triton, add_rms_norm_reference, add_rms_norm_triton,
                                        rms_norm_codes_triton, rms_norm_reference, rms_norm_triton)
 from gearshift.kernels.rope import rope_triton
 from gearshift.kernels.rope_kv_write import split_qkv
 from gearshift.kernels.silu_mul import emits_codes, silu_mul_codes_triton, silu_mul_reference, silu_mul_triton
-from gearshift.kernels.switches import (decode_attention_codes_on, decode_attention_on, fused_for,  # noqa: F401
-                                       set_fused_kernels, small_trigger_pass)  # (set_fused_kernels: re-exported)
+from gearshift.kernels.switches import (decode_attention_codes_on, decode_attention_min_batch,  # noqa: F401
+                                       decode_attention_on, fused_for, set_fused_kernels,
+                                       pdl_pass)  # (set_fused_kernels: re-exported)
 from gearshift.model.config import ModelConfig
 from gearshift.model.kv_cache import KVCache
 from gearshift.model.quant_linear import CodesOnly, QuantLinear
@@ -101,10 +101,10 @@ class Attention(nn.Module):
     def _decode_kernel(q: torch.Tensor, cache: KVCache) -> bool:
         """Whether this pass runs `decode_attention_triton`: few query tokens (its programs take one
         token each: prefill runs SDPA, whose tiles reuse each key across queries) in a 16-bit dtype, and
-        a cache of at least `MIN_BATCH` sequences (one or two measured slower end to end: SDPA). The
-        cache's batch is fixed for a generation, so AR steps and QSPEC's passes take the same one."""
+        a cache of at least `switches.decode_attention_min_batch()` sequences (1 since stop 46). The cache's
+        batch is fixed for a generation, so AR steps and QSPEC's passes take the same one."""
         d = q.shape[-1]
-        return (decode_attention_on() and q.shape[0] >= DECODE_MIN_BATCH and q.shape[1] <= DECODE_MAX_TOKENS
+        return (decode_attention_on() and q.shape[0] >= decode_attention_min_batch() and q.shape[1] <= DECODE_MAX_TOKENS
                 and d >= 16 and d & (d - 1) == 0 and q.dtype in (torch.bfloat16, torch.float16)
                 and cache.k.dtype == q.dtype)
 
@@ -247,7 +247,7 @@ class Transformer(nn.Module):
         """The forward on device tensors only (no host data): what CUDA graphs capture."""
         b, t = tokens.shape
         m = get_mode(mode) if isinstance(mode, str) else mode
-        with small_trigger_pass(b * t, codes=m.act is not None):  # where its norms etc. let PDL successors in
+        with pdl_pass(b * t, codes=m.act is not None):  # where its norms, attention etc. let PDL successors in
             return self._forward_tensors(tokens, positions, n_new, cache, upto, mode, logits)
 
     def _forward_tensors(self, tokens, positions, n_new, cache, upto, mode, logits):
