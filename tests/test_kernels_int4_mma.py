@@ -376,6 +376,25 @@ def test_chained_accumulators_ptx():
     assert two.count("add.f32") == 8 and "add.f32 d0, d0, d4;" in two and "{d4, d5, d6, d7}" in two
 
 
+@pytest.mark.parametrize("shared", [False, True])
+@pytest.mark.parametrize("ahead", [0, 1, 2, 4])
+def test_x_ahead_only_moves_the_input_loads(shared, ahead):
+    """The x_ahead ablation (step_ladder.py) emits the same instructions as the shipped block, with
+    each word's input loads moved to `ahead` words before their first use; the default is the shipped text."""
+    from gearshift.kernels.int4_mma_gemv import MMA_ASM, MMA_ASM_SHARED, _mma_asm
+
+    base = (MMA_ASM_SHARED if shared else MMA_ASM)[("bf16", 32, 2)]
+    assert _mma_asm("bf16", 0x4300, 32, 2, shared=shared) == base
+    moved = _mma_asm("bf16", 0x4300, 32, 2, shared=shared, x_ahead=ahead).split("\n")
+    assert sorted(moved) == sorted(base.split("\n"))
+    for j in range(4):  # word j's loads (x registers 4j..4j+3 of each tile) come before word j's first PRMT
+        load = max(i for i, line in enumerate(moved) if line.startswith("ld.") and f"{{x{4 * j}," in line)
+        first_use = min(i for i, line in enumerate(moved) if line.startswith("prmt") and f" x{4 * j}," in line)
+        assert load < first_use
+        words_before = sum(1 for line in moved[:load] if line.startswith("prmt") and ", 0x5410" in line) // 4
+        assert words_before == max(0, j - ahead)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the PTX needs a CUDA GPU")
 @pytest.mark.parametrize("strategy,codes_dtype,act_dtype,m,rows", [
     ("w4a8_mma", torch.bfloat16, "int8", 4, 16), ("w4a8_mma", torch.bfloat16, "int4", 4, 16),

@@ -9,6 +9,8 @@ PTX stripped one piece at a time (GPU; timing only, the stripped variants give w
   fold FMAs, the in-CTA reduction, split-K, stores, PDL) is unchanged;
 - `weights only`: the same without the x loads;
 - `no sum MMAs`: shipped without the token-sum MMAs (A = 1.0), which the scale-after needs;
+- `x ahead N` (same bits): each word's inputs loaded N words ahead of their k-steps instead of all at
+  the block's top, so fewer input registers are live (at 16 tokens a 32-row lane holds 32 of them);
 - `bf16 dequant`: no sum MMAs, and two bf16x2 FMAs per weight pair instead (offset off, s * q + m):
   the instruction stream of a kernel that dequantizes before the MMA;
 - `trigger at exit` (--trigger-exit): shipped, but every launch lets its PDL successor in only at
@@ -101,6 +103,11 @@ def variants(s8: bool, shared: bool = False) -> dict:
     out = {"shipped": dict(base),
            "no sum MMAs": {k: no_sum_mma(base[k]) for k in keys},
            "bf16 dequant": {k: bf16_dequant(base[k]) for k in keys}}
+    if not s8:  # same bits: the inputs loaded N words ahead of their k-steps, not all at the block's top
+        magic = {"bf16": 0x4300, "f16": 0x6400}
+        for ahead in (0, 1, 2):
+            out[f"x ahead {ahead}"] = {k: mg._mma_asm(k[0], magic[k[0]], k[1], k[2], shared=shared, x_ahead=ahead)
+                                      for k in keys}
     if not shared:
         out |= {"no x loads": {k: no_xloads(base[k]) for k in keys},
                 "loads only": {k: loads_only(base[k], *rt(k), x=True) for k in keys},
