@@ -179,6 +179,12 @@ def time_step(run, reps=5) -> float:
     return time_us([run], rounds=1, reps=reps) / 1000.0
 
 
+def static_serves(sd: AdaptiveDispatcher, strat, store, act, m: int) -> bool:
+    """Whether the static dispatcher `sd` runs `strat` itself on `store` at m tokens (not the reference)."""
+    c = sd.choose(store, act, m)
+    return c is not None and c.strategy == strat.name and strat.supports(store, act, c.config)
+
+
 def stage_bench(pm, m_list, bw, log, dtype=torch.bfloat16, layers=32, layout="blocks16", prog=False) -> dict:
     shapes = PRESETS["llama3-8b"]["shapes"]
     flops = {m: 2 * m * sum(n * k for _, n, k in shapes) * layers for m in m_list}
@@ -210,6 +216,11 @@ def stage_bench(pm, m_list, bw, log, dtype=torch.bfloat16, layers=32, layout="bl
                 if not strat.configs(m):  # e.g. the GEMV kernel above M=4
                     continue
                 sd = AdaptiveDispatcher(pm, autoload=False, static=strat.name)
+                # a static strategy that cannot run a shape's store (e.g. a row-layout kernel on blocks16
+                # weights) would run the torch reference there: leave it out rather than time that
+                if not all(static_serves(sd, strat, st, act, m) for st in int4.stores[0]):
+                    record(f"{mode}:{strat.name}", m, None)
+                    continue
                 try:
                     record(f"{mode}:{strat.name}", m, time_step(step_fn(int4, xs, lambda x, s: sd.linear(x, s, act))))
                 except Exception as e:
