@@ -59,7 +59,8 @@ def model_shapes(model: str) -> tuple[list[tuple[str, int, int]], int]:
 def random_store(fmt: str, n: int, k: int, group: int, device, dtype=torch.bfloat16,
                  layout: str = "rows") -> WeightFormat:
     """A random store of realistic value ranges (timing only; never zeros); int4 in `layout`
-    where the shape fits it (`Int4Weight.to_layout`); "int4p": int4 with row units
+    where the shape fits it (`Int4Weight.to_layout`), with bf16-valued scales and mins for bf16
+    activations (what `quantize_int4` writes for a bf16 model); "int4p": int4 with row units
     (`quantize_int4_progressive`'s form)."""
     if fmt in ("int4", "int4p"):
         g = k if group <= 0 else group
@@ -71,8 +72,11 @@ def random_store(fmt: str, n: int, k: int, group: int, device, dtype=torch.bfloa
             z = torch.randint(7, 9, (n, k // g), device=device).float()
             s, mn = (t * units[:, None]).half(), (-t * z * units[:, None]).half()
         else:
-            s = (torch.rand(n, k // g, device=device) * 0.02 + 0.005).half()
-            mn = (-8 * s.float() + torch.randn_like(s.float()) * 0.001).half()
+            s = torch.rand(n, k // g, device=device) * 0.02 + 0.005
+            mn = -8 * s + torch.randn_like(s) * 0.001
+            if dtype == torch.bfloat16:  # bf16 values, as `quantize_int4` writes them for a bf16 model
+                s, mn = s.to(torch.bfloat16), mn.to(torch.bfloat16)
+            s, mn = s.half(), mn.half()
         st = Int4Weight(q, s, mn, g, row_units=units)
         return st.to_layout(layout) if blocks16_fits(n, k) else st
     if fmt == "int8":
