@@ -286,6 +286,9 @@ def test_packed_dequantization_only_where_it_gives_the_same_bits():
     plain, prog = quantize_int4(w, 128), quantize_int4_progressive(w, 128)
     assert W.packed_dequant(plain, torch.float16) and not W.packed_dequant(plain, torch.bfloat16)
     assert W.packed_dequant(prog, torch.bfloat16) and W.packed_dequant(prog, torch.float16)
+    bf16_values = quantize_int4(w, 128, values=torch.bfloat16)  # what the loader writes for a bf16 model
+    assert W.packed_dequant(bf16_values, torch.bfloat16, W.PACKED_MAX_TOKENS)
+    assert not W.packed_dequant(bf16_values, torch.bfloat16, W.PACKED_MAX_TOKENS + 1)  # the fp32 path beyond
     tiny = Int4Weight(plain.qweight, plain.scales, plain.scales * 2.0 ** -10, 128)  # m - 128 s inexact in fp32
     assert not W.packed_exact(tiny.scales, tiny.mins, torch.float16)
     zero = Int4Weight(plain.qweight, plain.scales, torch.zeros_like(plain.mins), 128)

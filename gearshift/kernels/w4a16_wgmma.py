@@ -717,6 +717,10 @@ if HAS_GLUON:
 #: that gives the fp32 path's bits (`packed_dequant`), "never", or "always" (timing experiments only:
 #: it rounds a bf16 model's fp16 scales and mins to bf16)
 PACKED_DEQUANT = "exact"
+#: and under "exact" only up to this many tokens. Stop 46 (`policy_ab.py`, the W4A16 step on bf16-valued
+#: stores, packed against `PACKED_DEQUANT=never`, H100): 0.927-0.965 at 64-2048 tokens, 1.009 / 1.023 at 4096
+#: in two calls (the tiles there were profiled on the fp32 path). Same bits either way.
+PACKED_MAX_TOKENS = 2048
 
 _PACKED_OK: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
@@ -735,12 +739,14 @@ def packed_exact(scales: torch.Tensor, mins: torch.Tensor, dtype: torch.dtype) -
     return bool(((m == 0) | (s == 0) | ((ratio >= 2.0 ** -6) & (ratio <= 2.0 ** 12))).all())
 
 
-def packed_dequant(store: Int4Weight, x_dtype: torch.dtype) -> bool:
-    """Run `dequant_bytes_x2` on this store (see `PACKED_DEQUANT`)? Checked once per store and
-    activation dtype, again after its scales or mins change; inside a CUDA-graph capture an
-    unchecked store takes the fp32 path (the same bits; the check would synchronize)."""
+def packed_dequant(store: Int4Weight, x_dtype: torch.dtype, m: int = 1) -> bool:
+    """Run `dequant_bytes_x2` on this store for m tokens (see `PACKED_DEQUANT`, `PACKED_MAX_TOKENS`)?
+    Checked once per store and activation dtype, again after its scales or mins change; inside a
+    CUDA-graph capture an unchecked store takes the fp32 path (the same bits; the check would synchronize)."""
     if PACKED_DEQUANT != "exact":
         return PACKED_DEQUANT == "always"
+    if m > PACKED_MAX_TOKENS:
+        return False
     sc, mn = store.scales, store.mins
     key = (x_dtype, sc.data_ptr(), mn.data_ptr(), sc._version, mn._version)
     per = _PACKED_OK.setdefault(store, {})
@@ -896,7 +902,7 @@ def w4a16_wgmma(x2: torch.Tensor, store: Int4Weight, cfg: TileConfig,
                              G=store.group_size, BN=cfg.bn, STAGES=cfg.stages, BLOCKS=store.layout == BLOCKS16,
                              F16=x2.dtype == torch.float16, A_SMEM=cfg.a_smem, SPLIT_K=cfg.split_k,
                              CONSUMERS=consumers, TOKEN_SCALES=token_scales is not None,
-                             STREAM_K=bool(cfg.stream_k), CMAX=cmax, PACKED=packed_dequant(store, x2.dtype),
+                             STREAM_K=bool(cfg.stream_k), CMAX=cmax, PACKED=packed_dequant(store, x2.dtype, m),
                              PDL=pdl, num_warps=cfg.warps // consumers, VEC_STORE=WGMMA_VEC_STORE,
                              **({"maxnreg": regs} if regs else {}), **launch_kwargs(pdl))
     return y
