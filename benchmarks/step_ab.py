@@ -25,7 +25,7 @@ import torch  # noqa: E402
 
 from e2e_ab import parse_switches  # noqa: E402
 from kernels import tag_suffix, write_json  # noqa: E402
-from trigger_matrix import summarize  # noqa: E402
+from trigger_matrix import ratio_table, summarize  # noqa: E402
 
 
 def parse_sides(specs: list[str]) -> dict[str, dict]:
@@ -97,9 +97,7 @@ def main() -> None:
         switches.set_switches(**before)
     path = write_json(a.out, f"step_ab_{device_slug(result['device'])}_{a.mode}{tag_suffix(a.tag)}.json", result)
     print(f"wrote {path}")
-    print(f"{'batch x context':>15} " + " ".join(f"{label:>20}" for label in labels))
-    for case, row in result["cases"].items():
-        print(f"{case:>15} " + " ".join(f"{row[label]['ms']:>12.3f} ({row[label]['round_ratio']:.3f})" for label in labels))
+    print(ratio_table("batch x context", result["cases"], labels))
 
 
 if __name__ == "__main__":

@@ -56,6 +56,15 @@ def summarize(times: dict[str, list[float]], base: str) -> dict[str, dict]:
     return out
 
 
+def ratio_table(first: str, rows: dict, labels: list[str]) -> str:
+    """`summarize` rows as text: each label's median ms and per-round ratio to the first label."""
+    w = max(len(first), *(len(str(k)) for k in rows))
+    lines = [f"{first:>{w}} " + " ".join(f"{lb:>24}" for lb in labels)]
+    lines += [f"{k:>{w}} " + " ".join(f"{row[lb]['ms']:>12.3f} ({row[lb]['round_ratio']:.3f})".rjust(24) for lb in labels)
+              for k, row in rows.items()]
+    return "\n".join(lines)
+
+
 def main() -> None:
     from gearshift.kernels import switches
 
@@ -109,9 +118,7 @@ def main() -> None:
 
     path = write_json(a.out, f"trigger_matrix_{device_slug(result['device'])}_{a.mode}{tag_suffix(a.tag)}.json", result)
     print(f"wrote {path}")
-    print(f"{'batch':>5} " + " ".join(f"{label(c):>24}" for c in cs))
-    for b, row in result["batches"].items():
-        print(f"{b:>5} " + " ".join(f"{row[label(c)]['ms']:>12.3f} ({row[label(c)]['round_ratio']:.3f})" for c in cs))
+    print(ratio_table("batch", result["batches"], [label(c) for c in cs]))
 
 
 if __name__ == "__main__":

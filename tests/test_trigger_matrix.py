@@ -34,3 +34,11 @@ def test_bad_small_trigger_is_one_line_before_any_gpu_work():
                        capture_output=True, text=True, cwd=BENCH.parent,
                        env={"PYTHONPATH": str(BENCH.parent), "PATH": "/usr/bin:/bin", "TRITON_INTERPRET": "1"})
     assert r.returncode != 0 and "--small: unknown ['end']" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_ratio_table_lines_up_labels_and_cells():
+    out = trigger_matrix.summarize({"a": [2.0, 2.1], "b": [1.9, 2.0]}, "a")
+    lines = trigger_matrix.ratio_table("batch", {1: out, 16: out}, ["a", "b"]).splitlines()
+    assert len(lines) == 3 and lines[0].split() == ["batch", "a", "b"]
+    assert lines[2].split() == ["16", "2.050", "(1.000)", "1.950", "(0.951)"]
+    assert len({len(line) for line in lines}) == 1
