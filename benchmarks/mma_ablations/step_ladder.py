@@ -13,6 +13,7 @@ PTX stripped one piece at a time (GPU; timing only, the stripped variants give w
   the block's top, so fewer input registers are live (at 16 tokens a 32-row lane holds 32 of them);
 - `bf16 dequant`: no sum MMAs, and two bf16x2 FMAs per weight pair instead (offset off, s * q + m):
   the instruction stream of a kernel that dequantizes before the MMA;
+  (these three apply to the xshare tiles' shared-memory blocks too; the three above run those as shipped)
 - `trigger at exit` (--trigger-exit): shipped, but every launch lets its PDL successor in only at
   its exit (`int4_mma_gemv.TRIGGER = 0`);
 - `no scale loads` (--no-scales): shipped, and stripped to its weights, without the scale / min loads
@@ -155,6 +156,8 @@ def main() -> None:
         vs |= {name: (t, {}) for name, t in asms.items() if name != "shipped"}
     if a.only:
         keep = {"shipped", *a.only.split(",")}
+        if keep - set(vs):
+            raise SystemExit(f"--only: unknown variants {sorted(keep - set(vs))}; known: {sorted(vs)}")
         vs = {name: v for name, v in vs.items() if name in keep}
     if a.trigger_exit:
         vs["trigger at exit"] = (asms["shipped"], {"TRIGGER": 0})

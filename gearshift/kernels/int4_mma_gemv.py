@@ -108,7 +108,7 @@ def _mma_asm(dt: str, magic: int, rows: int, tiles: int = 1, chains: int = 1, fu
     tile (the lane's 16-byte chunks of its token row, in word order) instead of one pointer.
     chains > 1 (an ablation, benchmarks/mma_ablations/chains.py: no faster on the H100): the
     block's MMAs alternate between that many accumulator sets, summed at the end.
-    x_ahead (an ablation, step_ladder.py's `x per step`; same bits): each word's inputs are loaded that
+    x_ahead (an ablation, step_ladder.py's `x ahead N`; same bits): each word's inputs are loaded that
     many words ahead of their k-steps instead of all at the block's top (fewer live input registers).
     """
     per_lane = rows // 8
@@ -140,27 +140,25 @@ def _mma_asm(dt: str, magic: int, rows: int, tiles: int = 1, chains: int = 1, fu
             lines.append(f"and.b32 {reg}, {src}, 0x000F000F;")
             lines.append(f"or.b32 {reg}, {reg}, {mm};")
 
-    def load_x(j: int) -> None:
-        for tile in range(tiles):
-            x = [f"x{16 * tile + 4 * j + i}" for i in range(4)]
-            if shared:
-                lines.append(f"ld.shared.v4.b32 {{{', '.join(x)}}}, [${xp0 + 4 * tile + j}];")
-            else:
-                lines.append(f"ld.global.v4.b32 {{{', '.join(x)}}}, [${xp0 + tile}+{16 * j}];")
+    def load_x(tile: int, j: int) -> None:
+        x = [f"x{16 * tile + 4 * j + i}" for i in range(4)]
+        if shared:
+            lines.append(f"ld.shared.v4.b32 {{{', '.join(x)}}}, [${xp0 + 4 * tile + j}];")
+        else:
+            lines.append(f"ld.global.v4.b32 {{{', '.join(x)}}}, [${xp0 + tile}+{16 * j}];")
 
     if x_ahead is None:  # all of the block's inputs first: one L1 round trip
-        lines_before = len(lines)
-        for j in range(4):
-            load_x(j)
-        # (tile-major order, as before the x_ahead option: the same PTX text)
-        loads = lines[lines_before:]
-        lines[lines_before:] = [loads[tiles * j + t] for t in range(tiles) for j in range(4)]
+        for tile in range(tiles):
+            for j in range(4):
+                load_x(tile, j)
     else:
         for j in range(min(x_ahead, 4)):
-            load_x(j)
+            for tile in range(tiles):
+                load_x(tile, j)
     for j in range(4):
         if x_ahead is not None and j + x_ahead < 4:
-            load_x(j + x_ahead)
+            for tile in range(tiles):
+                load_x(tile, j + x_ahead)
         for half in range(2):
             pair("a0", f"${w0[0] + j}", 8 * half)
             pair("a2", f"${w0[0] + j}", 8 * half + 4)

@@ -96,7 +96,7 @@ def decode_attention_min_batch() -> int:
     """Sequences in the cache from which short passes run the decode attention kernel (fewer: SDPA).
 
     Stop 35 set 3: one or two sequences measured 3-7% / 4-13% slower end to end with the kernel. Stop 46
-    found why (`benchmarks/decode_attention_ab.py`, the graphed decode step on the H100): the kernel let
+    found why (`benchmarks/decode_attention_chunks.py` and `step_ab.py`, the graphed decode step on the H100): the kernel let
     the o projection in at its start, and o's weight preload then competed with the attention's few
     programs (16 at one sequence and 512 keys). Launched without PDL at 1-2 rows it is 1.3% faster
     than SDPA at batch 1 and 2 (`decode_attention_launch_rule`), so the kernel now runs from one sequence."""
@@ -112,7 +112,7 @@ def decode_attention_launch_rule(rows: int, codes: bool) -> str:
     has completed) at 1-2 rows on bf16 inputs, else "start". Stop 46 (`benchmarks/step_ab.py`, the graphed
     decode step on the H100): on bf16 inputs at 1-2 rows o's weight preload slowed the attention's few
     programs ("start" 1.07-1.08x the time of "off"); with codes the quantizer comes between the two and
-    "start" is 0.987-0.991 of "off"; from 3 rows "off" cost 1.018-1.022. Timing only: same bits."""
+    "start" is 0.982-0.988 of "off"; from 3 rows "off" cost 1.018-1.022. Timing only: same bits."""
     return "off" if rows <= 2 and not codes else "start"
 
 
