@@ -80,3 +80,20 @@ def test_map_table_reads_each_picks_profile_time_as_bandwidth_and_throughput():
     assert r["tflops"] == pytest.approx(2 * 4096 * 4096 / 4e-6 / 1e12)
     assert "| o | 1 | w4a16_mma bm16 w8 ksum | 4.0 |" in map_table.markdown(pm, ["w4a16"], [("o", 4096, 4096)], [1],
                                                                             3e12, "m.json")
+
+
+def test_bench_leaves_out_static_strategies_that_cannot_run_the_store():
+    """kernels.py's bench stage times a strategy forced alone only where it runs the store itself: the
+    row-layout GEMV kernels on blocks16 weights would fall back to the torch reference (stop 46)."""
+    from gearshift.dispatch.dispatcher import AdaptiveDispatcher
+    from gearshift.dispatch.profiler import random_store
+    from gearshift.dispatch.strategies import STRATEGIES
+
+    st = random_store("int4", 256, 1024, 128, "cpu", layout="blocks16")
+
+    def serves(name, m):
+        return kernels_bench.static_serves(AdaptiveDispatcher(None, autoload=False, static=name), STRATEGIES[name],
+                                           st, None, m)
+
+    assert serves("w4a16_mma", 1) and serves("w4a16_tc", 64) and serves("dequant_cublas", 1)
+    assert not serves("w4a16_rowgemv", 1) and not serves("w4a16_gemv", 1) and not serves("w4a16_wgmma", 1)
