@@ -615,3 +615,26 @@ def test_the_triton_39_h100_map_differs_from_the_generic_one_only_where_it_was_r
                 ("w4a8:g128:4096x14336", 16), ("w4a8:g128:4096x4096", 1)}
     assert {(key, m) for key, m in changed - flagged} <= {(key, m) for key in t39.entries for m in (1, 2)
                                                           if key.startswith("w4a16:")} | searched
+
+
+def test_gpu_reference_fallback_is_announced_once_per_shape(monkeypatch):
+    """Where no kernel serves a quantized store (W4A8 on group-32 int4: GGUF Q4_0 / Q4_1), the GPU path
+    runs the torch reference and warns once per mode and format, with what to do; dense stores never warn."""
+    import warnings
+
+    from gearshift.dispatch import dispatcher as dsp
+    from gearshift.quant import DenseWeight
+
+    monkeypatch.setattr(dsp, "_WARNED_FALLBACKS", set())
+    d = AdaptiveDispatcher(None, autoload=False)
+    g32 = quantize_int4(torch.randn(256, 1024), 32)
+    w4a8 = ActQuantSpec("int8")
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        assert d.kernel_for(g32, w4a8, 4) is None and d.kernel_for(g32, w4a8, 16) is None
+        assert d.kernel_for(quantize_int4(torch.randn(512, 1024), 32), w4a8, 4) is None  # another shape: no repeat
+        assert d.kernel_for(DenseWeight(torch.randn(256, 1024)), w4a8, 4) is None
+        strat, choice = d.kernel_for(quantize_int4(torch.randn(256, 1024), 128), w4a8, 4)
+    assert choice.strategy == strat.name
+    msgs = [str(w.message) for w in seen if issubclass(w.category, dsp.ReferenceFallbackWarning)]
+    assert len(msgs) == 1 and "group 32" in msgs[0] and "--quantize int4" in msgs[0]

@@ -5,12 +5,15 @@ torch reference (the CPU path). `AdaptiveDispatcher` (the default) runs the refe
 for fp32 inputs, for activation quantizers that are not a plain per-token `ActQuantSpec`, and
 for modes without a kernel; on CUDA it looks (mode, group, N, K, M) up in the policy map, takes
 the nearest profiled shape's pick for a shape the map never saw, and falls back to a fixed rule
-where the map has nothing for the mode.
+where the map has nothing for the mode. Where no kernel serves a store on the GPU (e.g. W4A8 on
+group-32 int4 weights, which GGUF Q4_0 / Q4_1 checkpoints hold), it runs the reference too, and
+says so once per mode and weight format (`ReferenceFallbackWarning`): that path is one to two orders of magnitude slower.
 """
 
 from __future__ import annotations
 
 import functools
+import warnings
 
 import torch
 
@@ -23,6 +26,33 @@ from gearshift.kernels.config import TileConfig, block_m_for
 from gearshift.kernels.reference import linear_reference, linear_reference_codes
 from gearshift.quant.activations import ActQuantSpec
 from gearshift.quant.base import WeightFormat
+from gearshift.quant.int4 import Int4Weight
+
+
+class ReferenceFallbackWarning(UserWarning):
+    """A linear on the GPU ran the torch reference because no kernel serves its store and mode."""
+
+
+_WARNED_FALLBACKS: set = set()
+
+
+def warn_reference_fallback(store: WeightFormat, act, m: int) -> None:
+    """Warn once per (mode, format, group) that a quantized linear runs the torch reference on the GPU,
+    which dequantizes the whole weight on every call. (Dense weights run `F.linear` there: no warning.)"""
+    if store.format_name == "dense":
+        return
+    mode, group = mode_key(store, act), group_of(store)
+    key = (mode, store.format_name, group)
+    if key in _WARNED_FALLBACKS:
+        return
+    _WARNED_FALLBACKS.add(key)
+    hint = ""
+    if act is not None and isinstance(store, Int4Weight) and store.group_size < 64:
+        hint = ("; the W4A8 / W4A4 kernels need int4 groups of at least 64 (GGUF Q4_0 / Q4_1 hold 32): "
+                "load the model from a bf16 checkpoint with --quantize int4 for group 128")
+    warnings.warn(f"no GPU kernel runs {mode} on {store.format_name} weights{f' of group {group}' if group else ''} "
+                  f"(first: {store.out_features}x{store.in_features} at {m} tokens): those linears run the torch "
+                  f"reference, far slower{hint}", ReferenceFallbackWarning, stacklevel=4)
 
 
 class Dispatcher:
@@ -258,13 +288,10 @@ class AdaptiveDispatcher(Dispatcher):
         x2 = x if x.dim() == 2 else x.reshape(-1, k)
         if x2.stride(-1) != 1:
             x2 = x2.contiguous()
-        c = self.choose(store, act, x2.shape[0])
-        strat = None if c is None else STRATEGIES.get(c.strategy)
-        if strat is not None and c.strategy == "w4a16_gemv" and x2.shape[0] > c.config.bm:
-            c = default_choice(mode_key(store, act), x2.shape[0], store.out_features)  # bucket rounded down
-            strat = STRATEGIES.get(c.strategy)
-        if strat is None or not strat.supports(store, act, c.config):
+        planned = self.kernel_for(store, act, x2.shape[0])
+        if planned is None:
             return linear_reference(x, store, act, bias)
+        strat, c = planned
         if codes is not None and _takes(strat, codes, act, x2.shape, x2.dtype):
             y = strat.run_codes(codes, store, c.config, x2.dtype)
         else:
@@ -272,6 +299,19 @@ class AdaptiveDispatcher(Dispatcher):
         if bias is not None:
             y = y + bias.to(y.dtype)
         return y if x.dim() == 2 else y.reshape(*x.shape[:-1], store.out_features)
+
+    def kernel_for(self, store: WeightFormat, act: ActQuantSpec | None, m: int):
+        """(strategy, choice) that runs m tokens of this store on the GPU, or None where none serves it
+        (the reference runs then: warned once per mode and format, `warn_reference_fallback`)."""
+        c = self.choose(store, act, m)
+        strat = None if c is None else STRATEGIES.get(c.strategy)
+        if strat is not None and c.strategy == "w4a16_gemv" and m > c.config.bm:
+            c = default_choice(mode_key(store, act), m, store.out_features)  # bucket rounded down
+            strat = STRATEGIES.get(c.strategy)
+        if strat is None or not strat.supports(store, act, c.config):
+            warn_reference_fallback(store, act, m)
+            return None
+        return strat, c
 
     def linear_codes(self, codes: ActCodes, store: WeightFormat, act: ActQuantSpec | None,
                      bias: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
