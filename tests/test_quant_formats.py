@@ -68,6 +68,20 @@ def test_int4_bf16_values_make_packed_dequantization_exact(symmetric):
     assert torch.equal(fp16.qweight, plain.qweight) and torch.equal(fp16.mins, plain.mins)
 
 
+@pytest.mark.parametrize("values", [None, torch.bfloat16])
+@pytest.mark.parametrize("symmetric", [False, True])
+def test_int4_groups_of_zeros_stay_finite(symmetric, values):
+    """A group of zeros, or of values below the scales' fp16 range, quantizes to (near) zero: its scale
+    used to round to 0, which made the min and every output of the layer NaN."""
+    w = torch.randn(4, 256) * 0.02
+    w[0, :128] = 0.0
+    w[1, 128:] = 1e-9
+    q = quantize_int4(w, 128, symmetric=symmetric, values=values)
+    d = q.dequantize().float()
+    assert torch.isfinite(d).all() and torch.isfinite(q.mins.float()).all() and (q.scales > 0).all()
+    assert d[0, :128].abs().max() == 0 and d[1, 128:].abs().max() < 1e-4
+
+
 def test_int4_rejects_bad_group():
     with pytest.raises(ValueError):
         quantize_int4(torch.randn(4, 96), 64)

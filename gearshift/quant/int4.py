@@ -192,13 +192,18 @@ def quantize_int4(weight: torch.Tensor, group_size: int = 128, symmetric: bool =
     def rounded(t: torch.Tensor) -> torch.Tensor:
         return (t if values is None else t.to(values)).to(SCALE_DTYPE)
 
+    def positive(scale: torch.Tensor) -> torch.Tensor:
+        # a group of zeros (or of values below SCALE_DTYPE's range) gets the smallest normal scale, not 0:
+        # a zero scale made the codes and the min NaN, and the layer's outputs with them
+        return torch.where(scale > 0, scale, torch.finfo(SCALE_DTYPE).tiny)
+
     if symmetric:
-        scale = rounded((w.abs().amax(-1) / 7.0).clamp_min(1e-8))
+        scale = positive(rounded(w.abs().amax(-1) / 7.0))
         zero = torch.full_like(scale, 8.0, dtype=torch.float32)
     else:
         wmax = w.amax(-1).clamp_min(0.0)
         wmin = w.amin(-1).clamp_max(0.0)
-        scale = rounded(((wmax - wmin) / 15.0).clamp_min(1e-8))
+        scale = positive(rounded((wmax - wmin) / 15.0))
         zero = torch.round(-wmin / scale.float()).clamp(0, 15)
     s = scale.float().unsqueeze(-1)
     mins = rounded(-zero * scale.float())
