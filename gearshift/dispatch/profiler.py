@@ -59,8 +59,8 @@ def model_shapes(model: str) -> tuple[list[tuple[str, int, int]], int]:
 def random_store(fmt: str, n: int, k: int, group: int, device, dtype=torch.bfloat16,
                  layout: str = "rows") -> WeightFormat:
     """A random store of realistic value ranges (timing only; never zeros); int4 in `layout`
-    where the shape fits it (`Int4Weight.to_layout`), with bf16-valued scales and mins for bf16
-    activations (what `quantize_int4` writes for a bf16 model); "int4p": int4 with row units
+    where the shape fits it (`Int4Weight.to_layout`), with bf16-valued scales and mins (what the
+    loader's `quantize_int4` writes); "int4p": int4 with row units
     (`quantize_int4_progressive`'s form)."""
     if fmt in ("int4", "int4p"):
         g = k if group <= 0 else group
@@ -74,9 +74,8 @@ def random_store(fmt: str, n: int, k: int, group: int, device, dtype=torch.bfloa
         else:
             s = torch.rand(n, k // g, device=device) * 0.02 + 0.005
             mn = -8 * s + torch.randn_like(s) * 0.001
-            if dtype == torch.bfloat16:  # bf16 values, as `quantize_int4` writes them for a bf16 model
-                s, mn = s.to(torch.bfloat16), mn.to(torch.bfloat16)
-            s, mn = s.half(), mn.half()
+            # bf16 values, as the loader's `quantize_int4` writes them
+            s, mn = s.to(torch.bfloat16).half(), mn.to(torch.bfloat16).half()
         st = Int4Weight(q, s, mn, g, row_units=units)
         return st.to_layout(layout) if blocks16_fits(n, k) else st
     if fmt == "int8":

@@ -57,12 +57,13 @@ def choose_group_size(k: int, wanted: int) -> int:
     raise GearshiftError(f"in_features {k} has no int4 group size <= {wanted} among 128/64/32/16")
 
 
-def quantize_store(w: torch.Tensor, how: str, group_size: int, dtype: torch.dtype | None = None) -> WeightFormat:
-    """dtype: the model's activation dtype; for bf16 the int4 scales and mins are bf16 values, which lets
-    the large-M W4A16 kernel dequantize in exact packed bf16 math (`quantize_int4`'s `values`)."""
+def quantize_store(w: torch.Tensor, how: str, group_size: int) -> WeightFormat:
+    """The int4 scales and mins are bf16 values (stored as fp16, so also fp16 values): the large-M W4A16
+    kernel then dequantizes in exact packed math under bf16 and fp16 activations alike (`quantize_int4`'s
+    `values`), and a model quantized on the CPU (fp32) gets the same weights as on a GPU (bf16)."""
     if how in ("int4", "int4-sym"):
         return quantize_int4(w, choose_group_size(w.shape[1], group_size), symmetric=how == "int4-sym",
-                             values=torch.bfloat16 if dtype == torch.bfloat16 else None)
+                             values=torch.bfloat16)
     if how == "int4-prog":
         return quantize_int4_progressive(w, choose_group_size(w.shape[1], group_size))
     if how == "int8":
@@ -74,7 +75,7 @@ def _as_store(x, dtype, quantize: str | None, group_size: int) -> WeightFormat:
     if isinstance(x, WeightFormat):
         return x
     if quantize:
-        return quantize_store(x, quantize, group_size, dtype)
+        return quantize_store(x, quantize, group_size)
     return DenseWeight(x.to(dtype))
 
 
@@ -152,13 +153,12 @@ def quantize_linears(loaded: LoadedModel, how: str, group_size: int = 128, progr
     from gearshift.quant.detect import prequant_report
 
     flagged = []
-    dtype = loaded.model.dtype
     for name, lin in it:
         w = lin.store.dequantize(torch.float32)
         report = prequant_report(w)
         if report.flagged:
             flagged.append((name, report.reason))
-        lin.set_store(quantize_store(w, how, group_size, dtype).to(w.device))
+        lin.set_store(quantize_store(w, how, group_size).to(w.device))
     use_int4_layout(loaded.model, loaded.info.get("int4_layout", "auto"))
     if flagged:
         note(f"{len(flagged)} of {len(todo)} linears look already quantized ({flagged[0][0]}: {flagged[0][1]}); "

@@ -210,8 +210,8 @@ def build_random_model(preset: str = "llama3-8b", weights: str = "int4", group_s
     """A random-weight `Transformer` built directly in memory (no files), for benchmarks.
 
     `weights="int4"` draws packed int4 codes and fp16 scales directly (no dense weights are
-    ever materialized, so an 8B model builds in seconds; for a bf16 model the scales are bf16 values,
-    as the loader's quantizer writes them); `"int4-prog"` the same with scales that
+    ever materialized, so an 8B model builds in seconds; the scales are bf16 values, as the loader's
+    quantizer writes them); `"int4-prog"` the same with scales that
     are whole multiples of a per-row power of two (`Int4Weight.row_units`, what `--quantize
     int4-prog` writes); `"dense"` draws N(0, 0.02) tensors.
     """
@@ -235,8 +235,7 @@ def build_random_model(preset: str = "llama3-8b", weights: str = "int4", group_s
             else:
                 scale = torch.full((n, k // group_size), 0.02 / 4, device=device, dtype=torch.float16)
                 scale *= 0.5 + torch.rand(scale.shape, generator=gen, device=device, dtype=torch.float16)
-                if dtype == torch.bfloat16:  # bf16 values, as `quantize_int4` writes them for a bf16 model
-                    scale = scale.to(torch.bfloat16).to(torch.float16)
+                scale = scale.to(torch.bfloat16).to(torch.float16)  # bf16 values, as the loader's quantizer writes
             tensors[name] = Int4Weight(q, scale, -8 * scale, group_size, symmetric=True, row_units=units)
         elif name.endswith("norm.weight"):
             tensors[name] = torch.ones(shape, device=device, dtype=dtype)

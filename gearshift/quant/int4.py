@@ -179,11 +179,11 @@ def quantize_int4(weight: torch.Tensor, group_size: int = 128, symmetric: bool =
                   values: torch.dtype | None = None) -> Int4Weight:
     """Round-to-nearest group-wise int4 of a dense [out, in] weight.
 
-    values: round the scales and mins to that dtype's values (torch.bfloat16 for a bf16 model, as the
-    loader does) and choose the codes for the rounded pair. The large-M W4A16 kernel then dequantizes
-    the store in packed bf16 math, which is exact only on such stores (`w4a16_wgmma.packed_exact`):
-    3-7% of a 64-2048-token step on the H100 (docs/kernels_history.md, stop 46). The weight error
-    does not move (0.1006 / 0.1650 relative on Gaussian / t(3) weights with and without)."""
+    values: round the scales and mins to that dtype's values (the loader asks for torch.bfloat16) and
+    choose the codes for the rounded pair. The large-M W4A16 kernel then dequantizes the store in packed
+    bf16 math, which is exact only on such stores (`w4a16_wgmma.packed_exact`): 3-7% of a 64-2048-token
+    step on the H100 (docs/kernels_history.md, stop 46). The weight error does not move (0.1006 / 0.1650
+    relative on Gaussian / t(3) weights with and without)."""
     n, k = weight.shape
     if k % group_size:
         raise ValueError(f"in_features {k} is not a multiple of the int4 group size {group_size}")
