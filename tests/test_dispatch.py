@@ -108,6 +108,30 @@ def test_load_policy_for_device(tmp_path, monkeypatch):
     assert load_policy_for_device("Toy GPU", model).meta == {"beside": True}
 
 
+def test_damaged_policy_maps_are_named_and_skipped(tmp_path, monkeypatch):
+    """A map file that is not a policy map raises ValueError naming the file (whatever its JSON holds),
+    and the engine's lookup skips a damaged one with a warning and takes the next place's map."""
+    import warnings
+
+    from gearshift.dispatch.policy import PolicyMapWarning
+
+    for text in ("{", "[]", '{"version": 1}', '{"device": 3, "buckets": "x"}'):
+        (tmp_path / "m.json").write_text(text)
+        with pytest.raises(ValueError, match="m.json is not a gearshift policy map"):
+            PolicyMap.load(tmp_path / "m.json")
+    pm, _ = _toy_map()
+    monkeypatch.setenv("GEARSHIFT_CACHE", str(tmp_path / "cache"))
+    pm.save(tmp_path / "cache" / "policy" / "Toy_GPU.json")
+    model = tmp_path / "model"
+    (model / "policy").mkdir(parents=True)
+    (model / "policy" / "Toy_GPU.json").write_text('{"truncated": ')
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        got = load_policy_for_device("Toy GPU", model)
+    assert got.device == "Toy GPU" and got.path == str(tmp_path / "cache" / "policy" / "Toy_GPU.json")
+    assert [w.category for w in seen] == [PolicyMapWarning] and "Toy_GPU.json" in str(seen[0].message)
+
+
 def test_ablations_from_timings():
     pm, key = _toy_map()
     shapes = [("o", 4096, 4096)]

@@ -12,10 +12,16 @@ import json
 import math
 import os
 import re
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
 from gearshift.kernels.config import TileConfig
+
+
+class PolicyMapWarning(UserWarning):
+    """A policy map file the engine found could not be read and was skipped."""
+
 
 M_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 POLICY_VERSION = 1
@@ -123,7 +129,13 @@ class PolicyMap:
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "PolicyMap":
-        return cls.from_json(json.loads(Path(path).read_text()))
+        """The map in a JSON file. Raises OSError where the file cannot be read, ValueError (naming the
+        file) where it is not a policy map: malformed JSON, or JSON of another shape."""
+        text = Path(path).read_text()
+        try:
+            return cls.from_json(json.loads(text))
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            raise ValueError(f"{path} is not a gearshift policy map ({type(e).__name__}: {e})") from None
 
     def without(self, strategy: str) -> "PolicyMap":
         """The map rebuilt from the stored timings with one strategy removed (an ablation)."""
@@ -238,7 +250,11 @@ def load_policy_for_device(device: str | None = None, model_dir: str | os.PathLi
         traits = traits or gpu_traits()
     for p in policy_paths(device, model_dir):
         if p.is_file():
-            pm = PolicyMap.load(p)
+            try:
+                pm = PolicyMap.load(p)
+            except (OSError, ValueError) as e:  # a damaged file must not stop the engine: the next place's map
+                warnings.warn(f"skipping {e}", PolicyMapWarning, stacklevel=2)
+                continue
             if pm.device == device:
                 pm.path = str(p)  # where it came from, for reporting
                 return pm
