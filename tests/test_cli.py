@@ -176,6 +176,14 @@ def test_profile_refine_arguments_are_checked_before_any_gpu_work(capsys):
                           "--group-size above 0")
 
 
+def test_profile_lists_are_checked_before_the_gpu(capsys):
+    """--m, --modes and --shapes typos read as one line on any machine, not as a traceback on a GPU."""
+    for args, msg in ((("--m", "1,abc"), "--m: 'abc' is not a token count"), (("--m", "0"), "--m: '0'"),
+                      (("--modes", "w4a16,w9a9"), "--modes: unknown ['w9a9']"),
+                      (("--shapes", "4096x"), "--shapes: '4096x' is not NxK")):
+        assert_one_line_error(*cli(capsys, "profile", "--model", "llama3-8b", *args)[::2], msg)
+
+
 def test_profile_needs_a_model_or_shapes(capsys):
     assert_one_line_error(*cli(capsys, "profile")[::2], "say what to profile")
 

@@ -212,6 +212,34 @@ def resume_state(partial, signature: dict):
     return pm, done
 
 
+def parse_lists(args) -> tuple[list[int] | None, list[str], list[tuple[str, int, int]] | None]:
+    """--m, --modes and --shapes as (token counts or None for every bucket, modes, shapes or None),
+    checked before anything needs the GPU: a typo gets a one-line error, not a traceback."""
+    from gearshift.dispatch.profiler import MODE_FORMATS
+    from gearshift.errors import GearshiftError
+
+    m_list = None
+    if args.m:
+        m_list = []
+        for v in args.m.split(","):
+            if not v.strip().isdigit() or int(v) < 1:
+                raise GearshiftError(f"--m: {v.strip()!r} is not a token count of at least 1 (e.g. --m 1,16,256)")
+            m_list.append(int(v))
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    unknown = [m for m in modes if m not in MODE_FORMATS]
+    if unknown or not modes:
+        raise GearshiftError(f"--modes: unknown {unknown or args.modes!r}; profiled modes: {', '.join(MODE_FORMATS)}")
+    shapes = None
+    if args.shapes:
+        shapes = []
+        for i, item in enumerate(args.shapes.split(",")):
+            parts = item.strip().lower().split("x")
+            if len(parts) != 2 or not all(p.isdigit() and int(p) > 0 for p in parts):
+                raise GearshiftError(f"--shapes: {item.strip()!r} is not NxK (out x in features, e.g. 4096x4096)")
+            shapes.append((f"s{i}", int(parts[0]), int(parts[1])))
+    return m_list, modes, shapes
+
+
 def run(args) -> int:
     import torch
     from tqdm import tqdm
@@ -224,6 +252,7 @@ def run(args) -> int:
         raise GearshiftError("say what to profile: --model (a model directory or a preset such as llama3-8b) "
                              "or --shapes NxK,...")
     refine_m = refine_buckets(args)
+    m_arg, modes, shape_arg = parse_lists(args)
     strategies = None
     if args.strategies:
         from gearshift.dispatch.strategies import STRATEGIES
@@ -232,8 +261,7 @@ def run(args) -> int:
         unknown = sorted(set(strategies) - set(STRATEGIES))
         if unknown:
             raise GearshiftError(f"unknown strategies {unknown}; known: {', '.join(sorted(STRATEGIES))}")
-        idle = [m for m in args.modes.split(",") if m.strip() and not any(m.strip() in STRATEGIES[n].modes
-                                                                          for n in strategies)]
+        idle = [m for m in modes if not any(m in STRATEGIES[n].modes for n in strategies)]
         if idle:
             raise GearshiftError(f"no strategy in --strategies serves mode(s) {idle}; narrow --modes or add one")
     seed = None
@@ -253,8 +281,8 @@ def run(args) -> int:
                 raise GearshiftError(f"the seed map {args.seed!r} holds no candidate timings to rank")
     if not torch.cuda.is_available():
         raise GearshiftError("gearshift profile needs a CUDA GPU (the policy map is per device)")
-    if args.shapes:
-        shapes = [(f"s{i}", *map(int, s.lower().split("x"))) for i, s in enumerate(args.shapes.split(","))]
+    if shape_arg is not None:
+        shapes = shape_arg
         layers = 1
     else:
         try:
@@ -266,8 +294,7 @@ def run(args) -> int:
         if seed is None:
             raise GearshiftError("--seed auto: no policy map for this GPU or its architecture; "
                                  "give a map's path, or profile without --seed")
-    m_list = [int(v) for v in args.m.split(",")] if args.m else list(M_BUCKETS)
-    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    m_list = m_arg if m_arg is not None else list(M_BUCKETS)
     device = torch.cuda.get_device_name()
     if seed is not None:
         unseen, total = unseen_pairs(seed, shapes, modes, args.group_size)
