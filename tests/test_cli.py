@@ -34,6 +34,19 @@ def test_generate_json_shape(model_dir, capsys):
     assert doc["stats"]["tokens_per_s"] > 0 and doc["stats"]["generated_tokens"] == 10
 
 
+def test_quantized_checkpoint_of_another_width_is_one_line(model_dir, tmp_path, capsys):
+    """A mode whose weight width the checkpoint's quantized linears do not have fails up front, saying
+    what to do, instead of announcing a load-time quantization that leaves them as they are."""
+    q8 = tmp_path / "q8"
+    code, _, err = cli(capsys, "quantize", str(model_dir("tiny")), str(q8), "--weights", "int8")
+    assert code == 0, err
+    code, _, err = cli(capsys, "generate", "--model", str(q8), "--prompt", "hi", "--max-new-tokens", "2", "--mode", "w4a16")
+    assert_one_line_error(code, err, "need 4-bit weights, but")
+    assert "quantizing with round-to-nearest" not in err
+    code, _, err = cli(capsys, "generate", "--model", str(q8), "--prompt", "hi", "--max-new-tokens", "2", "--mode", "w8a16")
+    assert code == 0, err
+
+
 def test_quantize_round_trip(model_dir, tmp_path, capsys):
     out = tmp_path / "q"
     code, _, err = cli(capsys, "quantize", str(model_dir("tiny")), str(out), "--group-size", "32")

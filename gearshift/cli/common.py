@@ -48,9 +48,10 @@ def load_for_modes(args, modes: list[str]):
                         cuda_graphs=getattr(args, "cuda_graphs", True),
                         int4_layout=getattr(args, "int4_layout", "auto"))
     want = getattr(args, "quantize", "auto")
+    need = min(get_mode(m).weight_bits for m in modes)
+    check_quantized_bits(loaded, modes, need)
     if want == "auto":
         have = {lin.store.weight_bits for name, lin in loaded.model.linear_layers() if name != "lm_head"}
-        need = min(get_mode(m).weight_bits for m in modes)
         want = {4: "int4", 8: "int8"}.get(need) if need not in have else "none"
         if want and want != "none":
             note(f"{loaded.source} holds {max(have)}-bit weights and mode(s) {', '.join(modes)} need {need}-bit: "
@@ -61,6 +62,25 @@ def load_for_modes(args, modes: list[str]):
     if want and want != "none":
         quantize_linears(loaded, want, group)
     return loaded
+
+
+def check_quantized_bits(loaded, modes: list[str], need: int) -> None:
+    """Quantization at load only turns dense linears into fewer bits. A checkpoint's already quantized
+    linears of another width cannot serve a mode that needs `need`-bit weights (0: any), so say so before
+    anything runs, instead of noting a quantization that would leave them as they are."""
+    bits = sorted({lin.store.weight_bits for name, lin in loaded.model.linear_layers()
+                   if name != "lm_head" and lin.store.format_name != "dense"})
+    other = [b for b in bits if need and b != need]
+    if not other:
+        return
+    b = other[0]
+    if b < need:
+        fix = f"choose a mode for {b}-bit weights (e.g. w{b}a16) or load a 16-bit checkpoint"
+    else:
+        fix = (f"choose a mode for {b}-bit weights (e.g. w{b}a16), or quantize the 16-bit source for it "
+               f"(gearshift quantize --weights int{need}): re-quantizing {b}-bit weights compounds the error")
+    raise GearshiftError(f"mode(s) {', '.join(modes)} need {need}-bit weights, but {loaded.source} holds {b}-bit "
+                         f"quantized ones: {fix}")
 
 
 def int4_prog_hint(modes: list[str], device) -> str | None:
