@@ -4,8 +4,9 @@ stop 46): the engine's graphed decode step as shipped against the same step with
 
     PYTHONPATH=. python benchmarks/rope_kv_write_bound.py --mode w4a16 --batches 1,2,4,16
 
-Stop 46 on the H100 (this script's ad-hoc first form, the same patch; 5 alternating rounds, 512 cached keys): without the launch the W4A16 step took 0.980 / 0.980 /
-1.012 / 0.983 of the shipped one at batch 1 / 2 / 4 / 16, W4A8 (int4-prog) 1.016 / 0.992 at 1 / 4. A fused kernel
+Stop 46 on the H100 (this script's ad-hoc first form, the same patch; 5 alternating rounds, 512 cached
+keys): without the launch the W4A16 step took 0.980 / 0.980 / 1.012 / 0.983 of the shipped one at batch
+1 / 2 / 4 / 16, W4A8 (int4-prog) 1.016 / 0.992 at 1 / 4. A fused kernel
 would also have to do the rotation and the write, so it would gain at most 2% and lose at some batches: not built.
 """
 from __future__ import annotations

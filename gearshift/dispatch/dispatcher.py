@@ -7,7 +7,8 @@ for modes without a kernel; on CUDA it looks (mode, group, N, K, M) up in the po
 the nearest profiled shape's pick for a shape the map never saw, and falls back to a fixed rule
 where the map has nothing for the mode. Where no kernel serves a store on the GPU (e.g. W4A8 on
 group-32 int4 weights, which GGUF Q4_0 / Q4_1 checkpoints hold), it runs the reference too, and
-says so once per mode and weight format (`ReferenceFallbackWarning`): that path is one to two orders of magnitude slower.
+says so once per mode and weight format (`ReferenceFallbackWarning`): that path is one to two
+orders of magnitude slower.
 """
 
 from __future__ import annotations
