@@ -47,6 +47,14 @@ def test_quantized_checkpoint_of_another_width_is_one_line(model_dir, tmp_path, 
     assert code == 0, err
 
 
+def test_quantize_group_size_is_checked_and_a_substitute_is_said(model_dir, tmp_path, capsys):
+    assert_one_line_error(*cli(capsys, "quantize", str(model_dir("tiny")), str(tmp_path / "q0"), "--group-size", "0")[::2],
+                          "--group-size must be at least 16")
+    code, _, err = cli(capsys, "quantize", str(model_dir("tiny")), str(tmp_path / "q48"), "--group-size", "48")
+    assert code == 0, err
+    assert "group size 48 does not divide in_features" in err
+
+
 def test_quantize_round_trip(model_dir, tmp_path, capsys):
     out = tmp_path / "q"
     code, _, err = cli(capsys, "quantize", str(model_dir("tiny")), str(out), "--group-size", "32")

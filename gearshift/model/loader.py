@@ -50,9 +50,19 @@ def note(msg: str) -> None:
     print(f"gearshift: {msg}", file=sys.stderr)
 
 
+_GROUP_NOTES: set = set()
+
+
 def choose_group_size(k: int, wanted: int) -> int:
+    """The int4 group size for a layer of in_features k: `wanted` where it divides k, else the largest of
+    128 / 64 / 32 / 16 below it that does (said once per case on stderr)."""
+    if wanted < 16:
+        raise GearshiftError(f"--group-size must be at least 16, got {wanted}")
     for g in (wanted, 128, 64, 32, 16):
         if g <= wanted and k % g == 0:
+            if g != wanted and (k, wanted) not in _GROUP_NOTES:
+                _GROUP_NOTES.add((k, wanted))
+                note(f"group size {wanted} does not divide in_features {k}: those layers use group {g}")
             return g
     raise GearshiftError(f"in_features {k} has no int4 group size <= {wanted} among 128/64/32/16")
 
