@@ -29,6 +29,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch  # noqa: E402
 
 from kernels import tag_suffix, write_json  # noqa: E402
+from trigger_matrix import alternate  # noqa: E402
 
 CHUNKS = {"k256": {}, "k128": dict(chunk=128, block=64), "k64": dict(chunk=64, block=64),
           "k64s32": dict(chunk=64, block=64, max_splits=32)}
@@ -75,13 +76,13 @@ def main() -> None:
         for case in a.cases.split(","):
             b, ctx = (int(v) for v in case.split("x"))
             timers = {n: DecodeStepTimer(model, a.mode, b, ctx) for n in names}  # one runner each
-            times = {n: [] for n in names}
-            for r in range(a.rounds):
-                for n in (names if r % 2 == 0 else names[::-1]):
-                    min_batch, kw, launch = plans[n]
-                    switches.set_switches(decode_attention_min_batch=min_batch, decode_attention_launch=launch)
-                    transformer.decode_attention_triton = functools.partial(da.decode_attention_triton, **kw)
-                    times[n].append(timers[n].ms(d))
+            def run(n, timers=timers):
+                min_batch, kw, launch = plans[n]
+                switches.set_switches(decode_attention_min_batch=min_batch, decode_attention_launch=launch)
+                transformer.decode_attention_triton = functools.partial(da.decode_attention_triton, **kw)
+                return timers[n].ms(d)
+
+            times = alternate(names, a.rounds, run)
             base = times[names[0]]
             res["cases"][case] = {n: {"ms": statistics.median(t), "ratio": statistics.median(x / y for x, y in zip(t, base)),
                                       "rounds": t} for n, t in times.items()}

@@ -20,6 +20,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch  # noqa: E402
 
+from trigger_matrix import alternate  # noqa: E402
+
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -49,11 +51,11 @@ def main() -> None:
     try:
         for b in (int(v) for v in a.batches.split(",")):
             timers = {n: DecodeStepTimer(model, a.mode, b, a.context) for n in sides}  # one capture each
-            t = {n: [] for n in sides}
-            for r in range(a.rounds):
-                for n in (list(sides) if r % 2 == 0 else list(sides)[::-1]):
-                    KVCache.write_rotated = sides[n]
-                    t[n].append(timers[n].ms(d))
+            def run(n, timers=timers):
+                KVCache.write_rotated = sides[n]
+                return timers[n].ms(d)
+
+            t = alternate(list(sides), a.rounds, run)
             base, other = t["shipped"], t["without rope_kv_write"]
             print(f"{a.mode} batch {b}: shipped {statistics.median(base):.3f} ms, without the launch "
                   f"{statistics.median(other):.3f} ({statistics.median(x / y for x, y in zip(other, base)):.3f})", flush=True)

@@ -25,7 +25,7 @@ import torch  # noqa: E402
 
 from e2e_ab import parse_switches  # noqa: E402
 from kernels import tag_suffix, write_json  # noqa: E402
-from trigger_matrix import ratio_table, summarize  # noqa: E402
+from trigger_matrix import alternate, ratio_table, summarize  # noqa: E402
 
 
 def parse_sides(specs: list[str]) -> dict[str, dict]:
@@ -85,11 +85,11 @@ def main() -> None:
         for ctx in (int(c) for c in a.context.split(",")):
             for b in (int(x) for x in a.batches.split(",")):
                 timer = DecodeStepTimer(model, a.mode, b, ctx, max_graphs=len(sides) + 1, tokens=a.tokens)
-                times = {label: [] for label in labels}
-                for r in range(a.rounds):
-                    for label in (labels if r % 2 == 0 else labels[::-1]):
-                        switches.set_switches(**(before | sides[label]))
-                        times[label].append(timer.ms(dispatcher))
+                def run(label, timer=timer):
+                    switches.set_switches(**(before | sides[label]))
+                    return timer.ms(dispatcher)
+
+                times = alternate(labels, a.rounds, run)
                 result["cases"][f"{b}x{ctx}"] = summarize(times, labels[0])
                 del timer
                 torch.cuda.empty_cache()

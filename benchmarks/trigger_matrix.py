@@ -46,6 +46,16 @@ def label(combo: tuple[int, str]) -> str:
     return f"gemv={'rule' if g < 0 else g},small={s}"
 
 
+def alternate(labels: list[str], rounds: int, run) -> dict[str, list[float]]:
+    """run(label) -> ms for every label, `rounds` times, in alternating order (A, B, .. then .., B, A) so
+    drift hits every label alike; the ms per label in round order."""
+    times: dict[str, list[float]] = {label: [] for label in labels}
+    for r in range(rounds):
+        for label in (labels if r % 2 == 0 else labels[::-1]):
+            times[label].append(run(label))
+    return times
+
+
 def summarize(times: dict[str, list[float]], base: str) -> dict[str, dict]:
     """Median ms per combination, and its ratio to `base`'s median (per-round ratios' median too)."""
     b = times[base]
@@ -103,11 +113,13 @@ def main() -> None:
     try:
         for b in (int(x) for x in a.batches.split(",")):
             timer = DecodeStepTimer(model, a.mode, b, a.context, max_graphs=len(cs) + 1)  # a capture per combination
-            times = {label(c): [] for c in cs}
-            for r in range(a.rounds):
-                for c in (cs if r % 2 == 0 else cs[::-1]):
-                    switches.set_switches(gemv_trigger=c[0], small_trigger=c[1])
-                    times[label(c)].append(timer.ms(dispatcher))
+            by_label = {label(c): c for c in cs}
+
+            def run(name, timer=timer):
+                switches.set_switches(gemv_trigger=by_label[name][0], small_trigger=by_label[name][1])
+                return timer.ms(dispatcher)
+
+            times = alternate(list(by_label), a.rounds, run)
             result["batches"][b] = summarize(times, base)
             del timer
             torch.cuda.empty_cache()

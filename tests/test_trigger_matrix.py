@@ -42,3 +42,10 @@ def test_ratio_table_lines_up_labels_and_cells():
     assert len(lines) == 3 and lines[0].split() == ["batch", "a", "b"]
     assert lines[2].split() == ["16", "2.050", "(1.000)", "1.950", "(0.951)"]
     assert len({len(line) for line in lines}) == 1
+
+
+def test_alternate_reverses_the_order_every_other_round():
+    calls = []
+    times = trigger_matrix.alternate(["a", "b", "c"], 3, lambda label: calls.append(label) or float(len(calls)))
+    assert calls == ["a", "b", "c", "c", "b", "a", "a", "b", "c"]
+    assert times == {"a": [1.0, 6.0, 7.0], "b": [2.0, 5.0, 8.0], "c": [3.0, 4.0, 9.0]}
