@@ -198,10 +198,12 @@ def test_profile_refine_arguments_are_checked_before_any_gpu_work(capsys):
 
 
 def test_profile_lists_are_checked_before_the_gpu(capsys):
-    """--m, --modes and --shapes typos read as one line on any machine, not as a traceback on a GPU."""
+    """--m, --modes, --shapes and --sustain typos read as one line on any machine, not as a traceback on a GPU."""
     for args, msg in ((("--m", "1,abc"), "--m: 'abc' is not a token count"), (("--m", "0"), "--m: '0'"),
                       (("--modes", "w4a16,w9a9"), "--modes: unknown ['w9a9']"),
-                      (("--shapes", "4096x"), "--shapes: '4096x' is not NxK")):
+                      (("--shapes", "4096x"), "--shapes: '4096x' is not NxK"),
+                      (("--sustain", "-1"), "--sustain must be 0 (off)"),
+                      (("--sustain-from", "0"), "--sustain-from must be a token count")):
         assert_one_line_error(*cli(capsys, "profile", "--model", "llama3-8b", *args)[::2], msg)
 
 

@@ -419,6 +419,44 @@ def test_profiler_never_times_a_wrong_kernel():
     assert sum("wrong result" in line for line in logged) == 4
 
 
+def test_profile_times_large_m_after_sustained_running_only():
+    """From sustain_from_m tokens the profiler asks its timer for a sustained timing (the clocks a
+    whole large step runs at under the power cap); below it, and with sustain_s=0, it does not."""
+    from gearshift.dispatch.profiler import profile
+    from gearshift.dispatch.strategies import DPRPartition, Strategy, register
+
+    names = ("test_sustain", "test_other")
+    for name in names:
+        register(Strategy(name, DPRPartition((4,), (16,), "any", "library"), ("w4a16",),
+                          lambda x, st, act, cfg: linear_reference(x.float(), st, act).to(x.dtype), gpu_only=False))
+    asked = []
+
+    def timer(calls, sustain_s=0.0):
+        asked.append((calls[0]().shape[0], sustain_s))
+        return 1.0
+
+    def run(sustain_s, strategies=names, policy=None):
+        asked.clear()
+        pm = profile([("s", 64, 256)], ["w4a16"], [4, 32], group=128, device_name="test", strategies=list(strategies),
+                     dtype=torch.float32, int4_layout="rows", timer=timer, device="cpu", policy=policy,
+                     sustain_s=sustain_s, sustain_from_m=32)
+        return sorted(set(asked)), pm
+
+    key = type_key("w4a16", 128, 64, 256)
+    try:
+        seen, pm = run(0.25)
+        assert seen == [(4, 0.0), (32, 0.25)]  # 4 tokens timed plain, 32 sustained
+        assert pm.meta["sustained_points"] == [f"{key} M=32"]
+        # a burst re-profile of one strategy: at 32 tokens the sustained timings do not compare, so they go
+        seen, pm = run(0.0, strategies=names[:1], policy=pm)
+        assert seen == [(4, 0.0), (32, 0.0)]
+        assert sorted(pm.timings[key]["4"]) == sorted(names) and list(pm.timings[key]["32"]) == ["test_sustain"]
+        assert "sustained_points" not in pm.meta
+    finally:
+        for name in names:
+            STRATEGIES.pop(name)
+
+
 def _arch_map(device: str, cap: str | None, sms: int | None, triton: str | None = None) -> PolicyMap:
     meta = {} if cap is None else {"capability": cap, "sms": sms}
     if triton:

@@ -74,6 +74,14 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--refine-top", type=int, default=6, help="with --refine: candidates per shape (default 6)")
     p.add_argument("--refine-context", type=int, default=512,
                    help="with --refine: cached tokens each sequence of the decode step attends to (default 512)")
+    p.add_argument("--sustain", type=float, default=None, metavar="SECONDS",
+                   help="from --sustain-from tokens, run each candidate alone this long before timing it, so it "
+                        "is timed at the clocks it settles at under the GPU's power cap, not at a cool GPU's boost "
+                        "clocks: an H100 running 8B-sized linears at 256-4096 tokens per step for seconds sits at "
+                        "700 W and 1.3-1.9 GHz instead of 1.98, and short bursts timed such steps 3-13%% fast "
+                        "(default 0.3 s; 0 turns it off; a point timed the other way before loses those timings)")
+    p.add_argument("--sustain-from", type=int, default=None, metavar="M",
+                   help="the smallest M bucket that --sustain applies to (default: 256)")
     p.add_argument("--resume", action="store_true",
                    help="continue an interrupted run of the same command from <out>.partial: the points it "
                         "saved are kept, not timed again")
@@ -187,7 +195,7 @@ def run_signature(args, shapes, m_list, modes, fresh: bool | None) -> dict:
     return {"model": args.model, "shapes": [list(s) for s in shapes], "modes": modes, "m": m_list,
             "group_size": args.group_size, "int4_layout": args.int4_layout, "int4_prog": bool(args.int4_prog),
             "strategies": args.strategies, "seed": args.seed, "top": args.top if args.seed else None,
-            "new_tiles": bool(args.new_tiles),
+            "new_tiles": bool(args.new_tiles), "sustain": [args.sustain, args.sustain_from],
             "replace": bool(args.replace), "fresh": fresh}
 
 
@@ -240,6 +248,22 @@ def parse_lists(args) -> tuple[list[int] | None, list[str], list[tuple[str, int,
     return m_list, modes, shapes
 
 
+def sustain_kwargs(args) -> dict:
+    """--sustain / --sustain-from as `profile` keywords (unset: the profiler's defaults), checked up front."""
+    from gearshift.errors import GearshiftError
+
+    out = {}
+    if args.sustain is not None:
+        if not args.sustain >= 0:
+            raise GearshiftError(f"--sustain must be 0 (off) or a number of seconds, got {args.sustain}")
+        out["sustain_s"] = args.sustain
+    if args.sustain_from is not None:
+        if args.sustain_from < 1:
+            raise GearshiftError(f"--sustain-from must be a token count of at least 1, got {args.sustain_from}")
+        out["sustain_from_m"] = args.sustain_from
+    return out
+
+
 def run(args) -> int:
     import torch
     from tqdm import tqdm
@@ -253,6 +277,7 @@ def run(args) -> int:
                              "or --shapes NxK,...")
     refine_m = refine_buckets(args)
     m_arg, modes, shape_arg = parse_lists(args)
+    sustain = sustain_kwargs(args)
     strategies = None
     if args.strategies:
         from gearshift.dispatch.strategies import STRATEGIES
@@ -341,7 +366,7 @@ def run(args) -> int:
             pm = profile(shapes, modes, m_list, group=args.group_size, device_name=device, progress=bar,
                          int4_layout=args.int4_layout, int4_progressive=args.int4_prog, strategies=strategies,
                          log=skipped.append, seed=seed, top=args.top, new_tiles=args.new_tiles, policy=base,
-                         done=frozenset(done), on_point=checkpoint)
+                         done=frozenset(done), on_point=checkpoint, **sustain)
     except KeyboardInterrupt:
         where = f"saved at {partial}" if done else "nothing was saved"
         print(f"\ngearshift: interrupted after {len(done)} of {n_points} points ({where}); the same command with "
