@@ -2,10 +2,11 @@
 
 Stages:
   gpu      (CUDA) builds Llama-3-8B shapes in memory with random int4 stores (group 128) and
-           measures (1) per-forward step times: t_mode(B) for T=1 in w4a16 / w4a8 / w4a4 and
-           t_verify(B, gamma) = one w4a16 forward of B rows x (gamma+1) tokens (M = B(gamma+1)),
-           and (2) end-to-end Engine tokens/s of AR (w4a16, w4a8, w4a4) and QSPEC (w4a4 draft,
-           gamma 2..6) at each batch size. Random weights make the draft/verify agreement
+           measures, EAGER (no CUDA graphs: host-bound, ~40-55 ms per 8B step; the engine's
+           graphed QSPEC against AR is benchmarks/e2e_policies.py's), (1) per-forward step
+           times: t_mode(B) for T=1 in w4a16 / w4a8 / w4a4 and t_verify(B, gamma) = one w4a16
+           forward of B rows x (gamma+1) tokens (M = B(gamma+1)), and (2) end-to-end Engine
+           tokens/s of AR (w4a16, w4a8, w4a4) and QSPEC (w4a4 draft, gamma 2..6) at each batch size. Random weights make the draft/verify agreement
            meaningless, so (3) the DESIGN.md speed-up formula is evaluated with the measured step
            times and acceptance rates from a trained model (modeled, not measured). Records which
            kernels (dispatcher strategies) ran for each mode and M.
@@ -92,18 +93,18 @@ def build_8b(device="cuda", dtype=torch.bfloat16, layers: int | None = None, pre
 
 
 def use_policy_map(path: str | None) -> str | None:
-    """Install the ADAngel policy map profiled on this GPU (benchmarks/results/kernels_policy_<device>.json)."""
-    from gearshift.dispatch import AdaptiveDispatcher, PolicyMap, set_dispatcher
-    from gearshift.dispatch.policy import device_slug
+    """Install the policy map at `path`, or by default the one the engine would load on this GPU
+    (`install_policy`: the user's, else the map shipped for this GPU); its file or device name."""
+    from gearshift.dispatch import AdaptiveDispatcher, PolicyMap, install_policy, set_dispatcher
 
     if not torch.cuda.is_available():
         return None
-    p = Path(path) if path else Path(__file__).resolve().parent / "results" / \
-        f"kernels_policy_{device_slug(torch.cuda.get_device_name())}.json"
-    if not p.is_file():
-        return None
-    set_dispatcher(AdaptiveDispatcher(PolicyMap.load(p), autoload=False))
-    return str(p)
+    if not path:
+        from gearshift.dispatch.policy import describe
+
+        return describe(install_policy().policy)
+    set_dispatcher(AdaptiveDispatcher(PolicyMap.load(path), autoload=False))
+    return str(path)
 
 
 class KernelLog:
@@ -454,7 +455,7 @@ def main() -> None:
     g.add_argument("--layers", type=int, default=None, help="fewer layers (smoke tests only)")
     g.add_argument("--preset", default="llama3-8b", help="model shapes (tiny: CPU smoke test)")
     g.add_argument("--device", default="cuda")
-    g.add_argument("--policy-map", default=None, help="policy map JSON (default: benchmarks/results/kernels_policy_<gpu>.json)")
+    g.add_argument("--policy-map", default=None, help="policy map JSON (default: the map the engine loads on this GPU)")
     g.add_argument("--budget-s", type=float, default=480, help="skip remaining QSPEC e2e runs after this")
     k = sub.add_parser("kernels")
     k.add_argument("--out", required=True)
