@@ -7,7 +7,11 @@ to the map's meta.merged list.
 """
 import argparse
 import json
+import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from gearshift.dispatch.profiler import mark_regime, point_id  # noqa: E402
 
 
 def main() -> None:
@@ -35,7 +39,13 @@ def main() -> None:
             # and AdaptiveDispatcher._best_served read
             timed = new.get("timings", {}).get(key, {}).get(m)
             if timed:
-                base.setdefault("timings", {}).setdefault(key, {}).setdefault(m, {}).update(timed)
+                point = base.setdefault("timings", {}).setdefault(key, {}).setdefault(m, {})
+                # burst and sustained timings (profiler.SUSTAIN_FROM_M) do not compare: the base's go
+                # where the new map timed the point the other way
+                pid = point_id(key, int(m))
+                mark_regime(base.setdefault("meta", {}), pid, point,
+                            pid in new.get("meta", {}).get("sustained_points", []))
+                point.update(timed)
     meta = base.setdefault("meta", {})
     history = meta.get("merged", [])
     history = [history] if isinstance(history, str) else list(history)  # earlier maps kept one string

@@ -49,3 +49,18 @@ def test_timed_candidates_join_the_base_ones(tmp_path):
     assert r.returncode == 0, r.stderr
     t = json.loads((tmp_path / "out.json").read_text())["timings"][key]
     assert t["1"] == {"old@a": 3.0, "both@b": 6.0, "new@c": 2.0} and t["2"] == {"old@a": 4.0}
+
+
+def test_timings_of_the_other_regime_are_replaced_not_joined(tmp_path):
+    """A sustained point (timed after the candidate ran for a while, meta.sustained_points) merged into a
+    map that timed it in bursts replaces the base's timings there, and is marked sustained in the result."""
+    base, new = _map("H100", "old"), _map("H100", "new")
+    key = "w4a16:g128:64x64"
+    base["timings"] = {key: {"1": {"old@a": 3.0}, "2": {"old@a": 4.0}}}
+    new["timings"] = {key: {"1": {"new@c": 2.0}, "2": {"new@c": 5.0}}}
+    new["meta"] = {"sustained_points": [f"{key} M=2"]}
+    r = _run(tmp_path, base, new, "--modes", "w4a16", "--m", "1,2")
+    assert r.returncode == 0, r.stderr
+    out = json.loads((tmp_path / "out.json").read_text())
+    assert out["timings"][key] == {"1": {"old@a": 3.0, "new@c": 2.0}, "2": {"new@c": 5.0}}
+    assert out["meta"]["sustained_points"] == [f"{key} M=2"]

@@ -296,7 +296,7 @@ def profile(shapes: Iterable[tuple[str, int, int]], modes: Iterable[str], m_list
                 # differ by 5-15% at these sizes and do not compare
                 point = pm.timings.setdefault(key, {}).setdefault(str(m), {})
                 if cands:
-                    mark_regime(pm, point_id(key, m), point, hot)
+                    mark_regime(pm.meta, point_id(key, m), point, hot)
                 point.update(cands)
                 ok = [(us, c) for c, us in point.items() if us is not None]
                 if ok and m in pm.buckets:
@@ -312,10 +312,11 @@ def profile(shapes: Iterable[tuple[str, int, int]], modes: Iterable[str], m_list
     return pm
 
 
-def mark_regime(pm: PolicyMap, pid: str, point: dict, hot: bool) -> None:
-    """Record in pm.meta["sustained_points"] whether point `pid` is now timed sustained (`hot`); a point
-    whose earlier timings were of the other regime loses them first."""
-    sustained = pm.meta.get("sustained_points", [])
+def mark_regime(meta: dict, pid: str, point: dict, hot: bool) -> None:
+    """Record in a map's meta["sustained_points"] whether point `pid` is now timed sustained (`hot`),
+    before new timings join `point` (its candidate timings); if the earlier ones were of the other
+    regime, it loses them first."""
+    sustained = meta.get("sustained_points", [])
     if point and (pid in sustained) != hot:
         point.clear()
     if hot and pid not in sustained:
@@ -323,9 +324,9 @@ def mark_regime(pm: PolicyMap, pid: str, point: dict, hot: bool) -> None:
     elif not hot and pid in sustained:
         sustained.remove(pid)
     if sustained:
-        pm.meta["sustained_points"] = sustained
+        meta["sustained_points"] = sustained
     else:
-        pm.meta.pop("sustained_points", None)
+        meta.pop("sustained_points", None)
 
 
 def point_id(key: str, m: int) -> str:
