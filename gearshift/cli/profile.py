@@ -77,12 +77,12 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--sustain", type=float, default=None, metavar="SECONDS",
                    help="from --sustain-from tokens, run each candidate alone this long before timing it, so it "
                         "is timed at the clocks it settles at under the GPU's power cap, not at a cool GPU's boost "
-                        "clocks: an H100 running 8B-sized linears at 256-4096 tokens per step for seconds sits at "
+                        "clocks: an H100 running 8B-sized linears at 64-4096 tokens per step for seconds sits at "
                         "700 W and 1.3-1.9 GHz instead of 1.98, and short bursts timed such steps 3-13%% fast "
                         "(default 0.3 s per candidate; 0 turns it off; a point timed the other way before loses those "
                         "timings)")
     p.add_argument("--sustain-from", type=int, default=None, metavar="M",
-                   help="the smallest M bucket that --sustain applies to (default: 256)")
+                   help="the smallest M bucket that --sustain applies to (default: 64)")
     p.add_argument("--resume", action="store_true",
                    help="continue an interrupted run of the same command from <out>.partial: the points it "
                         "saved are kept, not timed again")

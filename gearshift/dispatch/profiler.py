@@ -106,11 +106,12 @@ def copy_bandwidth() -> float:
     return 2 * (1 << 30) / (ts[len(ts) // 2] / 1000)
 
 
-#: tokens from which `profile` times a candidate only after it ran alone for SUSTAIN_S seconds. Steps of
-#: 256 and more tokens of the Llama-3-8B linears, run back to back for seconds, hold the H100 at its 700 W
-#: cap with clocks at 1.3-1.9 GHz instead of 1.98 (stop 47, `benchmarks/results/power_cap_stop47.md`):
-#: candidates timed in short bursts summed to 0.87-0.94 of such a step, sustained ones to 0.98-1.02.
-SUSTAIN_FROM_M = 256
+#: tokens from which `profile` times a candidate only after it ran alone for SUSTAIN_S seconds. W4A16 steps
+#: of the Llama-3-8B linears run back to back draw 670-700 W at every M; from 64 tokens they hold the H100
+#: at its 700 W cap with clocks at 1.3-1.9 GHz instead of 1.98 (stop 47,
+#: `benchmarks/results/power_cap_stop47.md`). There, candidates timed in short bursts summed to 0.87-0.96
+#: of such a step and sustained ones to 0.98-1.02; at 1-16 tokens both were within 1.3% of it.
+SUSTAIN_FROM_M = 64
 SUSTAIN_S = 0.3
 
 
