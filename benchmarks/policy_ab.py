@@ -49,7 +49,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--out", default="benchmarks/results")
     ap.add_argument("--tag", default="", help="suffix of the result file name (policy_ab_<device>_<tag>_<mode>.json)")
-    ap.add_argument("--cublas", action="store_true", help="also time cuBLAS bf16 on dense weights (same run)")
+    ap.add_argument("--cublas", action="store_true",
+                    help="also time cuBLAS bf16 on dense weights (same run, after the A/B rounds of each M: short "
+                         "bursts, as the sides are; from 64 tokens a GPU kept busy settles lower, see power_cap.py)")
     ap.add_argument("--tinygemm", action="store_true", help="also time torch's int4 kernel on converted copies")
     ap.add_argument("--layout-a", default="blocks16", choices=("rows", "blocks16"), help="int4 layout of side A")
     ap.add_argument("--layout-b", default="blocks16", choices=("rows", "blocks16"), help="int4 layout of side B")
