@@ -116,7 +116,7 @@ def extend_base(out, device: str, default_out: bool):
     if p.is_file():
         try:
             pm = PolicyMap.load(p)
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        except (OSError, ValueError) as e:  # PolicyMap.load: any malformed file is one ValueError
             raise GearshiftError(f"{p} exists and is not a policy map ({e}); move it or pass --replace") from None
         if pm.device != device:
             raise GearshiftError(f"{p} holds the map of {pm.device}, not this {device}; choose another --out "
@@ -301,7 +301,7 @@ def run(args) -> int:
         if args.seed != "auto":
             try:
                 seed = PolicyMap.load(args.seed)
-            except (OSError, ValueError, KeyError) as e:
+            except (OSError, ValueError) as e:  # load turns any malformed file into one ValueError
                 raise GearshiftError(f"cannot read the seed map {args.seed!r}: {e}") from None
             if not seed.timings:
                 raise GearshiftError(f"the seed map {args.seed!r} holds no candidate timings to rank")
