@@ -30,6 +30,10 @@ def main() -> None:
                          "QSPEC drafts can run the int8 tensor-core kernel w4a8_progressive")
     ap.add_argument("--setups", default="int4,dense",
                     help="which model setups to run: int4 (AR W4A16 and the QSPEC drafts), dense (AR bf16, GEARBX)")
+    ap.add_argument("--graph-max-rows", type=int, default=None, metavar="ROWS",
+                    help="Transformer.graph_max_rows for the graphed rows: prefills of up to ROWS rows replay graphs "
+                         "once their shapes recur; 0 runs them eagerly (as before stop 48). Default: the model's")
+    ap.add_argument("--tag", default="", help="suffix of the results file")
     args = ap.parse_args()
 
     from gearshift.decode.autoregressive import AutoregressivePolicy
@@ -68,8 +72,12 @@ def main() -> None:
                 res = {}
                 for graphs in (False, True):
                     model.use_cuda_graphs = graphs
+                    if args.graph_max_rows is not None:
+                        model.graph_max_rows = args.graph_max_rows
                     try:
-                        for _ in range(2):  # warm-up, then timed
+                        # two warm-ups (the first compiles and sees the prefill's shapes, the second captures
+                        # its graph), then timed
+                        for _ in range(3):
                             eng = Engine(loaded, max_batch=b)
                             reqs = [Request(p, SamplingParams(max_new_tokens=args.new_tokens, ignore_eos=True))
                                     for p in prompts]
@@ -98,10 +106,11 @@ def main() -> None:
         model.use_cuda_graphs = False
         del model, loaded
     doc = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "preset": args.preset,
-           "new_tokens": args.new_tokens, "int4_prog": args.int4_prog, "rows": rows}
+           "new_tokens": args.new_tokens, "int4_prog": args.int4_prog, "graph_max_rows": args.graph_max_rows,
+           "rows": rows}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    tag = "_int4prog" if args.int4_prog else ""
+    tag = ("_int4prog" if args.int4_prog else "") + (f"_{args.tag}" if args.tag else "")
     (out / f"e2e_policies_{doc['device'].replace(' ', '_')}{tag}.json").write_text(json.dumps(doc, indent=1))
     print(f"\n{'policy':24} {'batch':>5} {'graphs':>6} {'tok/s':>9} same  vs AR")
     for r in rows:

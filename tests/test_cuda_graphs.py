@@ -36,3 +36,52 @@ def test_graphs_are_keyed_by_the_dispatcher():
     finally:
         set_dispatcher(installed)
         model.use_cuda_graphs = False
+
+
+def test_token_buckets():
+    """Steps of up to 16 tokens keep their length; longer ones pad to 2^k or 1.5 * 2^k, never to
+    more than 1.5x their tokens, and a bucket maps to itself."""
+    from gearshift.model.cuda_graphs import token_bucket
+
+    assert [token_bucket(t) for t in (1, 7, 16)] == [1, 7, 16]
+    assert [token_bucket(t) for t in (17, 25, 33, 49, 65, 97, 129, 257, 513, 769)] == \
+        [24, 32, 48, 64, 96, 128, 192, 384, 768, 1024]
+    for t in range(17, 3000):
+        b = token_bucket(t)
+        assert t <= b < 1.5 * t and token_bucket(b) == b
+
+
+@pytest.mark.skipif(not GPU, reason="CUDA graphs")
+def test_long_steps_run_eagerly_once_then_from_a_graph():
+    """A prefill longer than graph_max_tokens runs padded to its token bucket: eagerly at first
+    sight, captured at the second, replayed from the third, with the same logits each time; and
+    close to the unpadded eager forward (other tiles may serve the padded row count)."""
+    from gearshift.model.tiny import build_random_model
+
+    torch.manual_seed(0)
+    model = build_random_model("tiny", weights="int4", device="cuda", dtype=torch.bfloat16)
+    ids = torch.randint(0, 512, (2, 20), device="cuda")  # bucket 24
+
+    def prefill(logits):
+        cache = model.new_cache(2, 64)
+        return model(ids, cache, [0, 0], [20, 17], mode="w4a16", logits=logits)
+
+    plain = prefill("all")
+    model.use_cuda_graphs = True
+    try:
+        runs = [prefill("last") for _ in range(3)]
+        captures = model._graphs.captures
+        assert captures == 1  # first sight eager, second captured, third replayed
+        assert runs[0].equal(runs[1]) and runs[1].equal(runs[2])
+        every = prefill("all")  # another key (logits): eager at first sight, sliced back to 20 tokens
+        assert every.shape == plain.shape and model._graphs.captures == captures
+        assert prefill("all").equal(every) and model._graphs.captures == captures + 1
+        last = torch.stack([every[0, 19], every[1, 16]])  # (the lm_head ran on 2 rows there, 48 here)
+        torch.testing.assert_close(last, runs[0][:, 0], atol=2e-2, rtol=2e-2)
+        torch.testing.assert_close(every[0], plain[0], atol=2e-2, rtol=2e-2)
+        torch.testing.assert_close(every[1, :17], plain[1, :17], atol=2e-2, rtol=2e-2)
+        model.graph_max_rows = 32  # 2 x 24 rows over the limit: eager at the exact length, no capture
+        assert prefill("all").equal(plain) and model._graphs.captures == captures + 1
+    finally:
+        model.use_cuda_graphs = False
+        model.graph_max_rows = type(model).graph_max_rows

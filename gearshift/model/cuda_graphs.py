@@ -9,6 +9,12 @@ another policy map, picks other kernels: graphs captured under the previous one 
 Attention length is rounded up to a bucket (masked keys contribute nothing), so a handful of
 graphs serve a whole generation. Swapping a layer's store (a GEARBX gear shift) changes the
 key, so a graph never runs on stale weights; graphs of a re-entered gear are reused.
+
+Longer steps (prefills of up to `Transformer.graph_max_rows` rows) are host-bound too: an eager
+forward of an 8B model spends 30-60 ms launching ~320 kernels, whatever its length up to about
+a thousand tokens. They run padded to a token bucket (`token_bucket`), so that a handful of
+shapes recur, and are captured only when their key is seen again: the first one runs eagerly
+(the same computation, at the same bucketed shapes), so a one-off prompt does not pay a capture.
 """
 
 from __future__ import annotations
@@ -30,8 +36,22 @@ def _bucket(n: int) -> int:
     return b
 
 
+def token_bucket(t: int) -> int:
+    """Tokens per row a step of t tokens runs padded to: 2^k or 1.5 * 2^k (t itself up to 16), so
+    steps of 17..1024 tokens share 12 shapes and no step computes more than 1.5x its rows."""
+    if t <= 16:
+        return t
+    b = 16
+    while True:
+        if b * 3 // 2 >= t:
+            return b * 3 // 2
+        b *= 2
+        if b >= t:
+            return b
+
+
 class _Graph:
-    def __init__(self, model, cache, b: int, t: int, upto: int, mode: str, logits: str, pool):
+    def __init__(self, model, cache, b: int, t: int, upto: int, mode: str, logits: str, pool, warmups: int = 2):
         dev = model.device
         self.tokens = torch.zeros((b, t), dtype=torch.long, device=dev)
         self.positions = torch.zeros((b, t), dtype=torch.long, device=dev)
@@ -41,7 +61,7 @@ class _Graph:
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):  # warm up: Triton compiles, autotuners settle, allocator fills
-            for _ in range(2):
+            for _ in range(warmups):
                 model.forward_tensors(*args)
         torch.cuda.current_stream().wait_stream(stream)
         self.graph = torch.cuda.CUDAGraph()
@@ -67,6 +87,7 @@ class GraphRunner:
     def __init__(self, max_graphs: int = 48):
         self.graphs: OrderedDict = OrderedDict()
         self.max_graphs = max_graphs
+        self.seen: OrderedDict = OrderedDict()  # keys of long steps run once eagerly, not captured yet
         self.pool = None
         self._version = None
         self._signature = None
@@ -81,17 +102,29 @@ class GraphRunner:
             self._signature = tuple(t.data_ptr() for _, lin in model.linear_layers() for t in lin.buffers())
         return self._signature
 
-    def run(self, model, tokens, cache, start, n_new, upto, mode, logits) -> torch.Tensor:
+    def run(self, model, tokens, cache, start, n_new, upto, mode, logits, capture_at_once: bool = True) -> torch.Tensor:
+        """The step's logits from its graph. capture_at_once=False: a key seen for the first time
+        runs eagerly at the graph's shapes (same computation) and is captured when seen again."""
         b, t = tokens.shape
         bucket = min(_bucket(upto), cache.capacity)
         key = (b, t, bucket, str(mode), logits, cache.k.data_ptr(), cache.v.data_ptr(), tuple(cache.k.shape),
                self._stores(model), switches.state(), pdl_enabled(cache.k), get_dispatcher())
         g = self.graphs.get(key)
+        if g is None and not capture_at_once and key not in self.seen:
+            self.seen[key] = True
+            while len(self.seen) > 4 * self.max_graphs:
+                self.seen.popitem(last=False)
+            dev = tokens.device
+            positions = torch.tensor(start, device=dev).unsqueeze(1) + torch.arange(t, device=dev).unsqueeze(0)
+            return model.forward_tensors(tokens, positions, torch.tensor(n_new, device=dev), cache, bucket, mode,
+                                         logits)
         if g is None:
             if self.pool is None:
                 self.pool = torch.cuda.graph_pool_handle()
-            # warm-up forwards write this step's K/V: the replay rewrites the same values
-            g = _Graph(model, cache, b, t, bucket, mode, logits, self.pool)
+            # warm-up forwards write this step's K/V: the replay rewrites the same values. A key seen
+            # before has its kernels compiled: one warm-up is enough there
+            seen = self.seen.pop(key, None) is not None
+            g = _Graph(model, cache, b, t, bucket, mode, logits, self.pool, warmups=1 if seen else 2)
             self.captures += 1
             self.graphs[key] = g
             while len(self.graphs) > self.max_graphs:

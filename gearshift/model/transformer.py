@@ -24,6 +24,7 @@ from gearshift.kernels.switches import (decode_attention_codes_on, decode_attent
                                        decode_attention_on, fused_for, set_fused_kernels,
                                        pdl_pass)  # (set_fused_kernels: re-exported)
 from gearshift.model.config import ModelConfig
+from gearshift.model.cuda_graphs import token_bucket
 from gearshift.model.kv_cache import KVCache
 from gearshift.model.quant_linear import CodesOnly, QuantLinear
 from gearshift.model.rope import Rotary, apply_rotary
@@ -217,13 +218,20 @@ class Transformer(nn.Module):
         Returns logits [B, T, V] (`logits="all"`) or [B, 1, V] at each row's last real token
         (`logits="last"`); afterwards cache.lengths[b] = start[b] + n_new[b] for rows with n_new > 0.
         On CUDA, short steps (decode, QSPEC draft/verify) replay captured CUDA graphs when
-        `use_cuda_graphs` is on; the graphs compute exactly what the eager path computes.
+        `use_cuda_graphs` is on; the graphs compute exactly what the eager path computes. Longer
+        steps of up to `graph_max_rows` rows (prefills) then run padded to a token bucket, eagerly
+        the first time their shapes are seen and from a graph after that (`cuda_graphs.py`).
         """
         b, t = tokens.shape
         cache.check_room(start, n_new)
         upto = max((s + n for s, n in zip(start, n_new) if n), default=1)
-        if self.use_cuda_graphs and tokens.is_cuda and t <= self.graph_max_tokens:
-            out = self._graph_runner().run(self, tokens, cache, start, n_new, upto, mode, logits)
+        padded = token_bucket(t)
+        if self.use_cuda_graphs and tokens.is_cuda and (t <= self.graph_max_tokens or b * padded <= self.graph_max_rows):
+            short = t <= self.graph_max_tokens
+            run = tokens if padded == t else F.pad(tokens, (0, padded - t))  # padding rows: n_new masks them
+            out = self._graph_runner().run(self, run, cache, start, n_new, upto, mode, logits, capture_at_once=short)
+            if logits == "all" and padded != t:
+                out = out[:, :t]
         else:
             dev = tokens.device
             positions = torch.tensor(start, device=dev).unsqueeze(1) + torch.arange(t, device=dev).unsqueeze(0)
@@ -233,7 +241,10 @@ class Transformer(nn.Module):
         return out
 
     use_cuda_graphs = False
-    graph_max_tokens = 16
+    graph_max_tokens = 16  # steps of up to this many tokens per row: captured at first sight
+    # longer steps of up to this many rows (batch x bucketed tokens): captured when seen again. Beyond
+    # about a thousand rows an 8B forward's kernels outlast its launches, and graphs gain little
+    graph_max_rows = 1024
 
     def _graph_runner(self):
         if getattr(self, "_graphs", None) is None:
