@@ -33,6 +33,8 @@ def main() -> None:
     ap.add_argument("--graph-max-rows", type=int, default=None, metavar="ROWS",
                     help="Transformer.graph_max_rows for the graphed rows: prefills of up to ROWS rows replay graphs "
                          "once their shapes recur; 0 runs them eagerly (as before stop 48). Default: the model's")
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="timed generations per row (graphed rows): the one of median wall time is reported")
     ap.add_argument("--tag", default="", help="suffix of the results file")
     args = ap.parse_args()
 
@@ -75,9 +77,11 @@ def main() -> None:
                     if args.graph_max_rows is not None:
                         model.graph_max_rows = args.graph_max_rows
                     try:
-                        # two warm-ups (the first compiles and sees the prefill's shapes, the second captures
-                        # its graph), then timed
-                        for _ in range(3):
+                        # graphed: two warm-ups (the first compiles and sees the prefill's shapes, the second
+                        # captures its graph), then timed; eager: one
+                        warm = 2 if graphs else 1
+                        timed = []
+                        for i in range(warm + (args.repeats if graphs else 1)):
                             eng = Engine(loaded, max_batch=b)
                             reqs = [Request(p, SamplingParams(max_new_tokens=args.new_tokens, ignore_eos=True))
                                     for p in prompts]
@@ -85,11 +89,15 @@ def main() -> None:
                             out = eng.generate(reqs, pol)
                             if hasattr(pol, "close"):
                                 pol.close()
+                            if i >= warm:
+                                timed.append(([r.token_ids for r in out], eng.last_stats))
                     except Exception as e:
                         print(f"FAILED {name} b={b} graphs={graphs}: {type(e).__name__}: {e}", flush=True)
                         continue
-                    st = eng.last_stats
-                    res[graphs] = ([r.token_ids for r in out], st)
+                    if any(t[0] != timed[0][0] for t in timed):
+                        print(f"DIFFERENT TOKENS between repeats: {name} b={b} graphs={graphs}", flush=True)
+                    timed.sort(key=lambda t: t[1]["wall_s"])
+                    res[graphs] = timed[len(timed) // 2]
                 same = len(res) == 2 and res[False][0] == res[True][0]
                 vs_ar = None
                 if name.startswith("ar ") and False in res:
@@ -98,7 +106,8 @@ def main() -> None:
                     vs_ar = _first_difference(res[False][0], ar_tokens)
                 for graphs, (_, st) in res.items():
                     keep = {k: st[k] for k in ("tokens_per_s", "wall_s", "acceptance_rate", "mean_accepted_length",
-                                               "draft_s", "verify_s", "gear_counts", "shifts") if k in st}
+                                               "draft_s", "verify_s", "prefill_s", "decode_s", "gear_counts", "shifts")
+                            if k in st}
                     rows.append({"policy": name, "batch": b, "cuda_graphs": graphs, "same_tokens_as_eager": same,
                                  **({} if vs_ar is None else {"same_tokens_as_ar": vs_ar == "same",
                                                               "ar_difference": vs_ar}), **keep})
