@@ -51,6 +51,8 @@ def main() -> None:
     rows = []
     setups = {
         "int4": [("ar w4a16", lambda m, n: AutoregressivePolicy(m, "w4a16")),
+                 # the loop before stop 48: each step's tokens read back before the next step is launched
+                 ("ar w4a16 step-by-step", lambda m, n: AutoregressivePolicy(m, "w4a16", pipelined=False)),
                  ("qspec w4a8->w4a16 g3", lambda m, n: QSpecPolicy(m, "w4a8", "w4a16", gamma=3)),
                  ("qspec w4a4->w4a16 g3", lambda m, n: QSpecPolicy(m, "w4a4", "w4a16", gamma=3))],
         "dense": [("ar w16a16", lambda m, n: AutoregressivePolicy(m, "w16a16")),

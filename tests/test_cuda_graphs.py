@@ -85,3 +85,35 @@ def test_long_steps_run_eagerly_once_then_from_a_graph():
     finally:
         model.use_cuda_graphs = False
         model.graph_max_rows = type(model).graph_max_rows
+
+
+@pytest.mark.skipif(not GPU, reason="CUDA graphs")
+def test_run_ahead_decode_on_graphs_gives_the_same_tokens():
+    """AR's one-step-ahead loop on replayed graphs (the launch of step n + 1 reuses the graph's input
+    buffers while step n may still run): the same greedy tokens as the plain loop, with slots refilled
+    mid-way."""
+    from gearshift.decode.autoregressive import AutoregressivePolicy
+    from gearshift.decode.sampling import SamplingParams
+    from gearshift.engine.engine import Engine, Request
+    from gearshift.model.loader import LoadedModel
+    from gearshift.model.tiny import build_random_model, preset_config
+
+    torch.manual_seed(0)
+    model = build_random_model("tiny", weights="int4", device="cuda", dtype=torch.bfloat16)
+    from gearshift.model.config import ModelConfig
+
+    loaded = LoadedModel(model, None, ModelConfig.from_hf_dict(preset_config("tiny")), "tiny")
+    gen = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(0, 512, (n,), generator=gen).tolist() for n in (5, 9, 3, 20, 7)]
+    lengths = (12, 5, 20, 9, 14)
+    model.use_cuda_graphs = True
+    try:
+        outs = []
+        for pipelined in (False, True):
+            eng = Engine(loaded, max_batch=3)
+            res = eng.generate([Request(p, SamplingParams(max_new_tokens=n, ignore_eos=True))
+                                for p, n in zip(prompts, lengths)], AutoregressivePolicy(model, "w4a16", pipelined))
+            outs.append([r.token_ids for r in res])
+        assert outs[0] == outs[1] and [len(t) for t in outs[1]] == list(lengths)
+    finally:
+        model.use_cuda_graphs = False

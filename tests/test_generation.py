@@ -108,3 +108,53 @@ def test_stop_check_sees_every_token_of_a_multi_token_step(int4_model):
     s.output += [7, 9, 8, 9]
     eng._check_stop(s, [])
     assert s.finished and s.finish_reason == "stop" and s.output == [5, 6, 7, 9]
+
+
+def _run_pipelined(lm, prompts, params, batch, pipelined):
+    eng = Engine(lm, max_batch=batch)
+    pol = AutoregressivePolicy(lm.model, "w4a16", pipelined=pipelined)
+    return eng.generate([Request(p, prm) for p, prm in zip(prompts, params)], pol), pol, eng
+
+
+@pytest.mark.parametrize("batch", [1, 2, 4])
+def test_one_step_ahead_gives_the_same_tokens(int4_model, batch):
+    """The run-ahead AR loop (on by default on CUDA; forced here on the CPU, where it runs the same
+    bookkeeping synchronously): same tokens as the plain loop under continuous batching (slots
+    refilled), per-request lengths, a stop token mid-way and a sampled request in the batch (which
+    drops back to the plain loop for those steps), and the cache positions it wrote ahead given back."""
+    base, _, _ = _run_pipelined(int4_model, PROMPTS, [SamplingParams(max_new_tokens=9, ignore_eos=True)] * 4, 4,
+                                False)
+    stop = base[2].token_ids[3]
+    params = [SamplingParams(max_new_tokens=9, ignore_eos=True), SamplingParams(max_new_tokens=3, ignore_eos=True),
+              SamplingParams(max_new_tokens=9, stop_token_ids=[stop]),
+              SamplingParams(max_new_tokens=7, ignore_eos=True)]
+    prompts = PROMPTS + [PROMPTS[0][:3]]
+    params = params + [SamplingParams(temperature=0.8, seed=3, max_new_tokens=5, ignore_eos=True)]
+    plain, _, _ = _run_pipelined(int4_model, prompts, params, batch, False)
+    ahead, pol, eng = _run_pipelined(int4_model, prompts, params, batch, True)
+    assert [r.token_ids for r in ahead] == [r.token_ids for r in plain]
+    assert [r.finish_reason for r in ahead] == [r.finish_reason for r in plain]
+    assert plain[2].finish_reason == "stop" and len(plain[2].token_ids) < 9
+    # steps whose tokens were used: one per generated token of the longest sequence in each batch
+    assert pol.counters["forwards"] <= sum(len(r.token_ids) for r in ahead)
+    if batch > 1:  # a sequence joining a running batch makes the step launched ahead be recomputed
+        assert pol.counters.get("discarded_forwards", 0) >= 1
+
+
+def test_step_ahead_gives_cache_positions_back(int4_model):
+    """Dropping a step launched ahead rolls back exactly the lengths it committed for the sequences
+    still running, so their next step writes at the same positions."""
+    from gearshift.decode.base import Sequence
+
+    lm = int4_model
+    pol = AutoregressivePolicy(lm.model, "w4a16", pipelined=True)
+    cache = lm.model.new_cache(2, 32)
+    pol.bind(cache)
+    seqs = [Sequence(i, list(p), SamplingParams(max_new_tokens=8, ignore_eos=True), slot=i)
+            for i, p in enumerate(PROMPTS[:2])]
+    pol.prefill(seqs, None)
+    lengths = list(cache.lengths)
+    pol.step(seqs, None)  # token 1, and the step for token 2 launched ahead
+    assert cache.lengths == [n + 2 for n in lengths] and pol._ahead is not None
+    pol._drop(seqs[:1])  # only slot 0's sequence is still running
+    assert cache.lengths == [lengths[0] + 1, lengths[1] + 2] and pol._ahead is None

@@ -1,14 +1,48 @@
-"""Plain autoregressive decoding in one precision mode: one forward, one token per sequence."""
+"""Plain autoregressive decoding in one precision mode: one forward, one token per sequence.
+
+On the GPU a greedy batch runs one step ahead: the step for token n + 1 is launched, fed by token
+n's argmax on the device, before token n is read back to the host. The host's work between steps
+(reading tokens, stop checks, streaming, the next launch) then overlaps the GPU's step instead of
+leaving the GPU idle: at batch 1 on an 8B model that work is 0.3-0.4 ms of a 2.7 ms step. The
+tokens are the same: the device argmax is the one `sample_rows` takes for greedy rows.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+import torch
+
 from gearshift.decode.base import DecodePolicy, Sequence
+
+
+@dataclass
+class _Launched:
+    """A step already on the GPU: which sequences it feeds (by identity, slot), the cache offsets it
+    wrote at, and its greedy tokens (on the device, and being copied to `host`)."""
+
+    covers: dict[int, int]  # id(sequence) -> slot
+    start: list[int]
+    tokens: torch.Tensor  # [cache.batch] argmax per slot, on the device
+    host: torch.Tensor  # the same, copied to the host once `ready` has passed
+    ready: torch.cuda.Event | None
 
 
 class AutoregressivePolicy(DecodePolicy):
     name = "ar"
 
+    def __init__(self, model, mode: str = "w4a16", pipelined: bool | None = None):
+        """pipelined: run greedy batches one step ahead (None: on a CUDA model, where it pays)."""
+        super().__init__(model, mode)
+        self.pipelined = model.device.type == "cuda" if pipelined is None else pipelined
+        self._ahead: _Launched | None = None
+        self._host = [None, None]  # two host buffers, so a launch never overwrites one still being copied to
+        self._flip = 0
+
     def step(self, seqs: list[Sequence], sample) -> None:
+        if self.pipelined and all(s.params.greedy for s in seqs):
+            return self._step_ahead(seqs)
+        self._drop(seqs)
         tokens, start, n_new = self.batch_tokens(seqs, {s.slot: [s.last_token] for s in seqs})
         with self.timer("decode"):
             logits = self.model(tokens, self.cache, start, n_new, mode=self.mode, logits="last")[:, 0]
@@ -16,3 +50,58 @@ class AutoregressivePolicy(DecodePolicy):
         for s, tok in zip(seqs, picked):
             s.output.append(tok)
         self.counters["forwards"] = self.counters.get("forwards", 0) + 1
+
+    def _step_ahead(self, seqs: list[Sequence]) -> None:
+        with self.timer("decode", sync=False):  # a sync here would wait for the step launched ahead
+            cur = self._ahead
+            if cur is None or any(cur.covers.get(id(s)) != s.slot for s in seqs):
+                self._drop(seqs)  # (a sequence joined: recompute everyone's step, same tokens)
+                tokens, _, _ = self.batch_tokens(seqs, {s.slot: [s.last_token] for s in seqs})
+                cur = self._launch(seqs, tokens)
+            # the next step, for the sequences that will still want a token after this one
+            more = [s for s in seqs if len(s.output) + 1 < s.params.max_new_tokens]
+            self._ahead = self._launch(more, cur.tokens.view(-1, 1)) if more else None
+            if cur.ready is not None:
+                cur.ready.synchronize()  # this step's tokens, not the one just launched
+            picked = cur.host.tolist()
+        for s in seqs:
+            s.output.append(picked[s.slot])
+        self.counters["forwards"] = self.counters.get("forwards", 0) + 1
+
+    def _launch(self, seqs: list[Sequence], tokens: torch.Tensor) -> _Launched:
+        """Enqueue one decode step of `seqs` on tokens [cache.batch, 1] (device), and the copy of its
+        argmax to the host; returns without waiting for either."""
+        b = self.cache.batch
+        start, n_new = [0] * b, [0] * b
+        for s in seqs:
+            start[s.slot], n_new[s.slot] = self.cache.lengths[s.slot], 1
+        logits = self.model(tokens, self.cache, start, n_new, mode=self.mode, logits="last")[:, 0]
+        picked = logits.argmax(-1)
+        cuda = picked.is_cuda
+        self._flip ^= 1
+        host = self._host[self._flip]
+        if host is None:
+            host = self._host[self._flip] = torch.empty(b, dtype=torch.long, pin_memory=cuda)
+        host.copy_(picked, non_blocking=cuda)
+        ready = None
+        if cuda:
+            ready = torch.cuda.Event()
+            ready.record()
+        return _Launched({id(s): s.slot for s in seqs}, start, picked, host, ready)
+
+    def _drop(self, seqs: list[Sequence]) -> None:
+        """Drop the step launched ahead: wait for it, and give the positions it wrote in `seqs`' slots
+        back (the next step rewrites them with the same values). Slots of sequences that have
+        finished since are left alone: the engine resets them for the next sequence."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is None:
+            return
+        if ahead.ready is not None:
+            ahead.ready.synchronize()
+        for s in seqs:
+            if ahead.covers.get(id(s)) == s.slot:
+                self.cache.lengths[s.slot] = ahead.start[s.slot]
+        self.counters["discarded_forwards"] = self.counters.get("discarded_forwards", 0) + 1
+
+    def finish(self) -> None:
+        self._drop([])

@@ -46,17 +46,19 @@ class Timer:
         self.cuda = device.type == "cuda"
         self.totals: dict[str, float] = {}
 
-    def __call__(self, name: str):
+    def __call__(self, name: str, sync: bool = True):
+        """sync=False: host wall time only, for spans that must not wait for work queued ahead."""
         timer = self
+        sync = sync and self.cuda
 
         class _Span:
             def __enter__(self):
-                if timer.cuda:
+                if sync:
                     torch.cuda.synchronize()
                 self.t0 = time.perf_counter()
 
             def __exit__(self, *exc):
-                if timer.cuda:
+                if sync:
                     torch.cuda.synchronize()
                 timer.totals[name] = timer.totals.get(name, 0.0) + time.perf_counter() - self.t0
 
@@ -111,6 +113,9 @@ class DecodePolicy:
 
     def step(self, seqs: list[Sequence], sample) -> None:
         raise NotImplementedError
+
+    def finish(self) -> None:
+        """The engine has no more steps to ask for: drop or wait for any work launched ahead."""
 
     def stats(self) -> dict:
         out = {f"{k}_s": round(v, 6) for k, v in self.timer.totals.items()}

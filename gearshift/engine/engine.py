@@ -140,6 +140,7 @@ class Engine:
                 if s.finished:
                     active.remove(s)
                     free.append(s.slot)
+        policy.finish()
         wall = time.perf_counter() - t0
         generated = sum(len(s.output) for s in self.sequences)
         self.last_stats = {

@@ -57,6 +57,8 @@ class _Graph:
         self.positions = torch.zeros((b, t), dtype=torch.long, device=dev)
         self.n_new = torch.zeros((b,), dtype=torch.long, device=dev)
         self.host = torch.zeros((2, b, t), dtype=torch.long).pin_memory()
+        self.staged = torch.cuda.Event()  # recorded after each copy out of `host`
+        self.staged.record()
         args = (self.tokens, self.positions, self.n_new, cache, upto, mode, logits)
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
@@ -71,9 +73,13 @@ class _Graph:
     def run(self, tokens: torch.Tensor, start: list[int], n_new: list[int]) -> torch.Tensor:
         b, t = tokens.shape
         h = self.host
+        # a caller running a step ahead (AutoregressivePolicy) comes back before the GPU has made the
+        # last copy out of `host`: wait for that copy (not for the step) before overwriting it
+        self.staged.synchronize()
         h[0].copy_(torch.tensor(start).unsqueeze(1) + torch.arange(t).unsqueeze(0))
         h[1, :, 0].copy_(torch.tensor(n_new))
         staged = h.to(self.tokens.device, non_blocking=True)
+        self.staged.record()
         self.tokens.copy_(tokens, non_blocking=True)
         self.positions.copy_(staged[0])
         self.n_new.copy_(staged[1, :, 0])
