@@ -20,7 +20,8 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="auto", choices=sorted(DTYPES),
                    help="compute dtype (default: bfloat16 on GPU, float32 on CPU)")
     p.add_argument("--no-cuda-graphs", dest="cuda_graphs", action="store_false",
-                   help="on GPU, run every forward eagerly instead of replaying captured CUDA graphs")
+                   help="on GPU, run every forward eagerly instead of replaying captured CUDA graphs (decode "
+                        "steps from their first call; prefills of up to 1024 rows once their padded shapes recur)")
     p.add_argument("--int4-layout", default="auto", choices=("auto", "rows", "blocks16"),
                    help="byte order of int4 weights in memory: blocks16 (1 KB chunks of 16 rows x 128 "
                         "columns) is faster for decode on GPU, rows is the file order; auto = blocks16 "

@@ -36,6 +36,7 @@ class AutoregressivePolicy(DecodePolicy):
         super().__init__(model, mode)
         self.pipelined = model.device.type == "cuda" if pipelined is None else pipelined
         self._ahead: _Launched | None = None
+        self.counters.update(forwards=0, discarded_forwards=0)
         self._host = [None, None]  # two host buffers, so a launch never overwrites one still being copied to
         self._flip = 0
 
@@ -49,7 +50,7 @@ class AutoregressivePolicy(DecodePolicy):
             picked = sample(logits[[s.slot for s in seqs]], seqs)
         for s, tok in zip(seqs, picked):
             s.output.append(tok)
-        self.counters["forwards"] = self.counters.get("forwards", 0) + 1
+        self.counters["forwards"] += 1
 
     def _step_ahead(self, seqs: list[Sequence]) -> None:
         with self.timer("decode", sync=False):  # a sync here would wait for the step launched ahead
@@ -66,7 +67,7 @@ class AutoregressivePolicy(DecodePolicy):
             picked = cur.host.tolist()
         for s in seqs:
             s.output.append(picked[s.slot])
-        self.counters["forwards"] = self.counters.get("forwards", 0) + 1
+        self.counters["forwards"] += 1
 
     def _launch(self, seqs: list[Sequence], tokens: torch.Tensor) -> _Launched:
         """Enqueue one decode step of `seqs` on tokens [cache.batch, 1] (device), and the copy of its
@@ -101,7 +102,7 @@ class AutoregressivePolicy(DecodePolicy):
         for s in seqs:
             if ahead.covers.get(id(s)) == s.slot:
                 self.cache.lengths[s.slot] = ahead.start[s.slot]
-        self.counters["discarded_forwards"] = self.counters.get("discarded_forwards", 0) + 1
+        self.counters["discarded_forwards"] += 1
 
     def finish(self) -> None:
         self._drop([])
