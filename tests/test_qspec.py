@@ -410,3 +410,34 @@ def test_modeled_speedup_from_a_policy_map():
     fast = modeled_speedup(make_map(2.75), model, "w4a4", "w4a16", 3, 1, 0.9)
     assert fast["speedup"] > 1
     assert modeled_speedup(PolicyMap("Toy GPU"), model, "w4a4", "w4a16", 3, 1, 0.9) is None  # shapes unknown
+
+
+@pytest.mark.parametrize("new,batch", [(NEW, 4), (3, 8), (NEW, 2)])
+def test_chained_drafts_are_the_step_by_step_drafts(lm, ar_greedy, new, batch):
+    """Greedy drafts chained on the device (on by default on CUDA; forced here on the CPU) are the
+    drafts of the step-by-step loop: same tokens, same drafted / accepted counts, with budgets cut
+    by max_new_tokens and slots refilled."""
+    params = lambda: SamplingParams(max_new_tokens=new, ignore_eos=True)  # noqa: E731
+    runs = []
+    for chained in (False, True):
+        got, eng = generate(lm, QSpecPolicy(lm.model, "w4a4", "w4a16", 3, chained_drafts=chained), params,
+                            batch=batch)
+        runs.append((got, {k: eng.last_stats[k] for k in ("drafted", "accepted", "cycles", "emitted")}))
+    assert runs[0] == runs[1]
+    for p, ref, g in zip(PROMPTS, ar_greedy, runs[1][0]):
+        assert_same_or_tie(lm, p, ref[:new], g, f"chained drafts, max_new_tokens {new}, batch {batch}")
+
+
+def test_chained_drafts_cut_at_a_stop_token(lm, ar_greedy):
+    """A row keeps drafting on the device after drafting a stop token; those drafts are dropped, so
+    the output is the step-by-step loop's and drafting ends at the stop."""
+    stop = ar_greedy[3][1]
+    params = lambda: SamplingParams(max_new_tokens=NEW, stop_token_ids=[stop])  # noqa: E731
+    ref, _ = generate(lm, AutoregressivePolicy(lm.model, "w4a16"), params)
+    pol = RecordingQSpec(lm.model, "w4a4", "w4a16", 4, chained_drafts=True)
+    got, _ = generate(lm, pol, params, batch=3)
+    for p, r, g in zip(PROMPTS, ref, got):
+        assert_same_or_tie(lm, p, r, g, f"chained drafts, stop token {stop}")
+    for cyc in pol.cycles:
+        for d, _ in cyc.values():
+            assert stop not in d[:-1]

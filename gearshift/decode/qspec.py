@@ -69,8 +69,11 @@ class QSpecPolicy(DecodePolicy):
     name = "qspec"
 
     def __init__(self, model, draft_mode: str = "w4a4", verify_mode: str = "w4a16", gamma: int = 3,
-                 kv_overwrite: bool = True, acceptance: str = "auto"):
+                 kv_overwrite: bool = True, acceptance: str = "auto", chained_drafts: bool | None = None):
+        """chained_drafts: greedy drafts feed the next draft step on the device and are read back
+        once per cycle, not once per draft (None: on a CUDA model, where the reads leave the GPU idle)."""
         super().__init__(model, verify_mode)
+        self.chained_drafts = model.device.type == "cuda" if chained_drafts is None else chained_drafts
         dm, vm = get_mode(draft_mode), get_mode(verify_mode)
         if int(gamma) < 1:
             raise GearshiftError(f"gamma (draft length) must be >= 1, got {gamma}")
@@ -129,6 +132,9 @@ class QSpecPolicy(DecodePolicy):
         drafting = [s for s in seqs if budget[s.slot] > 0]
 
         with self.timer("draft"):
+            if self.chained_drafts and drafting and all(self._greedy(s) for s in seqs):
+                self._draft_chained(drafting, base, budget, drafts)
+                drafting = []
             while drafting:
                 rows = {s.slot: [drafts[s.slot][-1] if drafts[s.slot] else s.last_token] for s in drafting}
                 tokens, start, n_new = self.batch_tokens(drafting, rows)
@@ -171,6 +177,31 @@ class QSpecPolicy(DecodePolicy):
             st["accepted"] = st.get("accepted", 0) + n_acc
             st["acceptance_rate"] = round(st["accepted"] / st["drafted"], 4) if st["drafted"] else None
             st["mean_accepted_length"] = round((st["accepted"] + st["qspec_cycles"]) / st["qspec_cycles"], 4)
+
+    def _draft_chained(self, drafting: list[Sequence], base: dict, budget: dict, drafts: dict) -> None:
+        """Greedy drafts without a host round trip per draft: draft step j + 1 reads step j's argmax on
+        the device, and the drafts are read back once. A row keeps drafting after a stop token (its
+        extra drafts are dropped here and its cache positions are truncated before the verify), so
+        the drafts kept are the ones the step-by-step loop makes."""
+        b = self.cache.batch
+        tokens, _, _ = self.batch_tokens(drafting, {s.slot: [s.last_token] for s in drafting})
+        picked = []
+        for j in range(max(budget[s.slot] for s in drafting)):
+            start, n_new = [0] * b, [0] * b
+            for s in drafting:
+                if budget[s.slot] > j:
+                    start[s.slot], n_new[s.slot] = base[s.slot] + j, 1
+            logits = self.model(tokens, self.cache, start, n_new, mode=self.draft_mode, logits="last")[:, 0]
+            tokens = logits.argmax(-1, keepdim=True)  # [cache.batch, 1]: the next draft step's input
+            picked.append(tokens)
+            self.counters["draft_forwards"] += 1
+        table = torch.cat(picked, 1).tolist()  # the one read back
+        for s in drafting:
+            stops = self._stops(s)
+            for tok in table[s.slot][: budget[s.slot]]:
+                drafts[s.slot].append(tok)
+                if tok in stops:
+                    break
 
     def _pick_drafts(self, logits: torch.Tensor, seqs: list[Sequence], qprobs) -> list[int]:
         out = [0] * len(seqs)
