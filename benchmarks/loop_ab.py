@@ -1,0 +1,92 @@
+"""The decode loops' host-side changes A/B, interleaved (GPU): AR one step ahead vs step by step, and
+QSPEC with drafts chained on the device vs read back one by one.
+
+Whole generations through the engine on a random-weight model at real shapes (int4-prog stores,
+CUDA graphs, prefill graphs), 32-token prompts; the sides alternate round by round, so drift in the
+GPU's clocks or the host's speed hits both alike. Reports the median tok/s of each side and the
+per-round ratios, and whether the sides' tokens are equal.
+
+    PYTHONPATH=. python benchmarks/loop_ab.py --batches 1,4,16 --rounds 9 --tag NAME
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--preset", default="llama3-8b")
+    ap.add_argument("--batches", default="1,4,16")
+    ap.add_argument("--rounds", type=int, default=9)
+    ap.add_argument("--new-tokens", type=int, default=48)
+    ap.add_argument("--tag", default="")
+    ap.add_argument("--out", default="benchmarks/results")
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("loop_ab.py times whole generations on a CUDA GPU")
+
+    from e2e import model_for
+
+    from gearshift.decode.autoregressive import AutoregressivePolicy
+    from gearshift.decode.qspec import QSpecPolicy
+    from gearshift.decode.sampling import SamplingParams
+    from gearshift.engine.engine import Engine, Request
+    from gearshift.model.loader import LoadedModel
+
+    model = model_for({}, args.preset, "w4a16", True)
+    model.use_cuda_graphs = True
+    loaded = LoadedModel(model, None, model.config, args.preset)
+    pairs = {
+        "ar w4a16": (lambda: AutoregressivePolicy(model, "w4a16", pipelined=False),
+                     lambda: AutoregressivePolicy(model, "w4a16", pipelined=True)),
+        "qspec w4a8->w4a16 g3": (lambda: QSpecPolicy(model, "w4a8", "w4a16", 3, chained_drafts=False),
+                                 lambda: QSpecPolicy(model, "w4a8", "w4a16", 3, chained_drafts=True)),
+    }
+    rows = []
+    for b in (int(x) for x in args.batches.split(",")):
+        gen = torch.Generator().manual_seed(b)
+        prompts = [torch.randint(0, model.config.vocab_size, (32,), generator=gen).tolist() for _ in range(b)]
+
+        def run(make):
+            eng = Engine(loaded, max_batch=b)
+            res = eng.generate([Request(p, SamplingParams(max_new_tokens=args.new_tokens, ignore_eos=True))
+                                for p in prompts], make())
+            return [r.token_ids for r in res], eng.last_stats
+
+        for name, (old, new) in pairs.items():
+            for _ in range(2):  # compile, see and capture every shape
+                run(old), run(new)
+            tps = {"before": [], "after": []}
+            toks = {}
+            for _ in range(args.rounds):
+                for side, make in (("before", old), ("after", new)):
+                    toks[side], st = run(make)
+                    tps[side].append(st["tokens_per_s"])
+            ratios = [a / b_ for a, b_ in zip(tps["after"], tps["before"])]
+            rows.append({"policy": name, "batch": b, "before_tok_s": statistics.median(tps["before"]),
+                         "after_tok_s": statistics.median(tps["after"]), "ratio_median": statistics.median(ratios),
+                         "ratio_min": min(ratios), "ratio_max": max(ratios), "same_tokens": toks["before"] == toks["after"],
+                         "rounds": args.rounds})
+            print(json.dumps(rows[-1]), flush=True)
+    doc = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "preset": args.preset,
+           "new_tokens": args.new_tokens, "rows": rows}
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    name = f"loop_ab_{doc['device'].replace(' ', '_')}{'_' + args.tag if args.tag else ''}.json"
+    (out / name).write_text(json.dumps(doc, indent=1))
+    print(f"\n{'policy':22} {'b':>3} {'before':>8} {'after':>8} {'ratio':>6} {'min':>6} {'max':>6} same")
+    for r in rows:
+        print(f"{r['policy']:22} {r['batch']:3d} {r['before_tok_s']:8.1f} {r['after_tok_s']:8.1f} "
+              f"{r['ratio_median']:6.3f} {r['ratio_min']:6.3f} {r['ratio_max']:6.3f} {r['same_tokens']}")
+
+
+if __name__ == "__main__":
+    main()
