@@ -158,3 +158,38 @@ def test_step_ahead_gives_cache_positions_back(int4_model):
     assert cache.lengths == [n + 2 for n in lengths] and pol._ahead is not None
     pol._drop(seqs[:1])  # only slot 0's sequence is still running
     assert cache.lengths == [lengths[0] + 1, lengths[1] + 2] and pol._ahead is None
+
+
+class _Scripted(AutoregressivePolicy):
+    """Emits a fixed token list, `per_step` tokens at a time (like a QSPEC cycle), without the model."""
+
+    def __init__(self, model, script, per_step):
+        super().__init__(model, "w4a16", pipelined=False)
+        self.script, self.per_step = script, per_step
+
+    def prefill(self, seqs, sample):
+        pass
+
+    def step(self, seqs, sample):
+        for s in seqs:
+            s.output.extend(self.script[len(s.output):len(s.output) + self.per_step])
+
+
+@pytest.mark.parametrize("per_step", [1, 3])
+def test_stop_strings_and_streaming_over_long_outputs(int4_model, per_step):
+    """Stop strings are found when they span steps, far into a long output (the text is kept
+    incrementally), the output keeps the fewest tokens whose text reaches the stop, and the streamed
+    pieces add up to the final text."""
+    eng = Engine(int4_model, max_batch=2)
+    tok = int4_model.tokenizer
+    body = " ".join(f"w{i}" for i in range(60))
+    script = tok(body + " the END marker" + " tail" * 20, add_special_tokens=False)["input_ids"]
+    full = tok.decode(script, skip_special_tokens=True)
+    cut = full.find("D mark")
+    want = next(n for n in range(1, len(script) + 1) if len(tok.decode(script[:n])) > cut)
+    events = []
+    params = SamplingParams(max_new_tokens=len(script), stop=["D mark", "never"])
+    res = eng.generate([Request([3], params)], _Scripted(int4_model.model, script, per_step), on_event=events.append)[0]
+    assert res.finish_reason == "stop" and res.token_ids == script[:want]
+    assert res.text == full[:cut] and "".join(e.text for e in events) == res.text
+    assert len(events) > 30  # streamed as it went, not at the end

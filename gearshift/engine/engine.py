@@ -17,6 +17,7 @@ import torch
 
 from gearshift.decode.base import DecodePolicy, Sequence
 from gearshift.decode.sampling import SamplingParams, sample_rows
+from gearshift.engine.detokenize import IncrementalDetokenizer
 from gearshift.errors import GearshiftError
 from gearshift.model.loader import LoadedModel
 
@@ -111,6 +112,7 @@ class Engine:
         emitted_text: dict[int, str] = {}
         emitted_tokens: dict[int, int] = {}
         self.sequences: list[Sequence] = []
+        self._texts: dict[int, IncrementalDetokenizer] = {}  # per request index: streamed text so far
         t0 = time.perf_counter()
         first_token_at: dict[int, float] = {}
 
@@ -170,26 +172,45 @@ class Engine:
             if not s.finished:
                 s.finished, s.finish_reason = True, "length"
         if p.stop and self.tokenizer is not None:
-            text = self.decode(s.output)
-            hits = [text.find(x) for x in p.stop if x in text]
+            # only text the new tokens added can hold a stop string that was not there before
+            texts = self._text(s)
+            searched = len(texts.text)
+            texts.update(s.output)
+            text = texts.text
+            lo = max(0, searched - max(len(x) for x in p.stop) + 1)
+            hits = [i for i in (text.find(x, lo) for x in p.stop) if i >= 0]
             if hits:
                 cut = min(hits)
-                # keep the fewest tokens whose text contains the stop string
-                for n in range(1, len(s.output) + 1):
-                    if len(self.decode(s.output[:n])) > cut:
-                        del s.output[n:]
-                        break
+                # keep the fewest tokens whose text contains the stop string: it is in this step's
+                # tokens, so count back from the end (one decode per token dropped)
+                n = len(s.output)
+                while n > 1 and len(self.decode(s.output[:n - 1])) > cut:
+                    n -= 1
+                del s.output[n:]
                 s.finished, s.finish_reason = True, "stop"
                 s.stats["stop_text_at"] = cut
+
+    def _text(self, s: Sequence) -> IncrementalDetokenizer:
+        t = self._texts.get(s.index)
+        if t is None:
+            t = self._texts[s.index] = IncrementalDetokenizer(self.tokenizer)
+        return t
 
     def _event(self, s: Sequence, emitted_text: dict, emitted_tokens: dict) -> StreamEvent | None:
         n_prev = emitted_tokens.get(s.index, 0)
         new_ids = s.output[n_prev:]
         if not new_ids and not s.finished:
             return None
-        text = self.result_text(s) or ""
+        if s.finished or self.tokenizer is None:
+            text = self.result_text(s) or ""  # the whole output decoded once, at the end
+        else:  # O(new tokens) per step; holds back an incomplete character
+            texts = self._text(s)
+            texts.update(s.output)
+            text = texts.text
+            if s.params.stop:  # and what may be the start of a stop string (the final text is cut before it)
+                text = text[: max(0, len(text) - max(len(x) for x in s.params.stop) + 1)]
         prev = emitted_text.get(s.index, "")
-        if not s.finished and text.endswith("\ufffd"):  # incomplete UTF-8: wait for the next token
+        if not s.finished and (text.endswith("\ufffd") or text == prev):  # nothing new to show yet
             return None
         emitted_tokens[s.index] = len(s.output)
         emitted_text[s.index] = text
