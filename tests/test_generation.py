@@ -193,3 +193,10 @@ def test_stop_strings_and_streaming_over_long_outputs(int4_model, per_step):
     assert res.finish_reason == "stop" and res.token_ids == script[:want]
     assert res.text == full[:cut] and "".join(e.text for e in events) == res.text
     assert len(events) > 30  # streamed as it went, not at the end
+
+
+def test_empty_stop_string_is_refused():
+    from gearshift.errors import GearshiftError
+
+    with pytest.raises(GearshiftError, match="stop strings must not be empty"):
+        SamplingParams(stop=["ok", ""])

@@ -38,6 +38,8 @@ class SamplingParams:
             raise GearshiftError("top-k must be >= 0")
         if self.max_new_tokens < 1:
             raise GearshiftError("max-new-tokens must be >= 1")
+        if any(not x for x in self.stop):
+            raise GearshiftError("stop strings must not be empty")
 
     @property
     def greedy(self) -> bool:

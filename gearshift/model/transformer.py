@@ -228,7 +228,7 @@ class Transformer(nn.Module):
         padded = token_bucket(t)
         if self.use_cuda_graphs and tokens.is_cuda and (t <= self.graph_max_tokens or b * padded <= self.graph_max_rows):
             short = t <= self.graph_max_tokens
-            run = tokens if padded == t else F.pad(tokens, (0, padded - t))  # padding rows: n_new masks them
+            run = tokens if padded == t else F.pad(tokens, (0, padded - t))  # padding tokens: n_new masks them
             out = self._graph_runner().run(self, run, cache, start, n_new, upto, mode, logits, capture_at_once=short)
             if logits == "all" and padded != t:
                 out = out[:, :t]
