@@ -200,3 +200,45 @@ def test_empty_stop_string_is_refused():
 
     with pytest.raises(GearshiftError, match="stop strings must not be empty"):
         SamplingParams(stop=["ok", ""])
+
+
+def test_sequences_joining_a_batch_prefill_their_own_rows(int4_model):
+    """A sequence refilling a slot of a running batch is prefilled over the slots the new group spans
+    (here one row), not over the whole batch; the tokens are the same either way."""
+    model = int4_model.model
+    shapes = []
+    orig = type(model).forward
+
+    def spy(self, tokens, *a, **k):
+        shapes.append(tuple(tokens.shape))
+        return orig(self, tokens, *a, **k)
+
+    params = lambda: SamplingParams(max_new_tokens=5, ignore_eos=True)  # noqa: E731
+    outs = {}
+    try:
+        type(model).forward = spy
+        for compact in (True, False):
+            AutoregressivePolicy.compact_prefill = compact
+            shapes.clear()
+            outs[compact], _ = run(int4_model, PROMPTS, params, batch=2)
+            prefills = [s for s in shapes if s[1] > 1]
+            if compact:
+                assert any(b == 1 for b, _ in prefills)  # a refill: one row
+            else:
+                assert all(b == 2 for b, _ in prefills)
+    finally:
+        type(model).forward = orig
+        del AutoregressivePolicy.compact_prefill  # back to DecodePolicy's default
+    assert [r.token_ids for r in outs[True]] == [r.token_ids for r in outs[False]]
+
+
+def test_cache_slots_share_storage():
+    from gearshift.model.kv_cache import KVCache
+
+    cache = KVCache(2, 4, 1, 8, 16)
+    part = cache.slots(1, 2)
+    assert part.batch == 2 and part.k.shape[1] == 2
+    part.k[0, 1, 0, 3] = 7.0  # slot 2 of the cache
+    assert cache.k[0, 2, 0, 3].eq(7.0).all()
+    with pytest.raises(ValueError):
+        cache.slots(3, 2)

@@ -81,16 +81,18 @@ class DecodePolicy:
     def bind(self, cache: KVCache) -> None:
         self.cache = cache
 
-    def batch_tokens(self, seqs: list[Sequence], rows: dict[int, list[int]]) -> tuple[torch.Tensor, list[int], list[int]]:
+    def batch_tokens(self, seqs: list[Sequence], rows: dict[int, list[int]],
+                     cache: KVCache | None = None) -> tuple[torch.Tensor, list[int], list[int]]:
         """Pad per-slot token lists into [cache.batch, T]; returns tokens, start, n_new."""
-        b = self.cache.batch
+        cache = self.cache if cache is None else cache
+        b = cache.batch
         t = max(len(v) for v in rows.values())
         padded = [[0] * t for _ in range(b)]
         start = [0] * b
         n_new = [0] * b
         for slot, toks in rows.items():
             padded[slot][: len(toks)] = toks
-            start[slot] = self.cache.lengths[slot]
+            start[slot] = cache.lengths[slot]
             n_new[slot] = len(toks)
         # one tensor per step, not one per slot: at batch 64 the per-slot version cost ~1 ms of host
         # time per decode step, which the GPU waits for (scratch profile, stop 20)
@@ -104,12 +106,28 @@ class DecodePolicy:
         """
         rows = {s.slot: s.prompt[:-1] for s in seqs if len(s.prompt) > 1}
         if rows:
-            tokens, start, n_new = self.batch_tokens(seqs, rows)
             with self.timer("prefill"):
-                self.model(tokens, self.cache, start, n_new, mode=self.prefill_mode(), logits="last")
+                self.prefill_rows(rows, self.prefill_mode(), "last")
 
     def prefill_mode(self) -> str:
         return self.mode
+
+    #: prefill only the slots a group of new sequences spans (False: every slot of the batch, as
+    #: before stop 48; kept for A/B timing)
+    compact_prefill = True
+
+    def prefill_rows(self, rows: dict[int, list[int]], mode: str, logits: str) -> tuple[torch.Tensor, int]:
+        """One forward writing `rows` (slot -> tokens) into the cache, over the slots they span only.
+        Sequences joining a running batch would otherwise be prefilled in a forward as wide as the
+        whole batch (refilling one slot of 8 computed 8 rows per token). Returns the logits and the
+        first slot they start at (row r is slot first + r)."""
+        lo, hi = (min(rows), max(rows) + 1) if self.compact_prefill else (0, self.cache.batch)
+        cache = self.cache if hi - lo == self.cache.batch else self.cache.slots(lo, hi - lo)
+        tokens, start, n_new = self.batch_tokens([], {slot - lo: v for slot, v in rows.items()}, cache)
+        out = self.model(tokens, cache, start, n_new, mode=mode, logits=logits)
+        if cache is not self.cache:
+            self.cache.lengths[lo:hi] = cache.lengths
+        return out, lo
 
     def step(self, seqs: list[Sequence], sample) -> None:
         raise NotImplementedError

@@ -179,15 +179,13 @@ class GearboxPolicy(DecodePolicy):
             self._shift(gear)
             if not rows:
                 continue
-            tokens, start, n_new = self.batch_tokens(group, rows)
             with self.timer("prefill"):
-                logits = self.model(tokens, self.cache, start, n_new, mode=MODE,
-                                    logits="all" if self.calibrate else "last")
+                logits, lo = self.prefill_rows(rows, MODE, "all" if self.calibrate else "last")
                 self.counters["forwards"] += 1
                 if self.calibrate:
                     for s in group:
                         if s.slot in rows:
-                            z = sanitize_logits(logits[s.slot, : len(rows[s.slot])])
+                            z = sanitize_logits(logits[s.slot - lo, : len(rows[s.slot])])
                             pending.append((s, entropy_bits(z)))
         if pending:  # one device->host copy for the whole prefill group
             host = torch.cat([e for _, e in pending]).tolist()

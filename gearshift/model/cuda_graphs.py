@@ -90,7 +90,7 @@ class _Graph:
 class GraphRunner:
     """Captured graphs of one model, least recently used first out."""
 
-    def __init__(self, max_graphs: int = 48):
+    def __init__(self, max_graphs: int = 96):
         self.graphs: OrderedDict = OrderedDict()
         self.max_graphs = max_graphs
         self.seen: OrderedDict = OrderedDict()  # keys of long steps run once eagerly, not captured yet

@@ -32,6 +32,18 @@ class KVCache:
         return cls(config.num_hidden_layers, batch, config.num_key_value_heads, config.head_dim, capacity,
                    dtype, device)
 
+    def slots(self, first: int, count: int) -> "KVCache":
+        """Slots first .. first + count - 1 as a cache of their own: the same storage (writes land in
+        this cache), a copy of their lengths (the caller copies them back). Prefilling a sequence that
+        joins a running batch then computes its own rows only, not the whole batch's."""
+        if not (0 <= first and count >= 1 and first + count <= self.batch):
+            raise ValueError(f"slots {first}..{first + count - 1} are not in a cache of {self.batch}")
+        v = KVCache.__new__(KVCache)
+        v.capacity, v.batch = self.capacity, count
+        v.k, v.v = self.k[:, first:first + count], self.v[:, first:first + count]
+        v.lengths = self.lengths[first:first + count]
+        return v
+
     @property
     def scratch(self) -> int:
         return self.capacity
