@@ -53,6 +53,9 @@ def main() -> None:
     ap.add_argument("--modes", default="w4a16,w4a8")
     ap.add_argument("--max-batch", type=int, default=4)
     ap.add_argument("--new-tokens", type=int, default=48)
+    ap.add_argument("--stagger", action="store_true",
+                    help="vary max_new_tokens per request (0.5x, 0.83x, 1.17x, 1.5x of --new-tokens in turn), so "
+                         "sequences finish at different steps and new ones join a running batch one by one")
     ap.add_argument("--prompts", default=",".join(map(str, PROMPTS)), help="prompt lengths, one request each")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--tag", default="")
@@ -73,6 +76,8 @@ def main() -> None:
     from gearshift.model.loader import LoadedModel
 
     lengths = [int(x) for x in args.prompts.split(",")]
+    budgets = [round(args.new_tokens * (0.5 + (i % 4) / 3)) if args.stagger else args.new_tokens
+               for i in range(len(lengths))]
     gen = torch.Generator().manual_seed(0)
     model = None
     installed = install_policy()  # the device's map, loaded now (not on first use)
@@ -98,8 +103,8 @@ def main() -> None:
             set_dispatcher(d)
             DecodePolicy.compact_prefill = compact
             eng = Engine(loaded, max_batch=args.max_batch)
-            res = eng.generate([Request(p, SamplingParams(max_new_tokens=args.new_tokens, ignore_eos=True))
-                                for p in prompts], AutoregressivePolicy(model, mode))
+            res = eng.generate([Request(p, SamplingParams(max_new_tokens=n, ignore_eos=True))
+                                for p, n in zip(prompts, budgets)], AutoregressivePolicy(model, mode))
             return [r.token_ids for r in res], eng.last_stats
 
         tokens, walls, stats = {}, {k: [] for k in sides}, {}
@@ -128,7 +133,7 @@ def main() -> None:
             print(json.dumps(rows[-1]), flush=True)
         model.use_cuda_graphs = False
     doc = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "preset": args.preset,
-           "map": describe(shipped), "prompt_lengths": lengths, "max_batch": args.max_batch,
+           "map": describe(shipped), "prompt_lengths": lengths, "new_tokens_per_request": budgets, "max_batch": args.max_batch,
            "new_tokens": args.new_tokens, "rounds": args.rounds, "rows": rows}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
