@@ -58,6 +58,7 @@ def main() -> None:
                          "sequences finish at different steps and new ones join a running batch one by one")
     ap.add_argument("--prompts", default=",".join(map(str, PROMPTS)), help="prompt lengths, one request each")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--sides", default="", help="comma list of the sides to run (default: all)")
     ap.add_argument("--tag", default="")
     ap.add_argument("--out", default="benchmarks/results")
     args = ap.parse_args()
@@ -97,6 +98,9 @@ def main() -> None:
                 sides[name] = (d, True)
             else:  # it would run the torch reference somewhere: not a fair side, and far too slow
                 print(f"{mode} {name}: does not serve every linear at every M here; left out", flush=True)
+
+        if args.sides:
+            sides = {k: v for k, v in sides.items() if k in args.sides.split(",") or k == "map"}
 
         def run(side):
             d, compact = side

@@ -71,3 +71,17 @@ def test_w4a16_wgmma_small_split_k(m):
         y = w4a16_wgmma_small(x, st, cfg)
         assert _rel(y, emu) < 4e-3, cfg
         assert torch.equal(y, w4a16_wgmma_small(x, st, cfg)), cfg
+
+
+def test_outgrown_counter_buffers_stay_alive():
+    """A larger request gets a new zeroed buffer (twice the old size at least) and the old one is kept:
+    CUDA graphs captured with it still count in it (freeing it let replays write into memory other
+    tensors had been given, stop 48)."""
+    from gearshift.kernels import splitk
+
+    name = "test_outgrown"
+    small = splitk.zeroed_words(name, torch.device("cpu"), 10)
+    assert splitk.zeroed_words(name, torch.device("cpu"), 8) is small  # fits: the same buffer
+    big = splitk.zeroed_words(name, torch.device("cpu"), 12)
+    assert big is not small and big.numel() >= 20 and not big.any()
+    assert any(t is small for t in splitk._OUTGROWN)

@@ -18,13 +18,20 @@ _WORDS: dict[tuple[str, str, int | None], torch.Tensor] = {}
 MAX_TILES = 1 << 16
 
 
+_OUTGROWN: list[torch.Tensor] = []  # never freed: CUDA graphs captured with them keep using them
+
+
 def zeroed_words(name: str, device: torch.device, n: int) -> torch.Tensor:
     """The device's buffer `name` of at least n zeroed int32 words, allocated once: for kernels that
-    count arrivals in it and leave it at zero (no memset launch)."""
+    count arrivals in it and leave it at zero (no memset launch). A larger request allocates a
+    buffer twice as large and keeps the old one alive: graphs captured before still point at it
+    (freeing it let a replay count in memory that other tensors had taken over)."""
     key = (name, device.type, device.index)
     c = _WORDS.get(key)
     if c is None or c.numel() < n:
-        c = torch.zeros(n, dtype=torch.int32, device=device)
+        if c is not None:
+            _OUTGROWN.append(c)
+        c = torch.zeros(max(n, 2 * c.numel() if c is not None else n), dtype=torch.int32, device=device)
         _WORDS[key] = c
     return c
 
