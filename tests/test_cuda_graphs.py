@@ -55,7 +55,8 @@ def test_token_buckets():
 def test_long_steps_run_eagerly_once_then_from_a_graph():
     """A prefill longer than graph_max_tokens runs padded to its token bucket: eagerly at first
     sight, captured at the second, replayed from the third, with the same logits each time; and
-    close to the unpadded eager forward (other tiles may serve the padded row count)."""
+    close to the unpadded eager forward (other tiles may serve the padded row count). Steps asking
+    for every position's logits, or over graph_max_rows rows, stay eager."""
     from gearshift.model.tiny import build_random_model
 
     torch.manual_seed(0)
@@ -73,15 +74,15 @@ def test_long_steps_run_eagerly_once_then_from_a_graph():
         captures = model._graphs.captures
         assert captures == 1  # first sight eager, second captured, third replayed
         assert runs[0].equal(runs[1]) and runs[1].equal(runs[2])
-        every = prefill("all")  # another key (logits): eager at first sight, sliced back to 20 tokens
-        assert every.shape == plain.shape and model._graphs.captures == captures
-        assert prefill("all").equal(every) and model._graphs.captures == captures + 1
-        last = torch.stack([every[0, 19], every[1, 16]])  # (the lm_head ran on 2 rows there, 48 here)
+        # every position's logits: long steps stay eager at their exact length (a graph would keep
+        # [B, T, V] fp32 logits alive), so no capture however often
+        assert prefill("all").equal(plain) and prefill("all").equal(plain) and model._graphs.captures == captures
+        last = torch.stack([plain[0, 19], plain[1, 16]])
         torch.testing.assert_close(last, runs[0][:, 0], atol=2e-2, rtol=2e-2)
-        torch.testing.assert_close(every[0], plain[0], atol=2e-2, rtol=2e-2)
-        torch.testing.assert_close(every[1, :17], plain[1, :17], atol=2e-2, rtol=2e-2)
         model.graph_max_rows = 32  # 2 x 24 rows over the limit: eager at the exact length, no capture
-        assert prefill("all").equal(plain) and model._graphs.captures == captures + 1
+        over = [prefill("last") for _ in range(2)]
+        assert over[0].equal(over[1]) and model._graphs.captures == captures
+        torch.testing.assert_close(over[0], runs[0], atol=2e-2, rtol=2e-2)
     finally:
         model.use_cuda_graphs = False
         model.graph_max_rows = type(model).graph_max_rows

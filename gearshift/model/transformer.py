@@ -219,14 +219,18 @@ class Transformer(nn.Module):
         (`logits="last"`); afterwards cache.lengths[b] = start[b] + n_new[b] for rows with n_new > 0.
         On CUDA, short steps (decode, QSPEC draft/verify) replay captured CUDA graphs when
         `use_cuda_graphs` is on; the graphs compute exactly what the eager path computes. Longer
-        steps of up to `graph_max_rows` rows (prefills) then run padded to a token bucket, eagerly
-        the first time their shapes are seen and from a graph after that (`cuda_graphs.py`).
+        steps of up to `graph_max_rows` rows (prefills) asking for the last logits only then run
+        padded to a token bucket, eagerly the first time their shapes are seen and from a graph
+        after that (`cuda_graphs.py`).
         """
         b, t = tokens.shape
         cache.check_room(start, n_new)
         upto = max((s + n for s, n in zip(start, n_new) if n), default=1)
         padded = token_bucket(t)
-        if self.use_cuda_graphs and tokens.is_cuda and (t <= self.graph_max_tokens or b * padded <= self.graph_max_rows):
+        # (long steps with every position's logits are left eager: a graph would hold [B, T, V] fp32 logits,
+        # 0.5 GB at 1024 rows of a 128k vocabulary, for as long as it is cached)
+        long_ok = logits == "last" and b * padded <= self.graph_max_rows
+        if self.use_cuda_graphs and tokens.is_cuda and (t <= self.graph_max_tokens or long_ok):
             short = t <= self.graph_max_tokens
             run = tokens if padded == t else F.pad(tokens, (0, padded - t))  # padding tokens: n_new masks them
             out = self._graph_runner().run(self, run, cache, start, n_new, upto, mode, logits, capture_at_once=short)
