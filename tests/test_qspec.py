@@ -414,9 +414,9 @@ def test_modeled_speedup_from_a_policy_map():
 
 @pytest.mark.parametrize("new,batch", [(NEW, 4), (3, 8), (NEW, 2)])
 def test_chained_drafts_are_the_step_by_step_drafts(lm, ar_greedy, new, batch):
-    """Greedy drafts chained on the device (on by default on CUDA; forced here on the CPU) are the
-    drafts of the step-by-step loop: same tokens, same drafted / accepted counts, with budgets cut
-    by max_new_tokens and slots refilled."""
+    """Greedy cycles on the device (drafts chained, the verify fed by them, one read back; on by
+    default on CUDA, forced here on the CPU) make the step-by-step loop's drafts and accept the same:
+    same tokens, same drafted / accepted counts, with budgets cut by max_new_tokens and slots refilled."""
     params = lambda: SamplingParams(max_new_tokens=new, ignore_eos=True)  # noqa: E731
     runs = []
     for chained in (False, True):
@@ -431,13 +431,29 @@ def test_chained_drafts_are_the_step_by_step_drafts(lm, ar_greedy, new, batch):
 def test_chained_drafts_cut_at_a_stop_token(lm, ar_greedy):
     """A row keeps drafting on the device after drafting a stop token; those drafts are dropped, so
     the output is the step-by-step loop's and drafting ends at the stop."""
-    stop = ar_greedy[3][1]
-    params = lambda: SamplingParams(max_new_tokens=NEW, stop_token_ids=[stop])  # noqa: E731
-    ref, _ = generate(lm, AutoregressivePolicy(lm.model, "w4a16"), params)
-    pol = RecordingQSpec(lm.model, "w4a4", "w4a16", 4, chained_drafts=True)
-    got, _ = generate(lm, pol, params, batch=3)
-    for p, r, g in zip(PROMPTS, ref, got):
-        assert_same_or_tie(lm, p, r, g, f"chained drafts, stop token {stop}")
-    for cyc in pol.cycles:
-        for d, _ in cyc.values():
-            assert stop not in d[:-1]
+    class Kept(QSpecPolicy):  # records the drafts kept per row and cycle
+        def _keep_drafts(self, table, drafting, budget, drafts):
+            super()._keep_drafts(table, drafting, budget, drafts)
+            self.kept = getattr(self, "kept", []) + [(list(drafts[s.slot]), table[s.slot][:budget[s.slot]])
+                                                     for s in drafting]
+
+    past_a_stop = 0  # rows that drafted past a stop token on the device
+    for row, pos in ((3, 1), (0, 1), (1, 1), (2, 1), (3, 2), (0, 2)):
+        stop = ar_greedy[row][pos]
+        params = lambda: SamplingParams(max_new_tokens=NEW, stop_token_ids=[stop])  # noqa: E731
+        ref, _ = generate(lm, AutoregressivePolicy(lm.model, "w4a16"), params)
+        for kv_overwrite in (True, False):  # one read back per cycle, and drafts read before the verify
+            pol = Kept(lm.model, "w4a4", "w4a16", 4, kv_overwrite=kv_overwrite, chained_drafts=True)
+            got, _ = generate(lm, pol, params, batch=3)
+            if kv_overwrite:
+                for p, r, g in zip(PROMPTS, ref, got):
+                    assert_same_or_tie(lm, p, r, g, f"chained drafts, stop token {stop}")
+            else:  # (the ablation keeps draft K/V, so it is not AR's: it must be the step-by-step loop's)
+                plain, _ = generate(lm, QSpecPolicy(lm.model, "w4a4", "w4a16", 4, kv_overwrite=False,
+                                                    chained_drafts=False), params, batch=3)
+                assert got == plain
+            assert all(stop not in kept[:-1] for kept, _ in pol.kept)
+            past_a_stop += sum(stop in made[:-1] and kept[-1] == stop for kept, made in pol.kept)
+        if past_a_stop:
+            break
+    assert past_a_stop > 0, "no candidate stop token was drafted before a row's last draft position"

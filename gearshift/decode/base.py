@@ -64,6 +64,10 @@ class Timer:
 
         return _Span()
 
+    def add(self, name: str, seconds: float) -> None:
+        """Time measured elsewhere (e.g. between CUDA events) into `name`."""
+        self.totals[name] = self.totals.get(name, 0.0) + seconds
+
 
 class DecodePolicy:
     """Base class: prefill a group of new sequences, then step the active batch."""

@@ -30,6 +30,8 @@ window (at most gamma positions per row, backed up before the verify) are writte
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 from gearshift.decode.base import DecodePolicy, Sequence
@@ -70,8 +72,10 @@ class QSpecPolicy(DecodePolicy):
 
     def __init__(self, model, draft_mode: str = "w4a4", verify_mode: str = "w4a16", gamma: int = 3,
                  kv_overwrite: bool = True, acceptance: str = "auto", chained_drafts: bool | None = None):
-        """chained_drafts: greedy drafts feed the next draft step on the device and are read back
-        once per cycle, not once per draft (None: on a CUDA model, where the reads leave the GPU idle)."""
+        """chained_drafts: in all-greedy batches, each draft step reads the previous one's argmax on the
+        device, and the verify pass reads the drafts there too: one read back per cycle instead of
+        gamma + 1 (with kv_overwrite off, the drafts are read before the verify, which backs up their
+        K/V). None: on a CUDA model, where every read leaves the GPU idle."""
         super().__init__(model, verify_mode)
         self.chained_drafts = model.device.type == "cuda" if chained_drafts is None else chained_drafts
         dm, vm = get_mode(draft_mode), get_mode(verify_mode)
@@ -131,8 +135,34 @@ class QSpecPolicy(DecodePolicy):
         qprobs: dict[int, list[torch.Tensor]] = {s.slot: [] for s in seqs}  # sampled rows only, host [V]
         drafting = [s for s in seqs if budget[s.slot] > 0]
 
+        greedy_chain = self.chained_drafts and all(self._greedy(s) for s in seqs)
+        if greedy_chain and self.kv_overwrite:
+            results = self._cycle_on_device(seqs, drafting, base, budget, drafts)
+        else:
+            results = self._cycle(seqs, drafting, base, budget, drafts, qprobs, greedy_chain)
+
+        self.counters["cycles"] += 1
+        for s, (n_acc, extra) in zip(seqs, results):
+            g = len(drafts[s.slot])
+            s.output.extend(drafts[s.slot][:n_acc])
+            s.output.append(extra)
+            cache.truncate(s.slot, base[s.slot] + n_acc + 1)  # the cache holds all but the new last token
+            self.counters["drafted"] += g
+            self.counters["accepted"] += n_acc
+            self.counters["seq_cycles"] += 1
+            self.counters["emitted"] += n_acc + 1
+            st = s.stats
+            st["qspec_cycles"] = st.get("qspec_cycles", 0) + 1
+            st["drafted"] = st.get("drafted", 0) + g
+            st["accepted"] = st.get("accepted", 0) + n_acc
+            st["acceptance_rate"] = round(st["accepted"] / st["drafted"], 4) if st["drafted"] else None
+            st["mean_accepted_length"] = round((st["accepted"] + st["qspec_cycles"]) / st["qspec_cycles"], 4)
+
+    def _cycle(self, seqs, drafting, base, budget, drafts, qprobs, greedy_chain: bool) -> list[tuple[int, int]]:
+        """Drafts read back as they are made (or, greedy_chain, once per cycle), then the verify pass."""
+        cache = self.cache
         with self.timer("draft"):
-            if self.chained_drafts and drafting and all(self._greedy(s) for s in seqs):
+            if greedy_chain and drafting:
                 self._draft_chained(drafting, base, budget, drafts)
                 drafting = []
             while drafting:
@@ -161,30 +191,15 @@ class QSpecPolicy(DecodePolicy):
         if backup is not None:
             self._restore(backup)
 
-        self.counters["cycles"] += 1
-        for s, (n_acc, extra) in zip(seqs, results):
-            g = len(drafts[s.slot])
-            s.output.extend(drafts[s.slot][:n_acc])
-            s.output.append(extra)
-            cache.truncate(s.slot, base[s.slot] + n_acc + 1)  # the cache holds all but the new last token
-            self.counters["drafted"] += g
-            self.counters["accepted"] += n_acc
-            self.counters["seq_cycles"] += 1
-            self.counters["emitted"] += n_acc + 1
-            st = s.stats
-            st["qspec_cycles"] = st.get("qspec_cycles", 0) + 1
-            st["drafted"] = st.get("drafted", 0) + g
-            st["accepted"] = st.get("accepted", 0) + n_acc
-            st["acceptance_rate"] = round(st["accepted"] / st["drafted"], 4) if st["drafted"] else None
-            st["mean_accepted_length"] = round((st["accepted"] + st["qspec_cycles"]) / st["qspec_cycles"], 4)
+        return results
 
-    def _draft_chained(self, drafting: list[Sequence], base: dict, budget: dict, drafts: dict) -> None:
-        """Greedy drafts without a host round trip per draft: draft step j + 1 reads step j's argmax on
-        the device, and the drafts are read back once. A row keeps drafting after a stop token (its
-        extra drafts are dropped here and its cache positions are truncated before the verify), so
-        the drafts kept are the ones the step-by-step loop makes."""
+    def _launch_drafts(self, drafting: list[Sequence], base: dict, budget: dict,
+                       tokens: torch.Tensor) -> list[torch.Tensor]:
+        """Enqueue the greedy draft steps without reading any back: step j + 1 reads step j's argmax
+        on the device. tokens: [cache.batch, 1], each drafting row's last token. Returns each step's
+        tokens [cache.batch, 1] (on the device). A row keeps drafting after a stop token: `_keep_drafts`
+        drops what follows it, and the cache positions are truncated before the verify."""
         b = self.cache.batch
-        tokens, _, _ = self.batch_tokens(drafting, {s.slot: [s.last_token] for s in drafting})
         picked = []
         for j in range(max(budget[s.slot] for s in drafting)):
             start, n_new = [0] * b, [0] * b
@@ -195,13 +210,71 @@ class QSpecPolicy(DecodePolicy):
             tokens = logits.argmax(-1, keepdim=True)  # [cache.batch, 1]: the next draft step's input
             picked.append(tokens)
             self.counters["draft_forwards"] += 1
-        table = torch.cat(picked, 1).tolist()  # the one read back
+        return picked
+
+    def _keep_drafts(self, table: list[list[int]], drafting: list[Sequence], budget: dict, drafts: dict) -> None:
+        """The drafts the step-by-step loop makes, from every draft step's tokens per slot: up to the
+        row's budget, and no further than its first stop token."""
         for s in drafting:
             stops = self._stops(s)
             for tok in table[s.slot][: budget[s.slot]]:
                 drafts[s.slot].append(tok)
                 if tok in stops:
                     break
+
+    def _draft_chained(self, drafting: list[Sequence], base: dict, budget: dict, drafts: dict) -> None:
+        """Greedy drafts without a host round trip per draft, read back once."""
+        tokens, _, _ = self.batch_tokens(drafting, {s.slot: [s.last_token] for s in drafting})
+        picked = self._launch_drafts(drafting, base, budget, tokens)
+        self._keep_drafts(torch.cat(picked, 1).tolist(), drafting, budget, drafts)
+
+    def _cycle_on_device(self, seqs, drafting, base, budget, drafts) -> list[tuple[int, int]]:
+        """A greedy cycle with one read back: the drafts, then the verify pass fed by the drafts on the
+        device (each row verifying its whole budget), then drafts and verify argmaxes read together.
+        A row whose drafts hold a stop token verifies positions past it too; acceptance stops at the
+        kept drafts, and the verify logits at a position depend on the tokens before it only, so the
+        accepted drafts and the appended token are the step-by-step cycle's. draft_s / verify_s are
+        GPU times between the phases' boundaries (CUDA events) on the GPU."""
+        cache = self.cache
+        cuda = cache.k.is_cuda
+        marks = [torch.cuda.Event(enable_timing=True) for _ in range(3)] if cuda else []
+        t0 = time.perf_counter()
+        if marks:
+            marks[0].record()
+        last, _, _ = self.batch_tokens(seqs, {s.slot: [s.last_token] for s in seqs})  # [cache.batch, 1]
+        picked = self._launch_drafts(drafting, base, budget, last) if drafting else []
+        if marks:
+            marks[1].record()
+        t1 = time.perf_counter()
+        for s in seqs:
+            cache.truncate(s.slot, base[s.slot])
+        b = cache.batch
+        start, n_new = [0] * b, [0] * b
+        for s in seqs:
+            start[s.slot], n_new[s.slot] = base[s.slot], 1 + budget[s.slot]
+        logits = self.model(torch.cat([last] + picked, 1), cache, start, n_new, mode=self.verify_mode, logits="all")
+        self.counters["verify_forwards"] += 1
+        top = logits.argmax(-1)  # [cache.batch, 1 + longest budget]
+        if marks:
+            marks[2].record()
+        table = torch.cat(picked + [top], 1).tolist()  # the cycle's one read back
+        g = len(picked)
+        self._keep_drafts([row[:g] for row in table], drafting, budget, drafts)
+        t2 = time.perf_counter()
+        if marks:
+            self.timer.add("draft", marks[0].elapsed_time(marks[1]) / 1e3)
+            self.timer.add("verify", marks[1].elapsed_time(marks[2]) / 1e3)
+        else:
+            self.timer.add("draft", t1 - t0)
+            self.timer.add("verify", t2 - t1)
+        results = []
+        for s in seqs:
+            d, row = drafts[s.slot], table[s.slot][g:]
+            n = 0
+            while n < len(d) and d[n] == row[n]:
+                n += 1
+            results.append((n, row[n]))
+        return results
 
     def _pick_drafts(self, logits: torch.Tensor, seqs: list[Sequence], qprobs) -> list[int]:
         out = [0] * len(seqs)
