@@ -66,12 +66,13 @@ def main() -> None:
         raise SystemExit("engine_mixed.py runs the engine on a CUDA GPU")
 
     from e2e import model_for
+    from kernels import tag_suffix, write_json
 
     from gearshift.decode.autoregressive import AutoregressivePolicy
     from gearshift.decode.base import DecodePolicy
     from gearshift.decode.sampling import SamplingParams
     from gearshift.dispatch import AdaptiveDispatcher, install_policy, set_dispatcher
-    from gearshift.dispatch.policy import describe
+    from gearshift.dispatch.policy import describe, device_slug
     from gearshift.engine.engine import Engine, Request
     from gearshift.model.cuda_graphs import GraphRunner
     from gearshift.model.loader import LoadedModel
@@ -139,10 +140,7 @@ def main() -> None:
     doc = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "preset": args.preset,
            "map": describe(shipped), "prompt_lengths": lengths, "new_tokens_per_request": budgets, "max_batch": args.max_batch,
            "new_tokens": args.new_tokens, "rounds": args.rounds, "rows": rows}
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    name = f"engine_mixed_{doc['device'].replace(' ', '_')}{'_' + args.tag if args.tag else ''}.json"
-    (out / name).write_text(json.dumps(doc, indent=1))
+    write_json(args.out, f"engine_mixed_{device_slug(doc['device'])}{tag_suffix(args.tag)}.json", doc)
     print(f"\n{'mode':6} {'dispatcher':24} {'wall s':>7} {'tok/s':>8} {'prefill':>8} {'decode':>7} {'x map':>6} same")
     for r in rows:
         print(f"{r['mode']:6} {r['dispatcher']:24} {r['wall_s']:7.3f} {r['tokens_per_s']:8.1f} "

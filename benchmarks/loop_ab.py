@@ -34,11 +34,13 @@ def main() -> None:
         raise SystemExit("loop_ab.py times whole generations on a CUDA GPU")
 
     from e2e import model_for
+    from kernels import tag_suffix, write_json
 
     from gearshift.decode.autoregressive import AutoregressivePolicy
     from gearshift.decode.qspec import QSpecPolicy
     from gearshift.decode.sampling import SamplingParams
     from gearshift.engine.engine import Engine, Request
+    from gearshift.dispatch.policy import device_slug
     from gearshift.model.loader import LoadedModel
 
     model = model_for({}, args.preset, "w4a16", True)
@@ -78,10 +80,7 @@ def main() -> None:
             print(json.dumps(rows[-1]), flush=True)
     doc = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "preset": args.preset,
            "new_tokens": args.new_tokens, "rows": rows}
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    name = f"loop_ab_{doc['device'].replace(' ', '_')}{'_' + args.tag if args.tag else ''}.json"
-    (out / name).write_text(json.dumps(doc, indent=1))
+    write_json(args.out, f"loop_ab_{device_slug(doc['device'])}{tag_suffix(args.tag)}.json", doc)
     print(f"\n{'policy':22} {'b':>3} {'before':>8} {'after':>8} {'ratio':>6} {'min':>6} {'max':>6} same")
     for r in rows:
         print(f"{r['policy']:22} {r['batch']:3d} {r['before_tok_s']:8.1f} {r['after_tok_s']:8.1f} "

@@ -122,7 +122,9 @@ def main() -> None:
         raise SystemExit("prefill_graphs.py times CUDA graphs: it needs a CUDA GPU")
 
     from e2e import model_for
+    from kernels import tag_suffix, write_json
 
+    from gearshift.dispatch.policy import device_slug
     from gearshift.model.loader import LoadedModel
 
     models: dict = {}
@@ -136,10 +138,7 @@ def main() -> None:
                                args.new_tokens, seed=0)
     doc = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "preset": args.preset,
            "graph_max_rows": type(model).graph_max_rows, "forwards": fw, "engine": eng}
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    name = f"prefill_graphs_{doc['device'].replace(' ', '_')}{'_' + args.tag if args.tag else ''}.json"
-    (out / name).write_text(json.dumps(doc, indent=1))
+    write_json(args.out, f"prefill_graphs_{device_slug(doc['device'])}{tag_suffix(args.tag)}.json", doc)
     print(f"\n{'mode':6} {'b':>2} {'tok':>5} {'bkt':>5} {'eager':>7} {'first':>7} {'capt':>7} {'replay':>7} "
           f"{'x':>5} same")
     for r in fw:

@@ -267,14 +267,15 @@ class QSpecPolicy(DecodePolicy):
         else:
             self.timer.add("draft", t1 - t0)
             self.timer.add("verify", t2 - t1)
-        results = []
-        for s in seqs:
-            d, row = drafts[s.slot], table[s.slot][g:]
-            n = 0
-            while n < len(d) and d[n] == row[n]:
-                n += 1
-            results.append((n, row[n]))
-        return results
+        return [self._accept_greedy(drafts[s.slot], table[s.slot][g:]) for s in seqs]
+
+    @staticmethod
+    def _accept_greedy(drafts: list[int], top: list[int]) -> tuple[int, int]:
+        """(drafts accepted, token appended) against the verify pass's argmax per position."""
+        n = 0
+        while n < len(drafts) and drafts[n] == top[n]:
+            n += 1
+        return n, top[n]
 
     def _pick_drafts(self, logits: torch.Tensor, seqs: list[Sequence], qprobs) -> list[int]:
         out = [0] * len(seqs)
@@ -301,11 +302,7 @@ class QSpecPolicy(DecodePolicy):
             idx = torch.tensor([seqs[i].slot for i in greedy], device=logits.device)
             top = logits[idx].argmax(-1).tolist()  # [rows, T]
             for i, row in zip(greedy, top):
-                d = drafts[seqs[i].slot]
-                n = 0
-                while n < len(d) and d[n] == row[n]:
-                    n += 1
-                res[i] = (n, row[n])
+                res[i] = self._accept_greedy(drafts[seqs[i].slot], row)
         sampled = [i for i, s in enumerate(seqs) if not self._greedy(s)]
         if sampled:
             host = logits[[seqs[i].slot for i in sampled]].float().cpu()

@@ -120,10 +120,7 @@ class GraphRunner:
             self.seen[key] = True
             while len(self.seen) > 4 * self.max_graphs:
                 self.seen.popitem(last=False)
-            dev = tokens.device
-            positions = torch.tensor(start, device=dev).unsqueeze(1) + torch.arange(t, device=dev).unsqueeze(0)
-            return model.forward_tensors(tokens, positions, torch.tensor(n_new, device=dev), cache, bucket, mode,
-                                         logits)
+            return model.forward_lists(tokens, cache, start, n_new, bucket, mode, logits)
         if g is None:
             if self.pool is None:
                 self.pool = torch.cuda.graph_pool_handle()

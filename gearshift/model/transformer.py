@@ -234,15 +234,17 @@ class Transformer(nn.Module):
             short = t <= self.graph_max_tokens
             run = tokens if padded == t else F.pad(tokens, (0, padded - t))  # padding tokens: n_new masks them
             out = self._graph_runner().run(self, run, cache, start, n_new, upto, mode, logits, capture_at_once=short)
-            if logits == "all" and padded != t:
-                out = out[:, :t]
         else:
-            dev = tokens.device
-            positions = torch.tensor(start, device=dev).unsqueeze(1) + torch.arange(t, device=dev).unsqueeze(0)
-            n_new_t = torch.tensor(n_new, device=dev)
-            out = self.forward_tensors(tokens, positions, n_new_t, cache, upto, mode, logits)
+            out = self.forward_lists(tokens, cache, start, n_new, upto, mode, logits)
         cache.commit(start, n_new)
         return out
+
+    def forward_lists(self, tokens: torch.Tensor, cache: KVCache, start: list[int], n_new: list[int], upto: int,
+                      mode: str, logits: str) -> torch.Tensor:
+        """`forward_tensors` from the host's offsets and lengths, eagerly (no commit)."""
+        dev, t = tokens.device, tokens.shape[1]
+        positions = torch.tensor(start, device=dev).unsqueeze(1) + torch.arange(t, device=dev).unsqueeze(0)
+        return self.forward_tensors(tokens, positions, torch.tensor(n_new, device=dev), cache, upto, mode, logits)
 
     use_cuda_graphs = False
     graph_max_tokens = 16  # steps of up to this many tokens per row: captured at first sight
