@@ -191,3 +191,52 @@ def test_trace_rejects_non_gearbox_json(tmp_path, capsys):
     js.write_text(json.dumps({"outputs": [{"text": "a", "token_ids": [1]}], "stats": {}}))
     assert main(["trace", str(js), "--out", str(tmp_path / "x.png")]) == 2
     assert "no gearbox trace" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("rule", ["max", "split"])
+def test_one_step_ahead_gives_the_same_tokens_and_telemetry(dense, rule):
+    """GEARBX's run-ahead loop (on by default on CUDA; forced here on the CPU, where it runs the same
+    bookkeeping synchronously) against the step-by-step loop: same tokens, entropies and gears under
+    shifts (every row goes high -> low after the minimum duration, so the steps launched ahead in high
+    gear are dropped and recomputed), sequences joining and leaving a batch of 2, and a sampled row."""
+    def make(pipelined):
+        return GearboxPolicy(dense.model, initial_gear="high", calibrate=False, min_gear_duration=3,
+                             batch_rule=rule, pipelined=pipelined,
+                             monitor_kwargs=dict(theta_low=30, theta_high=40, **NO_CATASTROPHE))
+
+    reqs = lambda: requests(n=8) + [Request([5, 6, 7], SamplingParams(max_new_tokens=6, temperature=0.9,  # noqa: E731
+                                                                       seed=11, ignore_eos=True))]
+    out = {}
+    for pipelined in (False, True):
+        pol = make(pipelined)
+        eng = Engine(dense, max_batch=2)
+        res = eng.generate(reqs(), pol)
+        pol.close()
+        out[pipelined] = (res, eng.last_stats, pol)
+    (plain, st0, _), (ahead, st1, pol) = out[False], out[True]
+    assert [r.token_ids for r in ahead] == [r.token_ids for r in plain]
+    for a, p in zip(ahead, plain):
+        for key in ("entropy", "gear", "wanted_gear"):
+            assert a.stats["gearbox"][key] == p.stats["gearbox"][key], key
+    assert st1["gear_counts"] == st0["gear_counts"] and st1["gear_counts"]["low"] > 0
+    assert st0["discarded_forwards"] == 0
+    assert st1["discarded_forwards"] >= 1  # shifts and joining sequences drop the step launched ahead
+    assert st1["forwards"] == st0["forwards"]  # the steps whose tokens were used, recomputations included
+
+
+def test_step_ahead_gives_cache_positions_back(dense):
+    from gearshift.decode.base import Sequence
+
+    pol = GearboxPolicy(dense.model, gears="high", pipelined=True)
+    cache = dense.model.new_cache(2, 32)
+    pol.bind(cache)
+    seqs = [Sequence(i, list(p), SamplingParams(max_new_tokens=8, ignore_eos=True), slot=i)
+            for i, p in enumerate(PROMPTS[:2])]
+    pol.prefill(seqs, None)
+    lengths = list(cache.lengths)
+    pol.step(seqs, None)  # token 1, and the step for token 2 launched ahead
+    assert cache.lengths == [n + 2 for n in lengths] and pol._ahead is not None
+    assert [len(s.output) for s in seqs] == [1, 1]
+    pol._drop(seqs[:1])  # only slot 0's sequence is still running
+    assert cache.lengths == [lengths[0] + 1, lengths[1] + 2] and pol._ahead is None
+    pol.close()

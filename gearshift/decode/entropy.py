@@ -468,13 +468,19 @@ class EntropyMonitor:
         Both are stacked into one fp64 [2, B] tensor (token ids are exact in fp64 up to 2**53)
         and read with one ``.tolist()``; the entropies are then committed.  Returns the token
         ids as Python ints and :meth:`commit`'s decisions."""
+        host_ids, host_h = self.staged(token_ids).tolist()
+        return [int(i) for i in host_ids], self.commit(host_h, active)
+
+    def staged(self, token_ids: torch.Tensor) -> torch.Tensor:
+        """The fp64 [2, B] device tensor :meth:`fetch` reads (ids, pending entropies), for a loop that
+        copies it to the host itself (asynchronously, to launch more work first) and then calls
+        :meth:`commit` with its second row."""
         if self._pending is None:
             raise RuntimeError("fetch() without a dispatch()ed entropy")
         ids = token_ids.reshape(-1)
         if ids.numel() != self.batch_size:
             raise ValueError(f"{ids.numel()} token ids for a batch of {self.batch_size}")
-        host_ids, host_h = torch.stack((ids.to(torch.float64), self._pending.to(torch.float64))).tolist()
-        return [int(i) for i in host_ids], self.commit(host_h, active)
+        return torch.stack((ids.to(torch.float64), self._pending.to(torch.float64)))
 
     def commit(self, host_entropies: Sequence[float | None] | None = None,
                active: Sequence[bool] | None = None) -> list[GearDecision | None]:
