@@ -33,7 +33,7 @@ from kernels import Model, codes_step_fn, kernel_switches, producer_codes, tag_s
 
 from gearshift.dispatch.dispatcher import AdaptiveDispatcher  # noqa: E402
 from gearshift.dispatch.policy import PolicyMap, device_slug  # noqa: E402
-from gearshift.dispatch.step_search import adopt, candidates, coordinate_descent, with_choices  # noqa: E402
+from gearshift.dispatch.step_search import adopt, candidates, coordinate_descent, with_choices, with_triggers  # noqa: E402
 from gearshift.dispatch.profiler import PRESETS  # noqa: E402
 from gearshift.quant.modes import MODES  # noqa: E402
 
@@ -58,6 +58,10 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=512, help="--engine: cached tokens each sequence attends to")
     ap.add_argument("--against", metavar="MAP", help="compare the found picks in the final alternating rounds with this "
                     "map's picks instead of --policy's (e.g. the shipped map when --policy is a re-profiled one)")
+    ap.add_argument("--triggers", default="", metavar="LIST",
+                    help="also try each fragment-GEMV candidate with these PDL trigger points in its tile "
+                    "(TileConfig.trigger: 0 exit, 1 start, 2 after the main loop, 3 after the wait, -1 the rule by M), "
+                    "e.g. 0,1,2,3 with --top 1 searches the shipped tiles' triggers alone")
     ap.add_argument("--tag", default="")
     a = ap.parse_args()
     for (mod, attr), v in kernel_switches(a.set).items():
@@ -89,6 +93,8 @@ def main() -> None:
             return time_step(codes_step_fn(model, xs, d, act, codes))
 
         cands = {key: candidates(shipped, key, m, a.top) for key in keys}
+        if a.triggers:
+            cands = {key: with_triggers(c, [int(t) for t in a.triggers.split(",")]) for key, c in cands.items()}
         start = {key: c[0] for key, c in cands.items()}
         print(f"M={m}: shipped {step_ms(start):.3f} ms", flush=True)
         cur, log = coordinate_descent(cands, step_ms, passes=a.passes, confirm=a.confirm, min_gain=a.min_gain)

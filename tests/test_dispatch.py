@@ -672,6 +672,8 @@ def test_the_triton_39_h100_map_differs_from_the_generic_one_only_where_it_was_r
     flagged = {(key, m) for key, m in changed
                if any(c.config is not None and (c.config.xshare or c.config.ksum)
                       for c in (base.lookup(key, m), t39.lookup(key, m)))}
+    # stop 49 chose per-shape PDL trigger points on the 3.6 engine's decode step (step_search.py --triggers)
+    flagged |= {(key, m) for key, m in changed if (base.lookup(key, m).config or TileConfig()).trigger >= 0}
     # stop 44 re-chose some 3.6 picks on whole steps (step_search.py, linears and --engine), 3.9's not
     searched = {("w4a16:g128:6144x4096", 4), ("w4a16:g128:28672x4096", 4), ("w4a16:g128:4096x14336", 4),
                 ("w4a8:g128:4096x14336", 16), ("w4a8:g128:4096x4096", 1)}

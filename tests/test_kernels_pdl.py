@@ -188,3 +188,34 @@ def test_mma_gemv_preload_issues_the_whole_slice_before_the_wait(ptx):
     assert "ld.global.nc.L1::no_allocate.v4.b32" not in after
     assert not re.search(r"ld\.global\.v4\.b32|st\.global|atom\.", before)
     assert after.count("mma.sync") == 4 * 16 and "mma.sync" not in before
+
+
+def test_tile_trigger_reaches_the_launch(monkeypatch):
+    """A tile's own trigger point (TileConfig.trigger, chosen per shape by `step_search.py --triggers`)
+    replaces the rule by M; the experiment overrides (module TRIGGER, the gemv_trigger switch) still win."""
+    from gearshift.kernels import int4_mma_gemv as mg
+    from gearshift.kernels.config import TileConfig
+    from gearshift.quant.int4 import quantize_int4
+
+    seen = []
+
+    class _Stop(Exception):
+        pass
+
+    class _Kernel:
+        def __getitem__(self, grid):
+            def launch(*args, **kw):
+                seen.append(kw["TRIGGER"])
+                raise _Stop
+            return launch
+
+    monkeypatch.setattr(mg, "_mma_gemv_kernel", _Kernel())
+    store = quantize_int4(torch.randn(64, 256), 128)
+    x = torch.randn(4, 256, dtype=torch.bfloat16)
+    for cfg in (TileConfig(bm=16, warps=4, stages=1), TileConfig(bm=16, warps=4, stages=1, trigger=3)):
+        with pytest.raises(_Stop):
+            mg.mma_gemv(x, store, cfg)
+    monkeypatch.setattr(mg, "TRIGGER", 0)
+    with pytest.raises(_Stop):
+        mg.mma_gemv(x, store, TileConfig(bm=16, warps=4, stages=1, trigger=3))
+    assert seen == [pdl_trigger(4), 3, 0]

@@ -6,7 +6,10 @@ import json
 import pytest
 
 from gearshift.dispatch.policy import PolicyMap
-from gearshift.dispatch.step_search import adopt, candidates, coordinate_descent, same_candidate, with_choices
+from gearshift.dispatch.policy import parse_candidate
+from gearshift.dispatch.step_search import (adopt, candidates, coordinate_descent, same_candidate, with_choices,
+                                         with_triggers)
+from gearshift.kernels.config import TileConfig
 
 CFG = {"bm": 16, "bn": 0, "bk": 128, "split_k": 1, "warps": 8, "stages": 1, "kwarps": 8}
 KEY = "w4a16:g128:64x128"
@@ -33,6 +36,23 @@ def test_candidates_start_with_the_shipped_pick_then_the_fastest():
     assert len(c) == 3
     assert len(candidates(_map(), KEY, 1, 10)) == 4  # bm=8 was never timed
     assert len(candidates(_map(), KEY, 2, 5)) == 1  # nothing timed at M = 2: the pick alone
+
+
+def test_with_triggers_adds_each_fragment_tile_at_each_trigger_point():
+    base = [_name(), "w4a16_wgmma@" + json.dumps({"bm": 64, "bn": 64, "warps": 4}), "w4a16_mma@" + json.dumps(CFG | {"trigger": 2})]
+    out = with_triggers(base, [1, 2, 3])
+    assert out[:3] == base  # the shipped pick stays first
+    added = [parse_candidate(c) for c in out[3:]]
+    # the first tile at 1 and 3 (its 2 is the third candidate already), nothing for the wgmma tile
+    assert [(s, c.trigger) for s, c in added] == [("w4a16_mma", 1), ("w4a16_mma", 3)]
+    assert all(c.bm == 16 and c.warps == 8 and c.kwarps == 8 for _, c in added)
+
+
+def test_tile_trigger_round_trips_and_names_the_tile():
+    cfg = TileConfig(bm=16, warps=8, kwarps=8, trigger=3)
+    assert TileConfig.from_dict(cfg.to_dict()) == cfg and cfg.key().endswith("t3")
+    # the rule (-1) is the default and leaves the serialized form (and candidate names) as before
+    assert "trigger" not in TileConfig(bm=16).to_dict() and "t" not in TileConfig(bm=16).key()[-2:]
 
 
 def test_with_choices_changes_only_that_bucket():

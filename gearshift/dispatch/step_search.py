@@ -15,6 +15,7 @@ and left the engine even; the engine's own picks took it to 0.990.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import statistics
 from collections.abc import Callable, Sequence
 
@@ -40,6 +41,26 @@ def candidates(pm: PolicyMap, key: str, m: int, top: int) -> list[str]:
             break
         if not any(same_candidate(n, o) for o in out):
             out.append(n)
+    return out
+
+
+#: the strategies whose launches take `TileConfig.trigger` (the fragment GEMV, `kernels/int4_mma_gemv.py`)
+TRIGGERED = ("w4a16_mma", "w4a8_mma", "w4a8_mma_int8")
+
+
+def with_triggers(cands: list[str], triggers: Sequence[int]) -> list[str]:
+    """`cands` plus, for each fragment-GEMV candidate among them, the same tile with each PDL trigger
+    point of `triggers` (where the launch lets its successor in: 0 exit, 1 start, 2 after the loop, 3
+    after the wait; -1 the rule by M). The bits never change with the trigger, only the timing."""
+    out = list(cands)
+    for c in cands:
+        s, cfg = parse_candidate(c)
+        if s not in TRIGGERED or cfg is None:
+            continue
+        for t in triggers:
+            alt = candidate_name(s, dataclasses.replace(cfg, trigger=t))
+            if not any(same_candidate(alt, o) for o in out):
+                out.append(alt)
     return out
 
 
@@ -97,13 +118,18 @@ def coordinate_descent(cands: dict[str, Sequence[str]], time_fn: Callable[[dict[
 
 
 def adopt(pm: PolicyMap, choices: dict[str, str], m: int) -> list[str]:
-    """Write the changed `choices` at bucket m into pm (their profiled us kept where timed); the keys changed."""
+    """Write the changed `choices` at bucket m into pm (their profiled us kept where timed; a trigger variant
+    keeps its tile's, which the profile timed under the rule's trigger); the keys changed."""
     changed = []
     for key, cand in choices.items():
         e = pm.lookup(key, m)
         if e is not None and same_candidate(cand, candidate_name(e.strategy, e.config)):
             continue
         s, cfg = parse_candidate(cand)
-        pm.set(key, m, Choice(s, cfg, pm.timings.get(key, {}).get(str(m), {}).get(cand)))
+        timed = pm.timings.get(key, {}).get(str(m), {})
+        us = timed.get(cand)
+        if us is None and cfg is not None and cfg.trigger >= 0:  # a trigger variant: its tile's profiled time
+            us = timed.get(candidate_name(s, dataclasses.replace(cfg, trigger=-1)))
+        pm.set(key, m, Choice(s, cfg, us))
         changed.append(key)
     return changed

@@ -34,6 +34,9 @@ class TileConfig:
     # into shared memory, instead of every warp loading its own from L2
     ksum: bool = False  # fragment kernel (kwarps > 1, no split-K): the K slices summed through shared memory
     # of the kernel's own, one thread per output, not by tl.reduce and a join/cat epilogue
+    trigger: int = -1  # fragment kernel: where its PDL successor is let in (1 at the start, 2 after the main
+    # loop, 3 right after the PDL wait, 0 at exit); -1: `int4_mma_gemv.pdl_trigger`'s rule by M. Per shape,
+    # since a linear's best point depends on what follows it (stop 49). Timing only: the bits never change
 
     def key(self) -> str:
         return (f"m{self.bm}n{self.bn}k{self.bk}s{self.split_k}w{self.warps}p{self.stages}"
@@ -41,7 +44,8 @@ class TileConfig:
                 f"{'S' if self.a_smem else ''}{f'r{self.maxnreg}' if self.maxnreg else ''}"
                 f"{f'q{self.kwarps}' if self.kwarps > 1 else ''}{f'z{self.stream_k}' if self.stream_k else ''}"
                 f"{'h' if self.hybrid else ''}{'L' if self.preload else ''}{'T' if self.pairs else ''}"
-                f"{'X' if self.xshare else ''}{'K' if self.ksum else ''}")
+                f"{'X' if self.xshare else ''}{'K' if self.ksum else ''}"
+                f"{f't{self.trigger}' if self.trigger >= 0 else ''}")
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -59,6 +63,8 @@ class TileConfig:
             del d["xshare"]
         if not d["ksum"]:  # likewise
             del d["ksum"]
+        if d["trigger"] < 0:  # likewise
+            del d["trigger"]
         return d
 
     @classmethod

@@ -1046,10 +1046,10 @@ def mma_gemv(x: torch.Tensor, store: Int4Weight, cfg: TileConfig, token_scales: 
     l2_prefetch = l2_prefetch_enabled(y) if l2_prefetch is None else (l2_prefetch and l2_prefetch_enabled(y))
     blocks = store.in_features // (BLOCK_COLS * cfg.split_k * cfg.kwarps)  # per warp
     pre = blocks if cfg.preload else 0
-    if trigger is None:
+    if trigger is None:  # an experiment's override, else the tile's own point, else the rule by M
         trigger = TRIGGER if TRIGGER >= 0 else switches.gemv_trigger()
         if trigger < 0:
-            trigger = pdl_trigger(m, token_scales is not None)
+            trigger = cfg.trigger if cfg.trigger >= 0 else pdl_trigger(m, token_scales is not None)
     kernel = _mma_gemv_kernel[grid](x2, store.qweight, store.scales, store.mins, y, ws, cnt, xs, m, n, store.in_features,
                            x2.stride(0), y.stride(0), G=store.group_size, WARPS=cfg.warps, SPLIT_K=cfg.split_k,
                            ASM=block_asm(dt, cfg.bm, tiles, cfg.xshare),
