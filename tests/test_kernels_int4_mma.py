@@ -772,3 +772,51 @@ def test_gpu_xshare_int8_codes_are_bit_identical(rows, warps, kwarps, loop):
         assert torch.equal(y, ref), m
         timed += 1
     assert timed
+
+
+def test_glu_epilogue_compiles_for_sm90(compile_sm90):
+    """The SwiGLU epilogue (gate_up stores silu(gate) * up) compiles for sm_90 with 16 / 32 rows per warp, one
+    or two token tiles, in-CTA K slices and both layouts: the same MMAs as the plain launch, and the exp of
+    SwiGLU's silu in the epilogue."""
+    out = compile_sm90(r"""
+from gearshift.kernels import int4_mma_gemv as mg
+sig = {"x_ptr": "*bf16", "qw_ptr": "*u8", "s_ptr": "*fp16", "mn_ptr": "*fp16", "y_ptr": "*bf16", "ws_ptr": "*fp32",
+       "cnt_ptr": "*i32", "xs_ptr": "*bf16", "M": "i32", "N": "i32", "K": "i32", "stride_xm": "i32", "stride_ym": "i32"}
+for rows, tiles, kw, tiled in ((16, 1, 2, True), (16, 2, 1, False), (32, 1, 2, True), (32, 2, 2, True)):
+    for glu in (0, 1):
+        ce = dict(G=128, WARPS=4, SPLIT_K=1, ASM=mg.MMA_ASM[("bf16", rows, tiles)], CONSTRAINTS=mg.CONSTRAINTS[(rows, tiles)],
+                  ROWS=rows, TILES=tiles, TG=1, ZPID=True, OFFSET=128.0, U=1, HAS_XS=False, PDL=False,
+                  L2_PREFETCH=False, LOAD=mg.WEIGHT_LOADS["plain"], SHINT=0, TILED=tiled, TRIGGER=1, TAIL=0, KWARPS=kw,
+                  GLU=glu)
+        out[f"{rows}_{tiles}_{kw}_{tiled}_{glu}"] = ptx(mg._mma_gemv_kernel, sig, ce, num_warps=4, ints16=("K",))
+""")
+    for key in [k for k in out if k.endswith("_1")]:
+        glu, plain = out[key], out[key[:-1] + "0"]
+        assert glu.count("mma.sync") == plain.count("mma.sync") > 0, key
+        assert "ex2.approx" in glu and "ex2.approx" not in plain, key
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("rows,warps,kwarps,extra", [(16, 2, 2, {}), (16, 4, 1, {}), (32, 4, 2, {"xshare": True}),
+                                                     (32, 2, 2, {"maxnreg": 128}), (16, 8, 4, {"preload": True}),
+                                                     (16, 4, 2, {"pairs": True}), (32, 4, 4, {})])
+@pytest.mark.parametrize("layout", ["rows", "blocks16"])
+def test_gpu_glu_epilogue_is_gate_up_then_swiglu_bit_for_bit(rows, warps, kwarps, extra, layout):
+    from gearshift.kernels.int4_mma_gemv import mma_gemv, mma_glu_supports
+    from gearshift.kernels.silu_mul import silu_mul_triton
+
+    g = torch.Generator().manual_seed(rows * warps + kwarps)
+    inter, k = 104, 512  # 104 pairs: the last program's pairs run past I (clamped, never stored)
+    store = quantize_int4(torch.randn(2 * inter, k, generator=g) * 0.05, 128).cuda().to_layout(layout)
+    ran = 0
+    for dtype in (torch.bfloat16, torch.float16):
+        for m in (1, 3, 8, 9, 16):
+            cfg = TileConfig(bm=rows, warps=warps, kwarps=kwarps, stages=1, **extra)
+            if not mma_glu_supports(store, cfg, m, dtype):
+                continue
+            x = torch.randn(m, k, generator=g).to("cuda", dtype)
+            want = silu_mul_triton(mma_gemv(x, store, cfg))
+            got = mma_gemv(x, store, cfg, glu=True)
+            assert got.shape == (m, inter) and torch.equal(got, want), (dtype, m)
+            ran += 1
+    assert ran >= 6

@@ -25,6 +25,7 @@ from gearshift.kernels._triton import HAS_TRITON
 from gearshift.kernels.act_quant import ActCodes, CodesSpec, codes_qmax
 from gearshift.kernels.config import TileConfig, block_m_for
 from gearshift.kernels.reference import linear_reference, linear_reference_codes
+from gearshift.kernels.switches import glu_epilogue_on
 from gearshift.quant.activations import ActQuantSpec
 from gearshift.quant.base import WeightFormat
 from gearshift.quant.int4 import Int4Weight
@@ -300,6 +301,25 @@ class AdaptiveDispatcher(Dispatcher):
         if bias is not None:
             y = y + bias.to(y.dtype)
         return y if x.dim() == 2 else y.reshape(*x.shape[:-1], store.out_features)
+
+    def linear_glu(self, x: torch.Tensor, store: WeightFormat, act: ActQuantSpec | None) -> torch.Tensor | None:
+        """SwiGLU's silu(gate) * up [..., N / 2] from the fused gate_up store, computed in the epilogue of
+        the kernel that `linear` would run for these tokens, where that kernel has such an epilogue (W4A16
+        fragment tiles); None elsewhere (the caller runs `linear` and the SwiGLU kernel: same bits)."""
+        if (not glu_epilogue_on() or not x.is_cuda or not HAS_TRITON or act is not None or x.numel() == 0
+                or x.dtype not in (torch.float16, torch.bfloat16)):
+            return None
+        x2 = x if x.dim() == 2 else x.reshape(-1, store.in_features)
+        if x2.stride(-1) != 1:
+            x2 = x2.contiguous()
+        c = self.choose(store, act, x2.shape[0])
+        strat = None if c is None else STRATEGIES.get(c.strategy)
+        if strat is None or strat.run_glu is None or not strat.supports(store, act, c.config):
+            return None
+        y = strat.run_glu(x2, store, c.config)
+        if y is None or x.dim() == 2:
+            return y
+        return y.reshape(*x.shape[:-1], store.out_features // 2)
 
     def kernel_for(self, store: WeightFormat, act: ActQuantSpec | None, m: int):
         """(strategy, choice) that runs m tokens of this store on the GPU, or None where none serves it

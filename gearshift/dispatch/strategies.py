@@ -50,6 +50,9 @@ class Strategy:
     run_codes: Callable[[object, WeightFormat, TileConfig | None, torch.dtype], torch.Tensor] | None = None
     #: run_codes takes the codes as exact integers in the activations' bf16 / fp16 (else int8)
     codes_float: bool = False
+    #: SwiGLU in the kernel's epilogue: (x2, gate_up store, config) -> silu(gate) * up [M, N / 2], or None
+    #: where this tile has no such epilogue (the caller then runs gate_up and SwiGLU)
+    run_glu: Callable[[torch.Tensor, WeightFormat, TileConfig | None], torch.Tensor | None] | None = None
 
 
 STRATEGIES: dict[str, Strategy] = {}
@@ -232,6 +235,14 @@ def _run_w4a16_mma(x2, store, act, cfg):
     from gearshift.kernels.int4_mma_gemv import mma_gemv
 
     return mma_gemv(x2, store, cfg)
+
+
+def _run_w4a16_mma_glu(x2, store, cfg):
+    from gearshift.kernels.int4_mma_gemv import mma_gemv, mma_glu_supports
+
+    if not mma_glu_supports(store, cfg, x2.shape[0], x2.dtype):
+        return None
+    return mma_gemv(x2, store, cfg, glu=True)
 
 
 def _run_w4a8_mma(x2, store, act, cfg):
@@ -488,7 +499,7 @@ register(Strategy("w4a16_gemv", DPRPartition((4,), (16,), "fp32-fma", "padding")
 register(Strategy("w4a16_rowgemv", DPRPartition((4,), (16,), "fp32-fma", "padding"), ("w4a16",),
                   _run_w4a16_rowgemv, rowgemv_configs, _sup_rowgemv))
 register(Strategy("w4a16_mma", DPRPartition((4,), (16,), "bf16-mma.sync", "padding"), ("w4a16",),
-                  _run_w4a16_mma, mma_configs, _sup_mma(False)))
+                  _run_w4a16_mma, mma_configs, _sup_mma(False), run_glu=_run_w4a16_mma_glu))
 register(Strategy("w4a16_fma", DPRPartition((4,), (16,), "fp32-fma", "padding"), ("w4a16",), _run_w4a16_fma,
                   fma_gemv_configs, _sup_fma))
 register(Strategy("w4a8_mma", DPRPartition((4,), (8,), "bf16-mma.sync", "padding"), ("w4a8", "w4a4", "w4a8fp8"),

@@ -343,6 +343,7 @@ def _xshare_decl(nbytes: int) -> str:
 
 if HAS_TRITON:
     from gearshift.kernels.pdl import grid_wait, launch_dependents, prefetch_l2
+    from gearshift.kernels.silu_mul import _silu_mul
     from gearshift.kernels.splitk import splitk_finish
 
     _XS_LOAD = tl.constexpr(XS_GLOBAL_LOAD)
@@ -680,13 +681,16 @@ if HAS_TRITON:
                          RES: tl.constexpr = 0, XS: tl.constexpr = 0, XS_DECL: tl.constexpr = "",
                          XS_ROWB: tl.constexpr = 256, KSUM: tl.constexpr = 0, KSUM_DECL: tl.constexpr = "",
                          KSUM_ST: tl.constexpr = "", KSUM_STC: tl.constexpr = "", KSUM_LD: tl.constexpr = "",
-                         TRACE: tl.constexpr = 0):
+                         TRACE: tl.constexpr = 0, GLU: tl.constexpr = 0):
         # Every per-lane quantity comes from the lane's own %tid.x, so the fragment plan holds
         # whatever layout Triton picks for these [32 * WARPS] tensors (one element per thread).
         # ROWS: weight rows per warp; lane (g, t) holds rows g, g+8, g+16, g+24 of them.
         # KWARPS > 1: each group of KWARPS consecutive warps shares one set of rows, warp w of the
         # group runs the w-th K slice of the program's, and the group's partials are summed in the
         # CTA (shared memory) before the store: a K split without the global split-K tail.
+        # GLU (SwiGLU's gate_up, `mma_gemv(..., glu=True)`): N = 2I rows, gate rows first; a lane's rows a / c
+        # are gate rows p, p + 8 of the program's pairs and b / d the up rows I + p, I + p + 8, so its
+        # accumulators hold both halves of its pairs and the epilogue stores silu(gate) * up, [M, I]
         RG: tl.constexpr = WARPS // KWARPS
         BN: tl.constexpr = ROWS * RG
         # token groups (> 1 from 17 tokens) are neighbours in the launch order. One group (ZPID): the
@@ -706,7 +710,10 @@ if HAS_TRITON:
         g = lane // 4
         t = lane % 4
         warp = tid // 32
-        row_a = pid_n * BN + (warp // KWARPS) * ROWS + g
+        if GLU:
+            row_a = pid_n * (BN // 2) + (warp // KWARPS) * (ROWS // 2) + g  # the lane's first pair
+        else:
+            row_a = pid_n * BN + (warp // KWARPS) * ROWS + g
         KW = tl.multiple_of(K // 8, 16 * SPLIT_K * KWARPS * U)
         kws = KW // (SPLIT_K * KWARPS)
         n_groups = K // G
@@ -714,11 +721,22 @@ if HAS_TRITON:
         tok1 = tl.minimum(m0_tok + 8 + g, M - 1)
         qw32 = qw_ptr.to(tl.pointer_type(tl.int32))
         # the lane's rows, clamped (rows past N are read but never stored)
-        ra = tl.minimum(row_a, N - 1)
-        rb = tl.minimum(row_a + 8, N - 1)
-        rc = tl.minimum(row_a + 16, N - 1)
-        rd = tl.minimum(row_a + 24, N - 1)
-        if TILED:  # blocks16 layout (quant.int4): a 1 KB chunk per (16 rows, block), a warp reads 512 B at once
+        if GLU:  # (pairs past I clamp to the last pair: read, never stored)
+            ra = tl.minimum(row_a, N // 2 - 1)
+            rb = ra + N // 2
+            rc = tl.minimum(row_a + 8, N // 2 - 1)
+            rd = rc + N // 2
+        else:
+            ra = tl.minimum(row_a, N - 1)
+            rb = tl.minimum(row_a + 8, N - 1)
+            rc = tl.minimum(row_a + 16, N - 1)
+            rd = tl.minimum(row_a + 24, N - 1)
+        if TILED and GLU:  # every row r = 8j + g (I % 8 == 0) at its place in its 16-row chunk
+            wa_ptr = qw32 + (ra // 16).to(tl.int64) * KW * 16 + 128 * ((ra // 8) % 2) + 4 * lane
+            wb_ptr = qw32 + (rb // 16).to(tl.int64) * KW * 16 + 128 * ((rb // 8) % 2) + 4 * lane
+            wc_ptr = qw32 + (rc // 16).to(tl.int64) * KW * 16 + 128 * ((rc // 8) % 2) + 4 * lane
+            wd_ptr = qw32 + (rd // 16).to(tl.int64) * KW * 16 + 128 * ((rd // 8) % 2) + 4 * lane
+        elif TILED:  # blocks16 layout (quant.int4): a 1 KB chunk per (16 rows, block), a warp reads 512 B at once
             wa_ptr = qw32 + (ra // 16).to(tl.int64) * KW * 16 + 128 * ((ra // 8) % 2) + 4 * lane
             wb_ptr = wa_ptr + 128
             wc_ptr = qw32 + (rc // 16).to(tl.int64) * KW * 16 + 128 * ((rc // 8) % 2) + 4 * lane
@@ -853,6 +871,8 @@ if HAS_TRITON:
                 if j * CP < M - m0_tok:  # (no thread of a pass past the program's last token has work)
                     _ksum_pass(kbuf + z, j * CP, tid, pid_n, m0_tok, xs_ptr, y_ptr, M, N, stride_ym, ROWS, TILES,
                                RG, KWARPS, NV, KSUM_LD, HAS_XS)
+        elif GLU:
+            _glu_epilogue(acc, pid_n, m0_tok, y_ptr, M, N // 2, stride_ym, row_a, t, ROWS, TILES, RG, KWARPS)
         else:
             _mma_epilogue(acc, pid_n, pid_k, m0_tok, xs_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, stride_ym, row_a, t,
                           ROWS, TILES, RG, KWARPS, HAS_XS, ZPID, SPLIT_K, TAIL)
@@ -868,18 +888,7 @@ if HAS_TRITON:
         accumulators joined into [RG * 32, values] and stored through splitk_finish."""
         BN: tl.constexpr = ROWS * RG
         if KWARPS > 1:  # sum each row group's K slices in the CTA; the epilogue runs on [RG * 32]
-            p = _ksum4(acc[0], acc[1], acc[2], acc[3], RG, KWARPS)
-            pc = (acc[4], acc[5], acc[6], acc[7])
-            if ROWS == 32:
-                pc = _ksum4(acc[4], acc[5], acc[6], acc[7], RG, KWARPS)
-            q = p  # the second token tile's, if any
-            qc = pc
-            if TILES == 2:
-                q = _ksum4(acc[8], acc[9], acc[10], acc[11], RG, KWARPS)
-                if ROWS == 32:
-                    qc = _ksum4(acc[12], acc[13], acc[14], acc[15], RG, KWARPS)
-            acc = (p[0], p[1], p[2], p[3], pc[0], pc[1], pc[2], pc[3], q[0], q[1], q[2], q[3], qc[0], qc[1],
-                   qc[2], qc[3])
+            acc = _kwarps_sum(acc, ROWS, TILES, RG, KWARPS)
             r = tl.arange(0, RG * 32)  # element i of the [32 * WARPS] tensors is thread i's
             row_a = pid_n * BN + (r // 32) * ROWS + (r % 32) // 4
             t = r % 4
@@ -934,6 +943,65 @@ if HAS_TRITON:
 
 
     @triton.jit
+    def _kwarps_sum(acc, ROWS: tl.constexpr, TILES: tl.constexpr, RG: tl.constexpr, KWARPS: tl.constexpr):
+        """The 16 accumulators of [RG * KWARPS * 32] -> [RG * 32]: each row group's K slices summed."""
+        p = _ksum4(acc[0], acc[1], acc[2], acc[3], RG, KWARPS)
+        pc = (acc[4], acc[5], acc[6], acc[7])
+        if ROWS == 32:
+            pc = _ksum4(acc[4], acc[5], acc[6], acc[7], RG, KWARPS)
+        q = p  # the second token tile's, if any
+        qc = pc
+        if TILES == 2:
+            q = _ksum4(acc[8], acc[9], acc[10], acc[11], RG, KWARPS)
+            if ROWS == 32:
+                qc = _ksum4(acc[12], acc[13], acc[14], acc[15], RG, KWARPS)
+        return (p[0], p[1], p[2], p[3], pc[0], pc[1], pc[2], pc[3], q[0], q[1], q[2], q[3], qc[0], qc[1],
+                qc[2], qc[3])
+
+
+    @triton.jit
+    def _glu_tile(acc, i: tl.constexpr, dt: tl.constexpr):
+        """silu(gate) * up of the pair held in accumulators i..i+3 (gate tokens 2t, 2t+1, then up's), each
+        half rounded to the output dtype first, as the unfused gate_up store and SwiGLU kernel round them."""
+        g = tl.join(acc[i], acc[i + 1]).to(dt)
+        u = tl.join(acc[i + 2], acc[i + 3]).to(dt)
+        return _silu_mul(g, u).to(dt)
+
+
+    @triton.jit
+    def _glu_epilogue(acc, pid_n, m0_tok, y_ptr, M, I, stride_ym, row_p, t, ROWS: tl.constexpr,
+                      TILES: tl.constexpr, RG: tl.constexpr, KWARPS: tl.constexpr):
+        """GLU launches (split_k 1): the lane's pairs p (rows a / b) and p + 8 (rows c / d) for its tokens,
+        stored as silu(gate) * up into y [M, I]."""
+        if KWARPS > 1:
+            acc = _kwarps_sum(acc, ROWS, TILES, RG, KWARPS)
+            r = tl.arange(0, RG * 32)
+            row_p = pid_n * (RG * ROWS // 2) + (r // 32) * (ROWS // 2) + (r % 32) // 4
+            t = r % 4
+        dt: tl.constexpr = y_ptr.dtype.element_ty
+        e2 = tl.arange(0, 2)[None, :]
+        col0 = m0_tok + 2 * t[:, None] + e2
+        rp = tl.join(row_p, row_p)
+        out = _glu_tile(acc, 0, dt)
+        row = rp
+        col = col0
+        if ROWS == 32:
+            out = _cat2(out, _glu_tile(acc, 4, dt))
+            row = _cat2(row, rp + 8)
+            col = _cat2(col, col0)
+        if TILES == 2:
+            out2 = _glu_tile(acc, 8, dt)
+            row2 = rp
+            if ROWS == 32:
+                out2 = _cat2(out2, _glu_tile(acc, 12, dt))
+                row2 = _cat2(row2, rp + 8)
+            out = _cat2(out, out2)
+            row = _cat2(row, row2)
+            col = _cat2(col, col + 8)
+        tl.store(y_ptr + col * stride_ym + row, out, mask=(row < I) & (col < M))
+
+
+    @triton.jit
     def _add4(a0, a1, a2, a3, b0, b1, b2, b3):
         return a0 + b0, a1 + b1, a2 + b2, a3 + b3
 
@@ -984,6 +1052,15 @@ def mma_gemv_supports(store: Int4Weight, cfg: TileConfig, m: int = 1, dtype=torc
             and q.is_contiguous() and q.data_ptr() % 16 == 0)
 
 
+def mma_glu_supports(store: Int4Weight, cfg: TileConfig, m: int = 1, dtype=torch.bfloat16) -> bool:
+    """Whether `mma_gemv(..., glu=True)` runs this tile: 16-bit inputs (no codes), 16 or 32 rows per warp
+    (a lane then holds a gate row and its up row), no split-K and no shared-memory K sum (their epilogues
+    store rows one by one), no L2-ahead prefetch, and an even row count whose halves are whole 8-row groups."""
+    n = store.out_features
+    return (dtype in (torch.bfloat16, torch.float16) and cfg.bm in (16, 32) and cfg.split_k == 1 and not cfg.ksum
+            and n % 16 == 0 and L2_AHEAD == 0 and mma_gemv_supports(store, cfg, m, dtype))
+
+
 def xshare_row_bytes(dtype) -> int:
     """Bytes of one token's inputs to a block: 128 columns of bf16 / fp16, or of int8 codes."""
     return BLOCK_COLS * (1 if dtype == torch.int8 else 2)
@@ -1002,7 +1079,8 @@ def xshare_fits(cfg: TileConfig, m: int, dtype=torch.bfloat16) -> bool:
 
 def mma_gemv(x: torch.Tensor, store: Int4Weight, cfg: TileConfig, token_scales: torch.Tensor | None = None,
              out_dtype: torch.dtype | None = None, pdl: bool | None = None,
-             l2_prefetch: bool | None = None, trigger: int | None = None, tail: int = 0) -> torch.Tensor:
+             l2_prefetch: bool | None = None, trigger: int | None = None, tail: int = 0,
+             glu: bool = False) -> torch.Tensor:
     """y [M, N] = x [M, K] @ dequant(W).T for 1 <= M <= 64, 16 tokens per program (cfg: bm = 8, 16 or
     32 weight rows per warp, warps, split_k over programs, kwarps = warps sharing rows that split K inside the CTA,
     prefetch = 2 blocks per step, preload = the warp's whole K slice loaded before the PDL wait,
@@ -1010,17 +1088,22 @@ def mma_gemv(x: torch.Tensor, store: Int4Weight, cfg: TileConfig, token_scales: 
     With token_scales [M] (fp32), x holds activation codes and y = token_scales[:, None] *
     (x @ dequant(W).T). pdl / l2_prefetch / trigger (defaults: `pdl.py`'s switches and
     `pdl_trigger`) change timing only, never the result; tail != 0 is a timing experiment with
-    wrong results (`splitk_finish`)."""
+    wrong results (`splitk_finish`). glu: the store is SwiGLU's gate_up (gate rows, then up rows) and y
+    [M, N / 2] = silu(gate) * up, bit for bit what the unfused gate_up and `silu_mul_triton` give
+    (`mma_glu_supports` says which tiles can)."""
     x2 = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])  # (host time: eager decode pays every line)
     m = x2.shape[0]
     if not mma_gemv_supports(store, cfg, m, x2.dtype):
         raise ValueError(f"mma_gemv serves 1..{MAX_TOKENS} bf16/fp16 tokens with groups of a multiple of "
                          f"{BLOCK_COLS}; got M={m}, {x2.dtype}, group {store.group_size}, K={store.in_features}, "
                          f"tile {cfg.key()}")
+    if glu and not mma_glu_supports(store, cfg, m, x2.dtype if token_scales is None else None):
+        raise ValueError(f"no SwiGLU epilogue for tile {cfg.key()} on {store.out_features} rows of "
+                         f"{x2.dtype} inputs (mma_glu_supports)")
     if x2.stride(-1) != 1 or (x2.stride(0) * x2.element_size()) % 16 or x2.data_ptr() % 16:
         x2 = x2.contiguous()
     n = store.out_features
-    y = torch.empty((m, n), device=x2.device, dtype=out_dtype or x2.dtype)
+    y = torch.empty((m, n // 2 if glu else n), device=x2.device, dtype=out_dtype or x2.dtype)
     # TileConfig.bm: weight rows per warp (8: A rows 8..15 give sum(x); 16: an extra MMA does; 32: two
     # A fragments per B fragment, half the activation loads per weight)
     tiles = 2 if m > 8 else 1  # 9..16 tokens: both token tiles share each A fragment (weights read once)
@@ -1028,7 +1111,7 @@ def mma_gemv(x: torch.Tensor, store: Int4Weight, cfg: TileConfig, token_scales: 
     tg = cdiv(m, 8 * tiles)
     grid = (cdiv(n, bn) * tg, cfg.split_k, 1)
     ws, cnt = splitk_buffers(y, cfg.split_k, m * n, grid[0])
-    trace = TRACE is not None and cfg.split_k == 1
+    trace = TRACE is not None and cfg.split_k == 1 and not glu
     if trace:  # rows of TRACE_ARENA, made before any capture: a buffer allocated here could share memory
         # with an earlier kernel's freed output, which that kernel may still write while this one's
         # programs store their start times (before their PDL wait); and a memset would break the PDL chain
@@ -1043,7 +1126,7 @@ def mma_gemv(x: torch.Tensor, store: Int4Weight, cfg: TileConfig, token_scales: 
     if dt == "s8" and (token_scales is None or out_dtype is None):
         raise ValueError("int8 activation codes need their token_scales and an out_dtype")
     pdl = pdl_enabled(y) if pdl is None else (pdl and pdl_enabled(y))
-    l2_prefetch = l2_prefetch_enabled(y) if l2_prefetch is None else (l2_prefetch and l2_prefetch_enabled(y))
+    l2_prefetch = not glu and (l2_prefetch_enabled(y) if l2_prefetch is None else (l2_prefetch and l2_prefetch_enabled(y)))
     blocks = store.in_features // (BLOCK_COLS * cfg.split_k * cfg.kwarps)  # per warp
     pre = blocks if cfg.preload else 0
     if trigger is None:  # an experiment's override, else the tile's own point, else the rule by M
@@ -1066,7 +1149,8 @@ def mma_gemv(x: torch.Tensor, store: Int4Weight, cfg: TileConfig, token_scales: 
                            RES=RESIDENCY, **launch_kwargs(pdl),
                            **(xshare_args(tiles, cfg.kwarps, x2.dtype) if cfg.xshare else {}),
                            **ksum_args(cfg, tiles),
-                           **({"TRACE": 2 if TRACE_WAIT else 1} if trace else {}))
+                           **({"TRACE": 2 if TRACE_WAIT else 1} if trace else {}),
+                           **({"GLU": 1} if glu else {}))
     if RESIDENCY and kernel is not None:  # (RES keys a compiled kernel per cap)
         residency.cap(kernel, RESIDENCY)
     return y if x.dim() == 2 else y.reshape(*x.shape[:-1], n)

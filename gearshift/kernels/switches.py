@@ -12,7 +12,7 @@ from gearshift.kernels._triton import HAS_TRITON
 
 _FUSED = {"enabled": True, "on_cpu": False, "swiglu_codes": True, "swiglu_codes_min_rows": 1,
           "decode_attention": True, "decode_attention_codes": False, "decode_attention_min_batch": 1,
-          "decode_attention_launch": "rule", "gemv_trigger": -1, "small_trigger": "rule"}
+          "decode_attention_launch": "rule", "gemv_trigger": -1, "small_trigger": "rule", "glu_epilogue": True}
 
 
 def state() -> tuple:
@@ -70,6 +70,12 @@ def set_swiglu_codes(enabled: bool, min_rows: int | None = None) -> None:
     _FUSED["swiglu_codes"] = bool(enabled)
     if min_rows is not None:
         _FUSED["swiglu_codes_min_rows"] = int(min_rows)
+
+
+def glu_epilogue_on() -> bool:
+    """Whether the gate_up projection's kernel may store silu(gate) * up itself where it can (W4A16 fragment
+    tiles, `int4_mma_gemv.mma_glu_supports`), so SwiGLU is no kernel of its own (same bits either way)."""
+    return _FUSED["glu_epilogue"]
 
 
 def decode_attention_on() -> bool:

@@ -116,6 +116,11 @@ class MLP(nn.Module):
         self.gate_up_proj, self.down_proj = gate_up_proj, down_proj
 
     def forward(self, x, mode, codes=None):
+        if codes is None and isinstance(x, torch.Tensor) and fused_for(x):  # SwiGLU in gate_up's epilogue where
+            # its kernel has one (W4A16 fragment tiles: few tokens)
+            h = self.gate_up_proj.glu(x, mode)
+            if h is not None:
+                return self.down_proj(h, mode)
         gate_up = self.gate_up_proj(x, mode, codes)
         if not fused_for(gate_up):
             return self.down_proj(silu_mul_reference(gate_up), mode)
