@@ -90,19 +90,3 @@ class AutoregressivePolicy(DecodePolicy):
             ready.record()
         return _Launched({id(s): s.slot for s in seqs}, start, picked, host, ready)
 
-    def _drop(self, seqs: list[Sequence], wait: bool = False) -> None:
-        """Drop the step launched ahead, giving the positions it wrote in `seqs`' slots back (the next
-        step, queued after it, rewrites them with the same values). Slots of sequences that have
-        finished since are left alone: the engine resets them for the next sequence."""
-        ahead, self._ahead = self._ahead, None
-        if ahead is None:
-            return
-        if wait and ahead.ready is not None:
-            ahead.ready.synchronize()
-        for s in seqs:
-            if ahead.covers.get(id(s)) == s.slot:
-                self.cache.lengths[s.slot] = ahead.start[s.slot]
-        self.counters["discarded_forwards"] += 1
-
-    def finish(self) -> None:
-        self._drop([], wait=True)  # (the generation's wall time includes the GPU work it queued)

@@ -136,8 +136,27 @@ class DecodePolicy:
     def step(self, seqs: list[Sequence], sample) -> None:
         raise NotImplementedError
 
+    #: a step launched before the previous one was read back (AR, GEARBX): it has `covers` (id(sequence) ->
+    #: slot), `start` (the cache offsets it wrote at, per slot) and `ready` (an event after it, or None)
+    _ahead = None
+
+    def _drop(self, seqs: list[Sequence], wait: bool = False) -> None:
+        """Drop the step launched ahead, giving the positions it wrote in `seqs`' slots back (the next
+        step, queued after it, rewrites them with the same values). Slots of sequences that have
+        finished since are left alone: the engine resets them for the next sequence."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is None:
+            return
+        if wait and ahead.ready is not None:
+            ahead.ready.synchronize()
+        for s in seqs:
+            if ahead.covers.get(id(s)) == s.slot:
+                self.cache.lengths[s.slot] = ahead.start[s.slot]
+        self.counters["discarded_forwards"] = self.counters.get("discarded_forwards", 0) + 1
+
     def finish(self) -> None:
         """The engine has no more steps to ask for: drop or wait for any work launched ahead."""
+        self._drop([], wait=True)  # (the generation's wall time includes the GPU work it queued)
 
     def stats(self) -> dict:
         out = {f"{k}_s": round(v, 6) for k, v in self.timer.totals.items()}

@@ -83,6 +83,7 @@ class _Launched:
     start: list[int]
     gear: str
     logits: torch.Tensor
+    ready: torch.cuda.Event | None  # recorded after the forward (None on CPU)
 
 
 def parse_gears(spec) -> tuple[str, ...]:
@@ -330,7 +331,11 @@ class GearboxPolicy(DecodePolicy):
         for s in seqs:
             start[s.slot], n_new[s.slot] = self.cache.lengths[s.slot], 1
         logits = self.model(tokens, self.cache, start, n_new, mode=MODE, logits="last")[:, 0]
-        return _Launched({id(s): s.slot for s in seqs}, start, gear, logits)
+        ready = None
+        if logits.is_cuda:
+            ready = torch.cuda.Event()
+            ready.record()
+        return _Launched({id(s): s.slot for s in seqs}, start, gear, logits, ready)
 
     def _stage(self, values: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event | None]:
         """Queue the copy of `values` to one of two pinned host buffers (so the copy of the next step
@@ -346,23 +351,6 @@ class GearboxPolicy(DecodePolicy):
         ready = torch.cuda.Event()
         ready.record()
         return host, ready
-
-    def _drop(self, seqs: list[Sequence], wait: bool = False) -> None:
-        """Drop the step launched ahead: the cache positions it took in `seqs`' slots are given back
-        (the recomputed step, queued after it, rewrites them). Slots of sequences that finished since
-        are left to the engine, which resets them."""
-        ahead, self._ahead = self._ahead, None
-        if ahead is None:
-            return
-        if wait and ahead.logits.is_cuda:
-            torch.cuda.current_stream(ahead.logits.device).synchronize()
-        for s in seqs:
-            if ahead.covers.get(id(s)) == s.slot:
-                self.cache.lengths[s.slot] = ahead.start[s.slot]
-        self.counters["discarded_forwards"] += 1
-
-    def finish(self) -> None:
-        self._drop([], wait=True)  # (the generation's wall time includes the GPU work it queued)
 
     def _record(self, seqs: list[Sequence], host_ids: list[int], decisions, ran: dict[int, str],
                 wanted: dict[int, str]) -> None:
