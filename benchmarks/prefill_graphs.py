@@ -115,6 +115,9 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--requests", type=int, default=16, help="engine runs: prompts per generation (0 = skip)")
     ap.add_argument("--new-tokens", type=int, default=16)
+    ap.add_argument("--graph-max-rows", type=int, default=None, metavar="ROWS",
+                    help="Transformer.graph_max_rows for the forwards (default: the model's), e.g. 4096 to time "
+                    "graphs for prompts past the default")
     ap.add_argument("--tag", default="")
     ap.add_argument("--out", default="benchmarks/results")
     args = ap.parse_args()
@@ -131,13 +134,15 @@ def main() -> None:
     fw, eng = [], []
     for mode in args.modes.split(","):
         model = model_for(models, args.preset, mode, True)  # int4-prog: W4A8 runs the int8 kernels
+        if args.graph_max_rows is not None:
+            model.graph_max_rows = args.graph_max_rows
         for b in (int(x) for x in args.batches.split(",")):
             fw += forwards(model, mode, b, [int(x) for x in args.lengths.split(",")], args.reps)
         if args.requests and mode == "w4a16":
             eng += engine_runs(model, LoadedModel(model, None, model.config, args.preset), mode, args.requests,
                                args.new_tokens, seed=0)
     doc = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "preset": args.preset,
-           "graph_max_rows": type(model).graph_max_rows, "forwards": fw, "engine": eng}
+           "graph_max_rows": model.graph_max_rows, "forwards": fw, "engine": eng}
     write_json(args.out, f"prefill_graphs_{device_slug(doc['device'])}{tag_suffix(args.tag)}.json", doc)
     print(f"\n{'mode':6} {'b':>2} {'tok':>5} {'bkt':>5} {'eager':>7} {'first':>7} {'capt':>7} {'replay':>7} "
           f"{'x':>5} same")
