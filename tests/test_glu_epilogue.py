@@ -24,6 +24,7 @@ def test_switch_and_cpu_fallback(model_dir):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_gpu_decode_steps_are_bit_identical_with_the_epilogue(monkeypatch):
+    """W4A16 on x; W4A8 and W4A4 on the norm's codes, down then quantizing the product itself."""
     from gearshift.model.tiny import build_random_model
 
     calls = []
@@ -35,17 +36,27 @@ def test_gpu_decode_steps_are_bit_identical_with_the_epilogue(monkeypatch):
         return y
 
     monkeypatch.setitem(strategies.STRATEGIES, "w4a16_mma", dataclasses.replace(real, run_glu=spy))
-    model = build_random_model("llama3-8b", weights="int4", num_hidden_layers=2, device="cuda")
+    codes_calls = []
+    int8 = strategies.STRATEGIES["w4a8_mma_int8"]
+
+    def spy_codes(codes, store, cfg, dtype):
+        y = int8.run_glu_codes(codes, store, cfg, dtype)
+        codes_calls.append(y is not None)
+        return y
+
+    monkeypatch.setitem(strategies.STRATEGIES, "w4a8_mma_int8", dataclasses.replace(int8, run_glu_codes=spy_codes))
+    model = build_random_model("llama3-8b", weights="int4-prog", num_hidden_layers=2, device="cuda")
     try:
-        for b in (1, 4, 8, 16):
-            out = {}
-            ids = torch.randint(0, 1000, (b, 12), device="cuda")
-            for on in (False, True):
-                switches.set_switches(glu_epilogue=on)
-                cache = model.new_cache(b, 64)
-                model(ids, cache, [0] * b, [12] * b, mode="w4a16", logits="last")
-                out[on] = model(ids[:, -1:], cache, [12] * b, [1] * b, mode="w4a16", logits="last")
-            assert torch.equal(out[True], out[False]), b
+        for mode in ("w4a16", "w4a8", "w4a4"):
+            for b in (1, 4, 8, 16):
+                out = {}
+                ids = torch.randint(0, 1000, (b, 12), device="cuda")
+                for on in (False, True):
+                    switches.set_switches(glu_epilogue=on)
+                    cache = model.new_cache(b, 64)
+                    model(ids, cache, [0] * b, [12] * b, mode=mode, logits="last")
+                    out[on] = model(ids[:, -1:], cache, [12] * b, [1] * b, mode=mode, logits="last")
+                assert torch.equal(out[True], out[False]), (mode, b)
     finally:
         switches.set_switches(glu_epilogue=True)
-    assert any(calls)  # the map's gate_up tiles at these sizes have the epilogue
+    assert any(calls) and any(codes_calls)  # the map's gate_up tiles at some of these sizes have the epilogue

@@ -796,6 +796,52 @@ for rows, tiles, kw, tiled in ((16, 1, 2, True), (16, 2, 1, False), (32, 1, 2, T
         assert "ex2.approx" in glu and "ex2.approx" not in plain, key
 
 
+def test_glu_epilogue_on_int8_codes_compiles_for_sm90(compile_sm90):
+    """The SwiGLU epilogue on int8 activation codes (W4A8 / W4A4: the token scales applied to both halves)."""
+    out = compile_sm90(r"""
+from gearshift.kernels import int4_mma_gemv as mg
+sig = {"x_ptr": "*i8", "qw_ptr": "*u8", "s_ptr": "*fp16", "mn_ptr": "*fp16", "y_ptr": "*bf16", "ws_ptr": "*fp32",
+       "cnt_ptr": "*i32", "xs_ptr": "*fp32", "M": "i32", "N": "i32", "K": "i32", "stride_xm": "i32", "stride_ym": "i32"}
+for rows, tiles in ((16, 1), (32, 2)):
+    for glu in (0, 1):
+        ce = dict(G=128, WARPS=4, SPLIT_K=1, ASM=mg.block_asm("s8", rows, tiles), CONSTRAINTS=mg.block_constraints("s8", rows, tiles),
+                  ROWS=rows, TILES=tiles, TG=1, ZPID=False, OFFSET=0.0, U=1, HAS_XS=True, PDL=False,
+                  L2_PREFETCH=False, LOAD=mg.WEIGHT_LOADS["plain"], SHINT=0, TILED=True, TRIGGER=1, TAIL=0, KWARPS=2,
+                  GLU=glu)
+        out[f"{rows}_{tiles}_{glu}"] = ptx(mg._mma_gemv_kernel, sig, ce, num_warps=4, ints16=("K",))
+""")
+    for key in [k for k in out if k.endswith("_1")]:
+        glu, plain = out[key], out[key[:-1] + "0"]
+        assert glu.count("mma.sync") == plain.count("mma.sync") > 0 and "ex2.approx" in glu, key
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("rows,warps,kwarps,extra", [(16, 2, 2, {}), (32, 4, 2, {}), (16, 8, 4, {"preload": True}),
+                                                     (32, 2, 2, {"pairs": True})])
+@pytest.mark.parametrize("int8", [True, False])
+def test_gpu_glu_epilogue_on_codes_is_gate_up_then_swiglu_bit_for_bit(rows, warps, kwarps, extra, int8):
+    from gearshift.kernels.act_quant import quantize_act_triton
+    from gearshift.kernels.int4_mma_gemv import mma_gemv, mma_glu_supports
+    from gearshift.kernels.silu_mul import silu_mul_triton
+
+    g = torch.Generator().manual_seed(rows * warps + kwarps + int8)
+    inter, k = 104, 512
+    store = quantize_int4(torch.randn(2 * inter, k, generator=g) * 0.05, 128).cuda().to_layout("blocks16")
+    act = ActQuantSpec("int8")
+    ran = 0
+    for m in (1, 3, 8, 9, 16, 24, 40):
+        x = torch.randn(m, k, generator=g).to("cuda", torch.bfloat16)
+        codes, scales = quantize_act_triton(x, act, codes_dtype=torch.int8 if int8 else torch.bfloat16)
+        cfg = TileConfig(bm=rows, warps=warps, kwarps=kwarps, stages=1, **extra)
+        if not mma_glu_supports(store, cfg, m, codes.dtype, codes=True):
+            continue
+        want = silu_mul_triton(mma_gemv(codes, store, cfg, token_scales=scales, out_dtype=torch.bfloat16))
+        got = mma_gemv(codes, store, cfg, token_scales=scales, out_dtype=torch.bfloat16, glu=True)
+        assert got.shape == (m, inter) and torch.equal(got, want), m
+        ran += 1
+    assert ran >= 4
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("rows,warps,kwarps,extra", [(16, 2, 2, {}), (16, 4, 1, {}), (32, 4, 2, {"xshare": True}),
                                                      (32, 2, 2, {"maxnreg": 128}), (16, 8, 4, {"preload": True}),
@@ -810,7 +856,7 @@ def test_gpu_glu_epilogue_is_gate_up_then_swiglu_bit_for_bit(rows, warps, kwarps
     store = quantize_int4(torch.randn(2 * inter, k, generator=g) * 0.05, 128).cuda().to_layout(layout)
     ran = 0
     for dtype in (torch.bfloat16, torch.float16):
-        for m in (1, 3, 8, 9, 16):
+        for m in (1, 3, 8, 9, 16, 24, 40):  # (17..64 tokens: 16-token groups of programs)
             cfg = TileConfig(bm=rows, warps=warps, kwarps=kwarps, stages=1, **extra)
             if not mma_glu_supports(store, cfg, m, dtype):
                 continue

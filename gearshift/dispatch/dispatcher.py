@@ -14,6 +14,7 @@ orders of magnitude slower.
 from __future__ import annotations
 
 import functools
+import math
 import warnings
 
 import torch
@@ -25,7 +26,7 @@ from gearshift.kernels._triton import HAS_TRITON
 from gearshift.kernels.act_quant import ActCodes, CodesSpec, codes_qmax
 from gearshift.kernels.config import TileConfig, block_m_for
 from gearshift.kernels.reference import linear_reference, linear_reference_codes
-from gearshift.kernels.switches import glu_epilogue_on
+from gearshift.kernels.switches import glu_epilogue_codes_on, glu_epilogue_on
 from gearshift.quant.activations import ActQuantSpec
 from gearshift.quant.base import WeightFormat
 from gearshift.quant.int4 import Int4Weight
@@ -302,24 +303,36 @@ class AdaptiveDispatcher(Dispatcher):
             y = y + bias.to(y.dtype)
         return y if x.dim() == 2 else y.reshape(*x.shape[:-1], store.out_features)
 
-    def linear_glu(self, x: torch.Tensor, store: WeightFormat, act: ActQuantSpec | None) -> torch.Tensor | None:
+    def linear_glu(self, x: torch.Tensor | None, store: WeightFormat, act: ActQuantSpec | None,
+                   codes: ActCodes | None = None, shape: tuple | None = None,
+                   dtype: torch.dtype | None = None) -> torch.Tensor | None:
         """SwiGLU's silu(gate) * up [..., N / 2] from the fused gate_up store, computed in the epilogue of
-        the kernel that `linear` would run for these tokens, where that kernel has such an epilogue (W4A16
-        fragment tiles); None elsewhere (the caller runs `linear` and the SwiGLU kernel: same bits)."""
-        if (not glu_epilogue_on() or not x.is_cuda or not HAS_TRITON or act is not None or x.numel() == 0
-                or x.dtype not in (torch.float16, torch.bfloat16)):
+        the kernel that `linear` would run for these tokens, where that kernel has such an epilogue (fragment
+        tiles: W4A16 on x, W4A8 / W4A4 on the `codes` of x); None elsewhere (the caller runs `linear` and the
+        SwiGLU kernel: same bits). x may be None where the producer stored only the codes: `shape` and `dtype`
+        are then x's."""
+        shape = tuple(x.shape) if x is not None else tuple(shape)
+        dtype = x.dtype if x is not None else dtype
+        dev = (x if x is not None else codes.codes).device
+        if (not (glu_epilogue_on() if codes is None else glu_epilogue_codes_on()) or dev.type != "cuda"
+                or not HAS_TRITON or math.prod(shape) == 0
+                or dtype not in (torch.float16, torch.bfloat16) or (act is None) != (codes is None)):
             return None
-        x2 = x if x.dim() == 2 else x.reshape(-1, store.in_features)
-        if x2.stride(-1) != 1:
-            x2 = x2.contiguous()
-        c = self.choose(store, act, x2.shape[0])
+        m = math.prod(shape[:-1])
+        c = self.choose(store, act, m)
         strat = None if c is None else STRATEGIES.get(c.strategy)
-        if strat is None or strat.run_glu is None or not strat.supports(store, act, c.config):
+        if strat is None or not strat.supports(store, act, c.config):
             return None
-        y = strat.run_glu(x2, store, c.config)
-        if y is None or x.dim() == 2:
-            return y
-        return y.reshape(*x.shape[:-1], store.out_features // 2)
+        if codes is None:
+            if strat.run_glu is None:
+                return None
+            x2 = x if x.dim() == 2 else x.reshape(-1, store.in_features)
+            y = strat.run_glu(x2 if x2.stride(-1) == 1 else x2.contiguous(), store, c.config)
+        else:
+            if strat.run_glu_codes is None or not _takes(strat, codes, act, (m, store.in_features), dtype):
+                return None
+            y = strat.run_glu_codes(codes, store, c.config, dtype)
+        return None if y is None else y.reshape(*shape[:-1], store.out_features // 2)
 
     def kernel_for(self, store: WeightFormat, act: ActQuantSpec | None, m: int):
         """(strategy, choice) that runs m tokens of this store on the GPU, or None where none serves it

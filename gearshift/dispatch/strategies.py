@@ -53,6 +53,8 @@ class Strategy:
     #: SwiGLU in the kernel's epilogue: (x2, gate_up store, config) -> silu(gate) * up [M, N / 2], or None
     #: where this tile has no such epilogue (the caller then runs gate_up and SwiGLU)
     run_glu: Callable[[torch.Tensor, WeightFormat, TileConfig | None], torch.Tensor | None] | None = None
+    #: the same on activation codes (`ActCodes`, as `run_codes` takes them): (codes, store, config, out dtype)
+    run_glu_codes: Callable[[object, WeightFormat, TileConfig | None, torch.dtype], torch.Tensor | None] | None = None
 
 
 STRATEGIES: dict[str, Strategy] = {}
@@ -243,6 +245,14 @@ def _run_w4a16_mma_glu(x2, store, cfg):
     if not mma_glu_supports(store, cfg, x2.shape[0], x2.dtype):
         return None
     return mma_gemv(x2, store, cfg, glu=True)
+
+
+def _run_w4a8_mma_glu_codes(codes, store, cfg, out_dtype):
+    from gearshift.kernels.int4_mma_gemv import mma_gemv, mma_glu_supports
+
+    if not mma_glu_supports(store, cfg, codes.codes.shape[0], codes.codes.dtype, codes=True):
+        return None
+    return mma_gemv(codes.codes, store, cfg, token_scales=codes.scales, out_dtype=out_dtype, glu=True)
 
 
 def _run_w4a8_mma(x2, store, act, cfg):
@@ -503,9 +513,11 @@ register(Strategy("w4a16_mma", DPRPartition((4,), (16,), "bf16-mma.sync", "paddi
 register(Strategy("w4a16_fma", DPRPartition((4,), (16,), "fp32-fma", "padding"), ("w4a16",), _run_w4a16_fma,
                   fma_gemv_configs, _sup_fma))
 register(Strategy("w4a8_mma", DPRPartition((4,), (8,), "bf16-mma.sync", "padding"), ("w4a8", "w4a4", "w4a8fp8"),
-                  _run_w4a8_mma, mma_configs, _sup_mma(True), run_codes=_run_w4a8_mma_codes, codes_float=True))
+                  _run_w4a8_mma, mma_configs, _sup_mma(True), run_codes=_run_w4a8_mma_codes, codes_float=True,
+                  run_glu_codes=_run_w4a8_mma_glu_codes))
 register(Strategy("w4a8_mma_int8", DPRPartition((4,), (8,), "int8-mma.sync", "padding"), ("w4a8", "w4a4"),
-                  _run_w4a8_mma_int8, mma_configs, _sup_mma(True, int8=True), run_codes=_run_w4a8_mma_codes))
+                  _run_w4a8_mma_int8, mma_configs, _sup_mma(True, int8=True), run_codes=_run_w4a8_mma_codes,
+                  run_glu_codes=_run_w4a8_mma_glu_codes))
 register(Strategy("w4a8_pad", DPRPartition((4,), (8,), "int8", "padding"), ("w4a8", "w4a4"),
                   _w4a8_runner(1, 1), a8_configs, _sup_w4a8(False)))
 register(Strategy("w4a8_split", DPRPartition((4,), (4, 4), "int8", "split"), ("w4a8",),

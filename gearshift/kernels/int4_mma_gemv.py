@@ -872,7 +872,8 @@ if HAS_TRITON:
                     _ksum_pass(kbuf + z, j * CP, tid, pid_n, m0_tok, xs_ptr, y_ptr, M, N, stride_ym, ROWS, TILES,
                                RG, KWARPS, NV, KSUM_LD, HAS_XS)
         elif GLU:
-            _glu_epilogue(acc, pid_n, m0_tok, y_ptr, M, N // 2, stride_ym, row_a, t, ROWS, TILES, RG, KWARPS)
+            _glu_epilogue(acc, pid_n, m0_tok, xs_ptr, y_ptr, M, N // 2, stride_ym, row_a, t, ROWS, TILES, RG, KWARPS,
+                          HAS_XS)
         else:
             _mma_epilogue(acc, pid_n, pid_k, m0_tok, xs_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, stride_ym, row_a, t,
                           ROWS, TILES, RG, KWARPS, HAS_XS, ZPID, SPLIT_K, TAIL)
@@ -960,19 +961,21 @@ if HAS_TRITON:
 
 
     @triton.jit
-    def _glu_tile(acc, i: tl.constexpr, dt: tl.constexpr):
+    def _glu_tile(acc, i: tl.constexpr, dt: tl.constexpr, scale):
         """silu(gate) * up of the pair held in accumulators i..i+3 (gate tokens 2t, 2t+1, then up's), each
-        half rounded to the output dtype first, as the unfused gate_up store and SwiGLU kernel round them."""
-        g = tl.join(acc[i], acc[i + 1]).to(dt)
-        u = tl.join(acc[i + 2], acc[i + 3]).to(dt)
+        half scaled by its token's activation scale (codes in; 1.0 otherwise) and rounded to the output dtype
+        first, as the unfused gate_up store and SwiGLU kernel round them."""
+        g = (tl.join(acc[i], acc[i + 1]) * scale).to(dt)
+        u = (tl.join(acc[i + 2], acc[i + 3]) * scale).to(dt)
         return _silu_mul(g, u).to(dt)
 
 
     @triton.jit
-    def _glu_epilogue(acc, pid_n, m0_tok, y_ptr, M, I, stride_ym, row_p, t, ROWS: tl.constexpr,
-                      TILES: tl.constexpr, RG: tl.constexpr, KWARPS: tl.constexpr):
+    def _glu_epilogue(acc, pid_n, m0_tok, xs_ptr, y_ptr, M, I, stride_ym, row_p, t, ROWS: tl.constexpr,
+                      TILES: tl.constexpr, RG: tl.constexpr, KWARPS: tl.constexpr, HAS_XS: tl.constexpr):
         """GLU launches (split_k 1): the lane's pairs p (rows a / b) and p + 8 (rows c / d) for its tokens,
-        stored as silu(gate) * up into y [M, I]."""
+        stored as silu(gate) * up into y [M, I]. HAS_XS: activation codes in, each token's scale applied to
+        both halves before they are rounded (as `_mma_epilogue` applies it before the store)."""
         if KWARPS > 1:
             acc = _kwarps_sum(acc, ROWS, TILES, RG, KWARPS)
             r = tl.arange(0, RG * 32)
@@ -982,18 +985,23 @@ if HAS_TRITON:
         e2 = tl.arange(0, 2)[None, :]
         col0 = m0_tok + 2 * t[:, None] + e2
         rp = tl.join(row_p, row_p)
-        out = _glu_tile(acc, 0, dt)
+        s0 = 1.0
+        s1 = 1.0
+        if HAS_XS:
+            s0 = tl.load(xs_ptr + col0, mask=col0 < M, other=0.0)
+            s1 = tl.load(xs_ptr + col0 + 8, mask=col0 + 8 < M, other=0.0)
+        out = _glu_tile(acc, 0, dt, s0)
         row = rp
         col = col0
         if ROWS == 32:
-            out = _cat2(out, _glu_tile(acc, 4, dt))
+            out = _cat2(out, _glu_tile(acc, 4, dt, s0))
             row = _cat2(row, rp + 8)
             col = _cat2(col, col0)
         if TILES == 2:
-            out2 = _glu_tile(acc, 8, dt)
+            out2 = _glu_tile(acc, 8, dt, s1)
             row2 = rp
             if ROWS == 32:
-                out2 = _cat2(out2, _glu_tile(acc, 12, dt))
+                out2 = _cat2(out2, _glu_tile(acc, 12, dt, s1))
                 row2 = _cat2(row2, rp + 8)
             out = _cat2(out, out2)
             row = _cat2(row, row2)
@@ -1052,12 +1060,14 @@ def mma_gemv_supports(store: Int4Weight, cfg: TileConfig, m: int = 1, dtype=torc
             and q.is_contiguous() and q.data_ptr() % 16 == 0)
 
 
-def mma_glu_supports(store: Int4Weight, cfg: TileConfig, m: int = 1, dtype=torch.bfloat16) -> bool:
-    """Whether `mma_gemv(..., glu=True)` runs this tile: 16-bit inputs (no codes), 16 or 32 rows per warp
-    (a lane then holds a gate row and its up row), no split-K and no shared-memory K sum (their epilogues
-    store rows one by one), no L2-ahead prefetch, and an even row count whose halves are whole 8-row groups."""
+def mma_glu_supports(store: Int4Weight, cfg: TileConfig, m: int = 1, dtype=torch.bfloat16, codes: bool = False) -> bool:
+    """Whether `mma_gemv(..., glu=True)` runs this tile: 16-bit inputs, or activation codes (int8, or exact
+    integers in 16 bits) with their token scales; 16 or 32 rows per warp (a lane then holds a gate row and its
+    up row), no split-K and no shared-memory K sum (their epilogues store rows one by one), no L2-ahead
+    prefetch, and an even row count whose halves are whole 8-row groups."""
     n = store.out_features
-    return (dtype in (torch.bfloat16, torch.float16) and cfg.bm in (16, 32) and cfg.split_k == 1 and not cfg.ksum
+    ok_dtype = dtype in (torch.bfloat16, torch.float16) or (codes and dtype == torch.int8)
+    return (ok_dtype and cfg.bm in (16, 32) and cfg.split_k == 1 and not cfg.ksum
             and n % 16 == 0 and L2_AHEAD == 0 and mma_gemv_supports(store, cfg, m, dtype))
 
 
@@ -1097,7 +1107,7 @@ def mma_gemv(x: torch.Tensor, store: Int4Weight, cfg: TileConfig, token_scales: 
         raise ValueError(f"mma_gemv serves 1..{MAX_TOKENS} bf16/fp16 tokens with groups of a multiple of "
                          f"{BLOCK_COLS}; got M={m}, {x2.dtype}, group {store.group_size}, K={store.in_features}, "
                          f"tile {cfg.key()}")
-    if glu and not mma_glu_supports(store, cfg, m, x2.dtype if token_scales is None else None):
+    if glu and not mma_glu_supports(store, cfg, m, x2.dtype, codes=token_scales is not None):
         raise ValueError(f"no SwiGLU epilogue for tile {cfg.key()} on {store.out_features} rows of "
                          f"{x2.dtype} inputs (mma_glu_supports)")
     if x2.stride(-1) != 1 or (x2.stride(0) * x2.element_size()) % 16 or x2.data_ptr() % 16:

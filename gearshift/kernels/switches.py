@@ -12,7 +12,8 @@ from gearshift.kernels._triton import HAS_TRITON
 
 _FUSED = {"enabled": True, "on_cpu": False, "swiglu_codes": True, "swiglu_codes_min_rows": 1,
           "decode_attention": True, "decode_attention_codes": False, "decode_attention_min_batch": 1,
-          "decode_attention_launch": "rule", "gemv_trigger": -1, "small_trigger": "rule", "glu_epilogue": True}
+          "decode_attention_launch": "rule", "gemv_trigger": -1, "small_trigger": "rule", "glu_epilogue": True,
+          "glu_epilogue_codes": True}
 
 
 def state() -> tuple:
@@ -76,6 +77,12 @@ def glu_epilogue_on() -> bool:
     """Whether the gate_up projection's kernel may store silu(gate) * up itself where it can (W4A16 fragment
     tiles, `int4_mma_gemv.mma_glu_supports`), so SwiGLU is no kernel of its own (same bits either way)."""
     return _FUSED["glu_epilogue"]
+
+
+def glu_epilogue_codes_on() -> bool:
+    """The same on activation codes (W4A8 / W4A4): gate_up's kernel stores silu(gate) * up and down quantizes
+    it itself, instead of SwiGLU emitting down's codes (same codes, same bits)."""
+    return _FUSED["glu_epilogue"] and _FUSED["glu_epilogue_codes"]
 
 
 def decode_attention_on() -> bool:

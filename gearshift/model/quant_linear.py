@@ -82,14 +82,19 @@ class QuantLinear(nn.Module):
         bias = None if self.bias is None else self.bias.to(x.dtype)
         return run_linear(x, self.store, act, bias, codes)
 
-    def glu(self, x: torch.Tensor, mode: str | PrecisionMode = "w4a16") -> torch.Tensor | None:
+    def glu(self, x: torch.Tensor | CodesOnly, mode: str | PrecisionMode = "w4a16",
+            codes: ActCodes | None = None) -> torch.Tensor | None:
         """For a fused gate_up layer (gate rows, then up rows): silu(gate) * up from its kernel's epilogue,
-        where the dispatcher's kernel for these tokens has one; None elsewhere, and for a layer that forward
-        hooks observe (they want gate_up's own output). Same bits as `forward` then SwiGLU."""
+        where the dispatcher's kernel for these tokens has one (on x, or on its `codes` in W4A8 / W4A4); None
+        elsewhere, and for a layer that forward hooks observe (they want gate_up's own output). Same bits as
+        `forward` then SwiGLU."""
         ask = getattr(get_dispatcher(), "linear_glu", None)
-        if ask is None or self.bias is not None or isinstance(x, CodesOnly) or self.observed():
+        if ask is None or self.bias is not None or self.observed():
             return None
-        return ask(x, self.store, self._act(mode))
+        act = self._act(mode)
+        if isinstance(x, CodesOnly):
+            return ask(None, self.store, act, x.codes, x.shape, x.dtype)
+        return ask(x, self.store, act, codes) if codes is not None else ask(x, self.store, act)
 
     def forward_codes(self, codes: ActCodes, mode: str | PrecisionMode, dtype: torch.dtype,
                       lead_shape: tuple[int, ...]) -> torch.Tensor:

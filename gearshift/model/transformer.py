@@ -116,9 +116,9 @@ class MLP(nn.Module):
         self.gate_up_proj, self.down_proj = gate_up_proj, down_proj
 
     def forward(self, x, mode, codes=None):
-        if codes is None and isinstance(x, torch.Tensor) and fused_for(x):  # SwiGLU in gate_up's epilogue where
-            # its kernel has one (W4A16 fragment tiles: few tokens)
-            h = self.gate_up_proj.glu(x, mode)
+        if fused_for(x.codes.codes if isinstance(x, CodesOnly) else x):  # SwiGLU in gate_up's epilogue where its
+            # kernel has one (fragment tiles: few tokens); down then quantizes its own input in W4A8 / W4A4
+            h = self.gate_up_proj.glu(x, mode, codes)
             if h is not None:
                 return self.down_proj(h, mode)
         gate_up = self.gate_up_proj(x, mode, codes)
