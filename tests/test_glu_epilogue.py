@@ -52,11 +52,11 @@ def test_gpu_decode_steps_are_bit_identical_with_the_epilogue(monkeypatch):
                 out = {}
                 ids = torch.randint(0, 1000, (b, 12), device="cuda")
                 for on in (False, True):
-                    switches.set_switches(glu_epilogue=on)
+                    switches.set_switches(glu_epilogue=on, glu_epilogue_codes=on)
                     cache = model.new_cache(b, 64)
                     model(ids, cache, [0] * b, [12] * b, mode=mode, logits="last")
                     out[on] = model(ids[:, -1:], cache, [12] * b, [1] * b, mode=mode, logits="last")
                 assert torch.equal(out[True], out[False]), (mode, b)
     finally:
-        switches.set_switches(glu_epilogue=True)
+        switches.set_switches(glu_epilogue=True, glu_epilogue_codes=False)
     assert any(calls) and any(codes_calls)  # the map's gate_up tiles at some of these sizes have the epilogue
