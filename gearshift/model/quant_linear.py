@@ -94,7 +94,7 @@ class QuantLinear(nn.Module):
         act = self._act(mode)
         if isinstance(x, CodesOnly):
             return ask(None, self.store, act, x.codes, x.shape, x.dtype)
-        return ask(x, self.store, act, codes) if codes is not None else ask(x, self.store, act)
+        return ask(x, self.store, act, codes)
 
     def forward_codes(self, codes: ActCodes, mode: str | PrecisionMode, dtype: torch.dtype,
                       lead_shape: tuple[int, ...]) -> torch.Tensor:
