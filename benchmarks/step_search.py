@@ -16,6 +16,7 @@ each linear's neighbours are norms, attention and SwiGLU, not other linears (sto
 search took 4 tokens' step to 0.957 and the engine's decode step only to 0.99-1.01).
 
     PYTHONPATH=. python benchmarks/step_search.py --mode w4a16 --m 1,2 --top 6 --out benchmarks/results
+    PYTHONPATH=. python benchmarks/step_search.py --engine --mode w4a16 --m 8,16 --top 1 --triggers 0,1,2,3  # PDL points
 """
 from __future__ import annotations
 
