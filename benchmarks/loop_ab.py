@@ -23,7 +23,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
-def _ab(pairs, loaded, model, args, Engine, Request, SamplingParams) -> list[dict]:
+def _ab(pairs, loaded, model, args) -> list[dict]:
+    """Each pair's sides alternated over args.rounds whole generations per batch; one row per (pair, batch)."""
+    from gearshift.decode.sampling import SamplingParams
+    from gearshift.engine.engine import Engine, Request
+
     rows = []
     for b in (int(x) for x in args.batches.split(",")):
         gen = torch.Generator().manual_seed(b)
@@ -78,9 +82,7 @@ def main() -> None:
     from gearshift.decode.gearbox import GearboxPolicy
     from gearshift.decode.precision import PrecisionManager
     from gearshift.decode.qspec import QSpecPolicy
-    from gearshift.decode.sampling import SamplingParams
     from gearshift.dispatch.policy import device_slug
-    from gearshift.engine.engine import Engine, Request
     from gearshift.model.loader import LoadedModel
 
     wanted = args.policies.split(",")
@@ -120,7 +122,7 @@ def main() -> None:
                                              lambda: QSpecPolicy(model, "w4a8", "w4a16", 3, chained_drafts=True))
         if kind == "dense":
             pairs.update(gearbox_pairs(model))
-        rows += _ab(pairs, loaded, model, args, Engine, Request, SamplingParams)
+        rows += _ab(pairs, loaded, model, args)
     doc = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "preset": args.preset,
            "new_tokens": args.new_tokens, "rows": rows}
     write_json(args.out, f"loop_ab_{device_slug(doc['device'])}{tag_suffix(args.tag)}.json", doc)

@@ -223,20 +223,3 @@ def test_one_step_ahead_gives_the_same_tokens_and_telemetry(dense, rule):
     assert st1["discarded_forwards"] >= 1  # shifts and joining sequences drop the step launched ahead
     assert st1["forwards"] == st0["forwards"]  # the steps whose tokens were used, recomputations included
 
-
-def test_step_ahead_gives_cache_positions_back(dense):
-    from gearshift.decode.base import Sequence
-
-    pol = GearboxPolicy(dense.model, gears="high", pipelined=True)
-    cache = dense.model.new_cache(2, 32)
-    pol.bind(cache)
-    seqs = [Sequence(i, list(p), SamplingParams(max_new_tokens=8, ignore_eos=True), slot=i)
-            for i, p in enumerate(PROMPTS[:2])]
-    pol.prefill(seqs, None)
-    lengths = list(cache.lengths)
-    pol.step(seqs, None)  # token 1, and the step for token 2 launched ahead
-    assert cache.lengths == [n + 2 for n in lengths] and pol._ahead is not None
-    assert [len(s.output) for s in seqs] == [1, 1]
-    pol._drop(seqs[:1])  # only slot 0's sequence is still running
-    assert cache.lengths == [lengths[0] + 1, lengths[1] + 2] and pol._ahead is None
-    pol.close()

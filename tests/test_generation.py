@@ -141,13 +141,18 @@ def test_one_step_ahead_gives_the_same_tokens(int4_model, batch):
         assert pol.counters.get("discarded_forwards", 0) >= 1
 
 
-def test_step_ahead_gives_cache_positions_back(int4_model):
-    """Dropping a step launched ahead rolls back exactly the lengths it committed for the sequences
-    still running, so their next step writes at the same positions."""
+@pytest.mark.parametrize("policy", ["ar", "gearbox"])
+def test_step_ahead_gives_cache_positions_back(int4_model, policy):
+    """Dropping a step launched ahead (AR, GEARBX: `DecodePolicy._drop`) rolls back exactly the lengths it
+    committed for the sequences still running, so their next step writes at the same positions."""
     from gearshift.decode.base import Sequence
+    from gearshift.decode.gearbox import GearboxPolicy
 
     lm = int4_model
-    pol = AutoregressivePolicy(lm.model, "w4a16", pipelined=True)
+    if policy == "ar":
+        pol = AutoregressivePolicy(lm.model, "w4a16", pipelined=True)
+    else:
+        pol = GearboxPolicy(lm.model, gears="high", pipelined=True)
     cache = lm.model.new_cache(2, 32)
     pol.bind(cache)
     seqs = [Sequence(i, list(p), SamplingParams(max_new_tokens=8, ignore_eos=True), slot=i)
@@ -156,8 +161,11 @@ def test_step_ahead_gives_cache_positions_back(int4_model):
     lengths = list(cache.lengths)
     pol.step(seqs, None)  # token 1, and the step for token 2 launched ahead
     assert cache.lengths == [n + 2 for n in lengths] and pol._ahead is not None
+    assert [len(s.output) for s in seqs] == [1, 1]
     pol._drop(seqs[:1])  # only slot 0's sequence is still running
     assert cache.lengths == [lengths[0] + 1, lengths[1] + 2] and pol._ahead is None
+    if policy == "gearbox":
+        pol.close()
 
 
 class _Scripted(AutoregressivePolicy):

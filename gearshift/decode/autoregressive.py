@@ -37,8 +37,6 @@ class AutoregressivePolicy(DecodePolicy):
         self.pipelined = model.device.type == "cuda" if pipelined is None else pipelined
         self._ahead: _Launched | None = None
         self.counters.update(forwards=0, discarded_forwards=0)
-        self._host = [None, None]  # two host buffers, so a launch never overwrites one still being copied to
-        self._flip = 0
 
     def step(self, seqs: list[Sequence], sample) -> None:
         if self.pipelined and all(s.params.greedy for s in seqs):
@@ -72,21 +70,8 @@ class AutoregressivePolicy(DecodePolicy):
     def _launch(self, seqs: list[Sequence], tokens: torch.Tensor) -> _Launched:
         """Enqueue one decode step of `seqs` on tokens [cache.batch, 1] (device), and the copy of its
         argmax to the host; returns without waiting for either."""
-        b = self.cache.batch
-        start, n_new = [0] * b, [0] * b
-        for s in seqs:
-            start[s.slot], n_new[s.slot] = self.cache.lengths[s.slot], 1
-        logits = self.model(tokens, self.cache, start, n_new, mode=self.mode, logits="last")[:, 0]
+        start, logits = self._decode_forward(seqs, tokens, self.mode)
         picked = logits.argmax(-1)
-        cuda = picked.is_cuda
-        self._flip ^= 1
-        host = self._host[self._flip]
-        if host is None:
-            host = self._host[self._flip] = torch.empty(b, dtype=torch.long, pin_memory=cuda)
-        host.copy_(picked, non_blocking=cuda)
-        ready = None
-        if cuda:
-            ready = torch.cuda.Event()
-            ready.record()
+        host, ready = self._stage(picked)
         return _Launched({id(s): s.slot for s in seqs}, start, picked, host, ready)
 

@@ -81,6 +81,8 @@ class DecodePolicy:
         self.mode = mode
         self.timer = Timer(model.device)
         self.counters: dict[str, float] = {}
+        self._host = [None, None]  # `_stage`'s two pinned buffers
+        self._flip = 0
 
     def bind(self, cache: KVCache) -> None:
         self.cache = cache
@@ -153,6 +155,31 @@ class DecodePolicy:
             if ahead.covers.get(id(s)) == s.slot:
                 self.cache.lengths[s.slot] = ahead.start[s.slot]
         self.counters["discarded_forwards"] = self.counters.get("discarded_forwards", 0) + 1
+
+    def _decode_forward(self, seqs: list[Sequence], tokens: torch.Tensor, mode) -> tuple[list[int], torch.Tensor]:
+        """Enqueue one decode forward of `seqs` on tokens [cache.batch, 1] (host or device); returns the cache
+        offsets it writes at (per slot) and its last-position logits [cache.batch, V], without waiting."""
+        b = self.cache.batch
+        start, n_new = [0] * b, [0] * b
+        for s in seqs:
+            start[s.slot], n_new[s.slot] = self.cache.lengths[s.slot], 1
+        return start, self.model(tokens, self.cache, start, n_new, mode=mode, logits="last")[:, 0]
+
+    def _stage(self, values: torch.Tensor) -> tuple[torch.Tensor, "torch.cuda.Event | None"]:
+        """Queue the copy of `values` to one of two pinned host buffers (so a step's copy never lands in
+        the buffer the host is still reading for the step before); returns it and the event to wait on
+        (None on CPU, where the copy is done)."""
+        cuda = values.is_cuda
+        self._flip ^= 1
+        host = self._host[self._flip]
+        if host is None or host.shape != values.shape or host.dtype != values.dtype:
+            host = self._host[self._flip] = torch.empty(values.shape, dtype=values.dtype, pin_memory=cuda)
+        host.copy_(values, non_blocking=cuda)
+        if not cuda:
+            return host, None
+        ready = torch.cuda.Event()
+        ready.record()
+        return host, ready
 
     def finish(self) -> None:
         """The engine has no more steps to ask for: drop or wait for any work launched ahead."""

@@ -139,8 +139,6 @@ class GearboxPolicy(DecodePolicy):
                          "discarded_forwards": 0}
         self.pipelined = model.device.type == "cuda" if pipelined is None else pipelined
         self._ahead: _Launched | None = None
-        self._host = [None, None]  # two pinned buffers for the ids + entropies of consecutive steps
-        self._flip = 0
         self.monitor_s = 0.0
         #: every sequence this policy has served (for telemetry hooks)
         self.sequences: list[Sequence] = []
@@ -326,31 +324,12 @@ class GearboxPolicy(DecodePolicy):
     def _launch(self, seqs: list[Sequence], tokens: torch.Tensor, gear: str) -> _Launched:
         """Enqueue one decode forward of `seqs` on tokens [cache.batch, 1] (device) in the current
         gear; returns without waiting."""
-        b = self.cache.batch
-        start, n_new = [0] * b, [0] * b
-        for s in seqs:
-            start[s.slot], n_new[s.slot] = self.cache.lengths[s.slot], 1
-        logits = self.model(tokens, self.cache, start, n_new, mode=MODE, logits="last")[:, 0]
+        start, logits = self._decode_forward(seqs, tokens, MODE)
         ready = None
         if logits.is_cuda:
             ready = torch.cuda.Event()
             ready.record()
         return _Launched({id(s): s.slot for s in seqs}, start, gear, logits, ready)
-
-    def _stage(self, values: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event | None]:
-        """Queue the copy of `values` to one of two pinned host buffers (so the copy of the next step
-        never lands in the buffer the host is still reading); returns it and the event to wait on."""
-        cuda = values.is_cuda
-        self._flip ^= 1
-        host = self._host[self._flip]
-        if host is None or host.shape != values.shape:
-            host = self._host[self._flip] = torch.empty(values.shape, dtype=values.dtype, pin_memory=cuda)
-        host.copy_(values, non_blocking=cuda)
-        if not cuda:
-            return host, None
-        ready = torch.cuda.Event()
-        ready.record()
-        return host, ready
 
     def _record(self, seqs: list[Sequence], host_ids: list[int], decisions, ran: dict[int, str],
                 wanted: dict[int, str]) -> None:
