@@ -83,17 +83,23 @@ def test_silu_mul_codes_width_limit():
 def test_split_rows_give_the_one_program_kernels_codes(rows, width, qmax, act):
     """Few rows: each row split over programs that meet at a barrier (on the GPU, several programs
     per row; under the interpreter, which runs programs one after another, one) gives the codes,
-    scales and product of one program per row, and leaves its barrier words at zero."""
-    from gearshift.kernels.silu_mul import _sync_words, silu_mul_codes_triton
+    scales and product of one program per row, launch after launch: the barrier's counters are never
+    reset, and launches of other program counts (other block sizes) in between keep counters of their own."""
+    from gearshift.kernels.silu_mul import _barrier_words, silu_mul_codes_triton
 
     g = torch.Generator().manual_seed(rows * width + int(qmax))
     gu = (torch.randn(rows, 2 * width, generator=g) * 4).to(DEV, _HALF)
     gu[-1, 5] = 25.0
-    block = 256 if DEV == "cuda" else 4096  # > 1 program per row only where programs run at once
+    blocks = (256, 512) if DEV == "cuda" else (4096,)  # > 1 program per row only where programs run at once
+    programs = sorted({-(-width // block) for block in blocks})  # (narrow rows: one count for both blocks)
+    launches = {p: sum(-(-width // block) == p for block in blocks) for p in programs}
+    before = [_barrier_words(gu.device, rows, p)[0][:rows].clone() for p in programs]
     for product in (True, False):
         y1, one = silu_mul_codes_triton(gu, qmax, split=False, product=product)
-        for _ in range(2):  # the second launch finds the words the first one reset
-            ys, split = silu_mul_codes_triton(gu, qmax, split=True, split_block=block, product=product)
-            assert torch.equal(split.codes, one.codes) and torch.equal(split.scales, one.scales)
-            assert (ys is None) == (not product) and (ys is None or torch.equal(ys, y1))
-    assert not _sync_words(gu.device, rows).any()
+        for _ in range(3):  # later launches find the counters where the earlier ones left them
+            for block in blocks:
+                ys, split = silu_mul_codes_triton(gu, qmax, split=True, split_block=block, product=product)
+                assert torch.equal(split.codes, one.codes) and torch.equal(split.scales, one.scales)
+                assert (ys is None) == (not product) and (ys is None or torch.equal(ys, y1))
+    for p, b in zip(programs, before):  # each launch added its program count to each of its rows' counters
+        assert (_barrier_words(gu.device, rows, p)[0][:rows] - b).tolist() == [6 * launches[p] * p] * rows

@@ -77,6 +77,15 @@ if HAS_TRITON:
             row_codes(y, q_ptr + row * stride_q, qs_ptr + row, offs, mask, QMAX)
 
 
+#: warps of a norm program that also emits codes (None: as the plain norm, 4 up to 4096 columns, else 8);
+#: a timing knob (the reduction order, and with it the last bit of the statistics, follows the warps)
+CODES_WARPS: int | None = None
+
+
+def _warps(bd: int, codes: bool) -> int:
+    return CODES_WARPS if codes and CODES_WARPS else (4 if bd <= 4096 else 8)
+
+
 def _rows(x: torch.Tensor) -> torch.Tensor:
     """x as [rows, D] with unit stride along D (what the kernels index)."""
     x2 = x.reshape(-1, x.shape[-1])
@@ -99,7 +108,7 @@ def _launch_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, qmax: float 
     bd = next_pow2(d)
     pdl = small_pdl(pdl_enabled(y))
     _rms_norm_kernel[(x2.shape[0],)](x2, weight, y, q, qs, d, x2.stride(0), y.stride(0), sq, eps, BD=bd, PDL=pdl,
-                                     QMAX=qmax or 0.0, STORE_Y=normed, num_warps=4 if bd <= 4096 else 8,
+                                     QMAX=qmax or 0.0, STORE_Y=normed, num_warps=_warps(bd, qmax is not None),
                                      **launch_kwargs(pdl))
     return (y.reshape(*x.shape[:-1], d) if normed else None), (None if qmax is None else ActCodes(q, qs, qmax))
 
@@ -131,7 +140,7 @@ def _launch_add_norm(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor,
     pdl = small_pdl(pdl_enabled(y))
     _add_rms_norm_kernel[(x2.shape[0],)](x2, d2, weight, s, y, q, qs, d, x2.stride(0), d2.stride(0), s.stride(0),
                                          y.stride(0), sq, eps, BD=bd, PDL=pdl, QMAX=qmax or 0.0, STORE_Y=normed,
-                                         num_warps=4 if bd <= 4096 else 8, **launch_kwargs(pdl))
+                                         num_warps=_warps(bd, qmax is not None), **launch_kwargs(pdl))
     return (s.reshape(x.shape), y.reshape(*x.shape[:-1], d) if normed else None,
             None if qmax is None else ActCodes(q, qs, qmax))
 

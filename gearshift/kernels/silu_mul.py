@@ -76,39 +76,37 @@ if HAS_TRITON:
 
 
     @triton.jit
-    def _silu_mul_codes_split_kernel(gu_ptr, y_ptr, q_ptr, qs_ptr, sync_ptr, I, stride_gu, stride_y, stride_q,
-                                     BLOCK: tl.constexpr, PDL: tl.constexpr, QMAX: tl.constexpr,
-                                     STORE_Y: tl.constexpr):
-        """The codes kernel for few rows: each row split over P = cdiv(I, BLOCK) programs that meet
-        at a barrier of their own (every program of this small grid is resident: the launch's
-        dependents start only once all of them have begun). Each program stores its chunk's row
-        max, arrives, waits for the row's P arrivals, then quantizes its chunk at the row's scale;
-        the row's last program to finish resets the row's three words (max, arrivals, finished) to 0
-        for the next launch. The max is order-free, so the codes are the one-program kernel's bits."""
+    def _silu_mul_codes_split_kernel(gu_ptr, y_ptr, q_ptr, qs_ptr, cnt_ptr, part_ptr, I, stride_gu, stride_y,
+                                     stride_q, BLOCK: tl.constexpr, PDL: tl.constexpr, QMAX: tl.constexpr,
+                                     STORE_Y: tl.constexpr, PP: tl.constexpr):
+        """The codes kernel for few rows: each row split over P = cdiv(I, BLOCK) programs that meet at a
+        barrier of their own (every program of this small grid is resident: the launch's dependents start
+        only once all of them have begun). Each program stores its chunk's max |y| in its own slot, arrives
+        on the row's counter and waits for the row's P arrivals, then takes the max over the P slots (order
+        free: the one-program kernel's scale, bit for bit) and quantizes its chunk at it.
+        The counter (int64) is never reset: each launch adds exactly P per row, so the arrivals of this
+        launch end at the next multiple of P above the value a program's own arrival returned (the caller
+        keeps one counter set per P). Nothing runs after the codes are stored: no reset on the way out."""
         small_prologue(PDL)
         row = tl.program_id(0)
         n_prog = tl.num_programs(1)
         offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         mask = offs < I
         yf = _product(gu_ptr, y_ptr, row, offs, mask, I, stride_gu, stride_y, STORE_Y).to(tl.float32)
-        amax_ptr = sync_ptr + 4 * row  # |y| >= 0: its fp32 bits order as int32 do
-        arrived_ptr = amax_ptr + 1
-        finished_ptr = amax_ptr + 2
-        tl.atomic_max(amax_ptr, tl.max(tl.abs(yf), 0).to(tl.int32, bitcast=True), sem="relaxed", scope="gpu")
-        tl.atomic_add(arrived_ptr, 1, sem="release", scope="gpu")
-        arrived = tl.atomic_add(arrived_ptr, 0, sem="acquire", scope="gpu")
-        while arrived < n_prog:
-            arrived = tl.atomic_add(arrived_ptr, 0, sem="acquire", scope="gpu")
-        amax = tl.atomic_add(amax_ptr, 0, sem="acquire", scope="gpu").to(tl.float32, bitcast=True)
+        tl.store(part_ptr + row * PP + tl.program_id(1), tl.max(tl.abs(yf), 0))
+        tl.debug_barrier()  # the slot is written before the arrival releases it
+        old = tl.atomic_add(cnt_ptr + row, 1, sem="acq_rel", scope="gpu")
+        target = (old // n_prog + 1) * n_prog
+        seen = old + 1
+        while seen < target:
+            seen = tl.atomic_add(cnt_ptr + row, 0, sem="acquire", scope="gpu")
+        slots = tl.arange(0, PP)
+        amax = tl.max(tl.load(part_ptr + row * PP + slots, mask=slots < n_prog, other=0.0, cache_modifier=".cg"), 0)
         scale = token_scale(amax, QMAX)
         tl.store(q_ptr + row * stride_q + offs, token_codes(yf, scale, QMAX, False).to(q_ptr.dtype.element_ty),
                  mask=mask)
         if tl.program_id(1) == 0:
             tl.store(qs_ptr + row, scale)
-        if tl.atomic_add(finished_ptr, 1, sem="acq_rel", scope="gpu") == n_prog - 1:  # all are past the wait
-            tl.atomic_xchg(amax_ptr, 0, sem="relaxed", scope="gpu")
-            tl.atomic_xchg(arrived_ptr, 0, sem="relaxed", scope="gpu")
-            tl.atomic_xchg(finished_ptr, 0, sem="relaxed", scope="gpu")
 
 
 CODES_MAX_WIDTH = 32768  # one program holds the row: Llama-3-70B's 28672 fits, wider MLPs use the quantizer
@@ -118,10 +116,14 @@ SPLIT_ROWS = 64
 SPLIT_BLOCK = 1024
 
 
-def _sync_words(device: torch.device, rows: int) -> torch.Tensor:
-    """The device's zeroed barrier words, 4 per row (the split kernel leaves them at zero). One split
-    launch at a time per device: the engine's one stream, or a graph replaying in order."""
-    return zeroed_words("swiglu_split", device, 4 * max(rows, SPLIT_ROWS))
+def _barrier_words(device: torch.device, rows: int, programs: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The split kernel's per-row arrival counters (int64, zeroed once, only ever added to) and its
+    per-row slots for the programs' partial maxima, for launches of `programs` programs per row: one
+    set per program count, so that every launch finds each row's counter at a multiple of its own count.
+    One split launch at a time per device: the engine's one stream, or a graph replaying in order."""
+    n = max(rows, SPLIT_ROWS)
+    words = zeroed_words(f"swiglu_split_{programs}", device, 2 * n + n * next_pow2(programs))
+    return words[: 2 * n].view(torch.int64), words[2 * n:].view(torch.float32)
 
 
 def max_split_programs(device: torch.device) -> int:
@@ -196,9 +198,10 @@ def silu_mul_codes_triton(gate_up: torch.Tensor, qmax: float, codes_dtype: torch
             raise ValueError(f"{grid[0]} rows of {grid[1]} split programs could not all be resident at once "
                              f"(at most {max_split_programs(gu.device)} on this GPU): use split=False")
         pdl = small_pdl(pdl_enabled(y))
-        _silu_mul_codes_split_kernel[grid](gu, y, q, qs, _sync_words(gu.device, gu.shape[0]), i, gu.stride(0),
-                                           y.stride(0), sq, BLOCK=split_block, PDL=pdl, QMAX=qmax, STORE_Y=product,
-                                           num_warps=4, **launch_kwargs(pdl))
+        cnt, part = _barrier_words(gu.device, gu.shape[0], grid[1])
+        _silu_mul_codes_split_kernel[grid](gu, y, q, qs, cnt, part, i, gu.stride(0), y.stride(0), sq,
+                                           BLOCK=split_block, PDL=pdl, QMAX=qmax, STORE_Y=product,
+                                           PP=next_pow2(grid[1]), num_warps=4, **launch_kwargs(pdl))
         return (y.reshape(*gate_up.shape[:-1], i) if product else None), ActCodes(q, qs, qmax)
     block = next_pow2(i)
     if block > CODES_MAX_WIDTH:
