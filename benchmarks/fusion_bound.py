@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import statistics
 import sys
@@ -161,12 +160,13 @@ def main() -> None:
             base = row["ms"]["base"]
             print(f"{mode} batch {b}: base {base:.3f} ms; " +
                   ", ".join(f"{n} {row['ms'][n] / base:.3f}" for n in variants if n != "base"), flush=True)
-    dev = torch.cuda.get_device_name().replace(" ", "_")
-    os.makedirs(args.out, exist_ok=True)
-    path = os.path.join(args.out, f"fusion_bound_{dev}{'_' + args.tag if args.tag else ''}.json")
-    with open(path, "w") as f:
-        json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "args": vars(args),
-                   "rows": rows}, f, indent=1)
+    from kernels import tag_suffix, write_json
+
+    from gearshift.dispatch.policy import device_slug
+
+    dev = torch.cuda.get_device_name()
+    path = write_json(args.out, f"fusion_bound_{device_slug(dev)}{tag_suffix(args.tag)}.json",
+                      {"device": dev, "torch": torch.__version__, "args": vars(args), "rows": rows})
     print("\n| mode | batch | base ms | " + " | ".join(("no_norm", "no_rope", "no_swiglu", "no_oquant", "none")) + " |")
     print("|---|---|---|---|---|---|---|---|")
     for r in rows:

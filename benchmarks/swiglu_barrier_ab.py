@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import os
 import statistics
 import subprocess
@@ -74,11 +73,13 @@ def main() -> None:
         rows.append(row)
         print(f"{args.mode} batch {b}: old {row['ms']['old']:.3f} ms; " +
               ", ".join(f"{n} {row['ms'][n] / row['ms']['old']:.3f}" for n in sides if n != "old"), flush=True)
-    dev = torch.cuda.get_device_name().replace(" ", "_")
-    os.makedirs(args.out, exist_ok=True)
-    path = os.path.join(args.out, f"swiglu_barrier_ab_{dev}{'_' + args.tag if args.tag else ''}.json")
-    with open(path, "w") as f:
-        json.dump({"device": torch.cuda.get_device_name(), "args": vars(args), "rows": rows}, f, indent=1)
+    from kernels import tag_suffix, write_json
+
+    from gearshift.dispatch.policy import device_slug
+
+    dev = torch.cuda.get_device_name()
+    path = write_json(args.out, f"swiglu_barrier_ab_{device_slug(dev)}{tag_suffix(args.tag)}.json",
+                      {"device": dev, "args": vars(args), "rows": rows})
     print(f"wrote {path}")
 
 
