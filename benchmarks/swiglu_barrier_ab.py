@@ -3,7 +3,7 @@
 Side "old" runs `silu_mul.py` as it was at --rev (stop 49: an atomic max, arrival and finish counters,
 and the last program resetting the row's words); "new" the current kernel (partial maxima in slots,
 an int64 arrival counter never reset). "new_w8" / "new_w16" also give the RMSNorms that emit codes
-8 / 16 warps (`rmsnorm.CODES_WARPS`, a timing knob; not shipped). One process, one model, rounds
+8 / 16 warps (switch `norm_codes_warps`). One process, one model, rounds
 alternating between the sides; ms per step and each side's ratio to "old".
 
     PYTHONPATH=. python benchmarks/swiglu_barrier_ab.py --mode w4a8 --batches 1,4,8,16 --tag stop50
@@ -50,7 +50,7 @@ def main() -> None:
     from engine_step import EngineStep
 
     from gearshift.dispatch import get_dispatcher
-    from gearshift.kernels import rmsnorm
+    from gearshift.kernels import switches
     from gearshift.model import transformer
 
     new = transformer.silu_mul_codes_triton
@@ -60,14 +60,17 @@ def main() -> None:
     for b in (int(x) for x in args.batches.split(",")):
         timers = {}
         for name, (fn, warps) in sides.items():
-            transformer.silu_mul_codes_triton, rmsnorm.CODES_WARPS = fn, warps  # captured with these
+            transformer.silu_mul_codes_triton = fn  # the graph captured with this kernel keeps it
+            switches.set_switches(norm_codes_warps=warps or 0)
             timers[name] = EngineStep("llama3-8b", args.mode, True, b, models=models)
             timers[name].ms(get_dispatcher(), reps=3, trials=1)
-        transformer.silu_mul_codes_triton, rmsnorm.CODES_WARPS = new, None
+        transformer.silu_mul_codes_triton = new
         times = {n: [] for n in sides}
         for _ in range(args.rounds):
-            for n in sides:
+            for n, (_, warps) in sides.items():
+                switches.set_switches(norm_codes_warps=warps or 0)  # (graphs are keyed by the switches)
                 times[n].append(timers[n].ms(get_dispatcher(), reps=50, trials=1))
+        switches.set_switches(norm_codes_warps=0)
         row = {"mode": args.mode, "batch": b, "ms": {n: statistics.median(v) for n, v in times.items()},
                "rounds": times}
         rows.append(row)

@@ -68,3 +68,22 @@ def test_decode_attention_launch_rule_and_override():
             switches.set_switches(decode_attention_launch="early")
     finally:
         switches.set_switches(**dict(before))
+
+
+def test_norm_warps_rule_and_override():
+    """An RMSNorm program takes 8 warps from 4096 columns and 4 below (stop 50: 4096-wide rows with 8 warps
+    timed 0.993-1.001 of 4 on the H100's decode steps and 256-token passes); the switches override the rule,
+    separately for the norms that also emit codes, and 0 gives the rule back."""
+    from gearshift.kernels.rmsnorm import _warps
+
+    before = switches.state()
+    try:
+        for codes in (False, True):
+            assert [_warps(bd, codes) for bd in (64, 1024, 2048, 4096, 8192)] == [4, 4, 4, 8, 8]
+        switches.set_switches(norm_codes_warps="16")
+        assert _warps(4096, True) == 16 and _warps(1024, True) == 16 and _warps(4096, False) == 8
+        switches.set_switches(norm_warps=2, norm_codes_warps=0)
+        assert _warps(4096, False) == 2 and _warps(4096, True) == 8
+    finally:
+        switches.set_switches(**dict(before))
+    assert _warps(1024, False) == 4

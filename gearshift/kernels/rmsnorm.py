@@ -14,6 +14,7 @@ import torch
 from gearshift.kernels._triton import HAS_TRITON, next_pow2, tl, triton
 from gearshift.kernels.act_quant import ActCodes, codes_buffers
 from gearshift.kernels.pdl import launch_kwargs, pdl_enabled, small_pdl
+from gearshift.kernels.switches import norm_warps
 
 
 def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -77,13 +78,11 @@ if HAS_TRITON:
             row_codes(y, q_ptr + row * stride_q, qs_ptr + row, offs, mask, QMAX)
 
 
-#: warps of a norm program that also emits codes (None: as the plain norm, 4 up to 4096 columns, else 8);
-#: a timing knob (the reduction order, and with it the last bit of the statistics, follows the warps)
-CODES_WARPS: int | None = None
-
-
 def _warps(bd: int, codes: bool) -> int:
-    return CODES_WARPS if codes and CODES_WARPS else (4 if bd <= 4096 else 8)
+    """8 warps from 4096 columns, 4 below, unless the switches say otherwise (stop 50, H100: 4096-wide rows with
+    8 warps against 4 gave decode steps 0.991-1.000 at batch 1-16 and 256-token passes 0.993-1.000, W4A16 and
+    W4A8; results/step_ab_*_stop50_norm_warps*; narrower rows were not timed)."""
+    return norm_warps(codes) or (8 if bd >= 4096 else 4)
 
 
 def _rows(x: torch.Tensor) -> torch.Tensor:

@@ -13,7 +13,7 @@ from gearshift.kernels._triton import HAS_TRITON
 _FUSED = {"enabled": True, "on_cpu": False, "swiglu_codes": True, "swiglu_codes_min_rows": 1,
           "decode_attention": True, "decode_attention_codes": False, "decode_attention_min_batch": 1,
           "decode_attention_launch": "rule", "gemv_trigger": -1, "small_trigger": "rule", "glu_epilogue": True,
-          "glu_epilogue_codes": False}
+          "glu_epilogue_codes": False, "norm_warps": 0, "norm_codes_warps": 0}
 
 
 def state() -> tuple:
@@ -85,6 +85,13 @@ def glu_epilogue_codes_on() -> bool:
     was even (H100, stop 49: W4A8 0.989-1.005, W4A4 0.990-1.002 at batch 1-16): down's quantizer replaces
     SwiGLU's codes kernel, so the step keeps one launch either way."""
     return _FUSED["glu_epilogue"] and _FUSED["glu_epilogue_codes"]
+
+
+def norm_warps(codes: bool) -> int:
+    """Warps of an RMSNorm program (one row each): 0 leaves it to the rule (8 from 4096 columns, else 4).
+    codes: of a norm that also emits the next linear's codes (W4A8 / W4A4). The warps set the order of the
+    sum of squares, and so the statistics' last bit; timing switches (`benchmarks/step_ab.py`)."""
+    return _FUSED["norm_codes_warps" if codes else "norm_warps"]
 
 
 def decode_attention_on() -> bool:
