@@ -28,6 +28,7 @@ from gearshift.dispatch.dispatcher import AdaptiveDispatcher  # noqa: E402
 from gearshift.dispatch.policy import M_BUCKETS, PolicyMap, device_slug  # noqa: E402
 from gearshift.dispatch.profiler import PRESETS, ablations, copy_bandwidth, profile, random_store, time_us  # noqa: E402
 from gearshift.dispatch.strategies import strategies_for  # noqa: E402
+from gearshift.jsonfile import write_text  # noqa: E402
 from gearshift.kernels.act_quant import ActCodes, quantize_act_triton  # noqa: E402
 from gearshift.kernels.library import scaled_mm_fp8_linear, tinygemm_linear, to_fp8_rowwise, to_tinygemm  # noqa
 from gearshift.kernels.reference import linear_reference  # noqa: E402
@@ -102,12 +103,20 @@ def tag_suffix(tag: str) -> str:
     return tag if not tag or tag.startswith("_") else "_" + tag
 
 
+#: results larger than this are written gzipped (`NAME.json.gz`); every reader takes both (`gearshift.jsonfile`)
+GZIP_ABOVE = 256 * 1024
+
+
 def write_json(out_dir, name: str, res) -> Path:
-    """Write a benchmark's result JSON as out_dir/name (the folder made if missing)."""
+    """Write a benchmark's result JSON as out_dir/name (the folder made if missing), or as name + '.gz'
+    where it is over GZIP_ABOVE bytes: the repository's working tree travels to the GPU under a size cap.
+    Returns the path written."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    (out / name).write_text(json.dumps(res, indent=1))
-    return out / name
+    text = json.dumps(res, indent=1)
+    if len(text) > GZIP_ABOVE and not name.endswith(".gz"):
+        name += ".gz"
+    return write_text(out / name, text)
 
 
 def kernel_switches(spec: str, default_module: str = "w4a16_wgmma") -> dict:
@@ -433,7 +442,7 @@ def main(argv=None):
         shapes = PRESETS["llama3-8b"]["shapes"]
         pm = profile(shapes, a.modes.split(","), m_list, group=128, log=log, int4_layout=a.int4_layout,
                      int4_progressive=a.int4_prog)
-        pm.save(out / f"policy_{device_slug(device)}.json")
+        pm.save(out / f"policy_{device_slug(device)}.json.gz")  # every candidate's timing: megabytes
         res["ablation"] = {mode: ablations(pm, shapes, 32, mode) for mode in a.modes.split(",")}
         log(f"profile done {time.time()-t0:.0f}s")
         for mode, per in res["ablation"].items():
@@ -445,7 +454,7 @@ def main(argv=None):
         log(f"bench done {time.time()-t0:.0f}s")
     if "gearbx" in stages:
         res["gearbx"] = stage_gearbx(log)
-    (out / f"kernels_{device_slug(device)}.json").write_text(json.dumps(res, indent=1))
+    write_json(out, f"kernels_{device_slug(device)}.json", res)
     if "bench" in res:
         write_md(out / "kernels.md", res, device, bw)
         d = res["bench"]["derived"]

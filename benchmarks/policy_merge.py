@@ -12,6 +12,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from gearshift.dispatch.profiler import mark_regime, point_id  # noqa: E402
+from gearshift.jsonfile import read_json  # noqa: E402
 
 
 def main() -> None:
@@ -23,7 +24,7 @@ def main() -> None:
     ap.add_argument("--note", default="", help="recorded in meta.merged")
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
-    base, new = json.loads(Path(a.base).read_text()), json.loads(Path(a.new).read_text())
+    base, new = read_json(a.base), read_json(a.new)
     if base["device"] != new["device"]:
         raise SystemExit(f"device mismatch: {base['device']} vs {new['device']}")
     modes, ms = a.modes.split(","), a.m.split(",")

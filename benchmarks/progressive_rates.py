@@ -6,8 +6,8 @@ weight-read floor (codes + fp16 scales and mins / the copy bandwidth measured in
     python benchmarks/progressive_rates.py benchmarks/results/progressive_NVIDIA_H100_80GB_HBM3.json
 """
 import argparse
-import json
-from pathlib import Path
+
+from gearshift.jsonfile import read_json
 
 INT8_PEAK = 1979e12
 
@@ -18,7 +18,7 @@ def main(argv=None) -> None:
     ap.add_argument("--mode", default="w4a8")
     ap.add_argument("--group", type=int, default=128)
     a = ap.parse_args(argv)
-    d = json.loads(Path(a.results).read_text())
+    d = read_json(a.results)
     bw = d["copy_bw_Bps"]
     print(f"{d['device']}, copy bandwidth {bw / 1e12:.2f} TB/s")
     print(f"| shape | M | {a.mode} progressive us | TOPS | of int8 peak | cuBLAS bf16 TFLOP/s | x weight floor |")

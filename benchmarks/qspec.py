@@ -43,6 +43,7 @@ from gearshift.decode.autoregressive import AutoregressivePolicy  # noqa: E402
 from gearshift.decode.qspec import QSpecPolicy, tokens_per_cycle  # noqa: E402
 from gearshift.decode.sampling import SamplingParams  # noqa: E402
 from gearshift.engine.engine import Engine, Request  # noqa: E402
+from gearshift.jsonfile import read_json  # noqa: E402
 
 PAPER_ACCEPTANCE = 0.9  # QSPEC paper, Llama-3-8B-Instruct, W4A4 draft (Tables 8-10: 0.83-0.97)
 
@@ -336,8 +337,8 @@ def speedup(steps: dict, b: int, g: int, tpc: float, draft: str = "w4a4") -> flo
 
 
 def run_report(args) -> None:
-    gpu = json.loads(Path(args.gpu).read_text())
-    smol = json.loads(Path(args.smollm2).read_text()) if args.smollm2 and Path(args.smollm2).exists() else None
+    gpu = read_json(args.gpu)
+    smol = read_json(args.smollm2) if args.smollm2 and Path(args.smollm2).exists() else None
     L = [f"# QSPEC benchmark ({gpu['device']})", ""]
     L.append(f"Model: {gpu['model']}; context {gpu['ctx']} tokens for step times; end-to-end: prompt "
              f"{gpu['prompt_len']} random tokens, {gpu['new_tokens']} new tokens per sequence, greedy. "
@@ -375,7 +376,7 @@ def run_report(args) -> None:
             L.append(f"| {b} | " + " | ".join(f"{speedup(gpu['steps'], b, g, tokens_per_cycle(a, g)):.2f}"
                                               for g in gpu["gammas"]) + " |")
         L.append("")
-    kt = json.loads(Path(args.kernels).read_text()).get("kernel_steps") if args.kernels and \
+    kt = read_json(args.kernels).get("kernel_steps") if args.kernels and \
         Path(args.kernels).exists() else None
     if kt:
         def ks(mode, m):

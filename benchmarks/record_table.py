@@ -23,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from kernels import PEAK  # noqa: E402  (the H100 SXM dense datasheet peaks, as kernels.py's tables)
 
 from gearshift.dispatch.profiler import PRESETS  # noqa: E402
+from gearshift.jsonfile import read_json  # noqa: E402
 
 #: the tensor-core type each mode's large-M kernels run on (a key of PEAK)
 MODE_MMA = {"w4a16": "bf16_tflops", "w4a8": "int8_tops", "w4a4": "int8_tops", "w4a8fp8": "fp8_tflops"}
@@ -94,7 +95,7 @@ def main() -> None:
     runs = []
     for p in a.runs:
         try:
-            runs.append(json.loads(Path(p).read_text()))
+            runs.append(read_json(p))
         except (OSError, json.JSONDecodeError) as e:
             raise SystemExit(f"{p}: {e}")
     emit(markdown(runs), a.out)

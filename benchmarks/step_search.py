@@ -21,7 +21,6 @@ search took 4 tokens' step to 0.957 and the engine's decode step only to 0.99-1.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 from pathlib import Path
@@ -37,6 +36,7 @@ from gearshift.dispatch.policy import PolicyMap, device_slug  # noqa: E402
 from gearshift.dispatch.step_search import adopt, candidates, coordinate_descent, with_choices, with_triggers  # noqa: E402
 from gearshift.dispatch.profiler import PRESETS  # noqa: E402
 from gearshift.quant.modes import MODES  # noqa: E402
+from gearshift.jsonfile import read_json  # noqa: E402
 
 
 def main() -> None:
@@ -68,7 +68,7 @@ def main() -> None:
     for (mod, attr), v in kernel_switches(a.set).items():
         setattr(mod, attr, v)
     s8 = a.mode != "w4a16"  # the int8-code modes run on int4-prog weights, as the engine's records do
-    pm_json = json.loads(Path(a.policy).read_text())
+    pm_json = read_json(a.policy)
     shipped = PolicyMap.from_json(pm_json)
     shapes, layers = PRESETS["llama3-8b"]["shapes"], PRESETS["llama3-8b"]["layers"]
     model = None if a.engine else Model("int4p" if s8 else "int4", shapes, layers, 128, torch.bfloat16, "blocks16")
@@ -78,7 +78,7 @@ def main() -> None:
     res = {"device": torch.cuda.get_device_name(), "mode": a.mode, "int4_prog": s8, "set": a.set,
            "target": f"engine decode step, context {a.context}" if a.engine else "128 linears", "m": {}}
     found = PolicyMap.from_json(pm_json)
-    against = PolicyMap.from_json(json.loads(Path(a.against).read_text())) if a.against else None
+    against = PolicyMap.from_json(read_json(a.against)) if a.against else None
     for m in (int(v) for v in a.m.split(",")):
         if a.engine:
             engine = EngineStep("llama3-8b", a.mode, s8, m, a.context, models=models)
@@ -124,7 +124,7 @@ def main() -> None:
     slug = device_slug(res["device"])
     out = write_json(a.out, f"step_search_{slug}_{a.mode}{tag}.json", res).parent
     found.meta = dict(found.meta) | {"step_search": f"{a.mode} M={a.m}{tag}" + (f" with {a.set}" if a.set else "")}
-    found.save(out / f"policy_step_search_{slug}_{a.mode}{tag}.json")
+    print(found.save(out / f"policy_step_search_{slug}_{a.mode}{tag}.json.gz"))  # a map with every timing: megabytes
 
 
 if __name__ == "__main__":

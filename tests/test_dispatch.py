@@ -702,3 +702,21 @@ def test_gpu_reference_fallback_is_announced_once_per_shape(monkeypatch):
     assert choice.strategy == strat.name
     msgs = [str(w.message) for w in seen if issubclass(w.category, dsp.ReferenceFallbackWarning)]
     assert len(msgs) == 1 and "group 32" in msgs[0] and "--quantize int4" in msgs[0]
+
+
+def test_policy_maps_save_and_load_gzipped(tmp_path):
+    """A map saved under a `.gz` name is gzipped and loads back the same; a path to `NAME.json` finds
+    `NAME.json.gz` where only that is left (results compressed after commands named them); a damaged
+    gzip file is reported as not a map."""
+    import gzip
+
+    pm, key = _toy_map()
+    p = pm.save(tmp_path / "p.json.gz")
+    assert json.loads(gzip.decompress(p.read_bytes()))["device"] == "Toy GPU"
+    assert PolicyMap.load(p).to_json() == pm.to_json()
+    assert PolicyMap.load(tmp_path / "p.json").lookup(key, 16).config == TileConfig(16, 64, 256, 4)
+    (tmp_path / "bad.json.gz").write_bytes(gzip.compress(b'{"version": 1')[:-6])
+    with pytest.raises(ValueError, match="bad.json.gz is not a gearshift policy map"):
+        PolicyMap.load(tmp_path / "bad.json.gz")
+    with pytest.raises(OSError):
+        PolicyMap.load(tmp_path / "missing.json")

@@ -8,10 +8,9 @@ entries where two maps differ side by side: stop 37's whole-step search (`step_s
 tiles the per-shape profile ranked lower, and this shows what they have in common.
 
     PYTHONPATH=/path/to/triton-3.6:. TRITON_INTERPRET=0 python benchmarks/mma_ablations/map_registers.py \\
-        --compare benchmarks/results/policy_step_search_NVIDIA_H100_80GB_HBM3_w4a8_stop37.json
+        --compare benchmarks/results/policy_step_search_NVIDIA_H100_80GB_HBM3_w4a8_stop37.json.gz
 """
 import argparse
-import json
 import re
 import sys
 from pathlib import Path
@@ -26,6 +25,7 @@ from map_spills import ptxas_verbose  # noqa: E402
 
 from gearshift.kernels import int4_mma_gemv as mg  # noqa: E402
 from gearshift.kernels.config import TileConfig  # noqa: E402
+from gearshift.jsonfile import read_json  # noqa: E402
 
 STRATEGIES = {"w4a16_mma": "bf16", "w4a8_mma_int8": "s8"}
 SM_REGS, SM_WARPS, SM_CTAS, SM_SMEM = 65536, 64, 32, 228 * 1024
@@ -74,7 +74,7 @@ def ctas_per_sm(regs: int, warps: int, smem: int) -> int:
 
 def entries(path: str) -> dict:
     out = {}
-    for key, per_m in json.load(open(path))["entries"].items():
+    for key, per_m in read_json(path)["entries"].items():
         for m, e in per_m.items():
             if e.get("strategy") in STRATEGIES and e.get("config"):
                 out[(key, int(m))] = (e["strategy"], TileConfig.from_dict(e["config"]))

@@ -13,6 +13,7 @@ import gearshift.kernels.int4_mma_gemv as mg
 from gearshift.dispatch.profiler import PRESETS, n_copies, random_store, time_us
 from gearshift.kernels.config import TileConfig
 from gearshift.kernels.reference import linear_reference
+from gearshift.jsonfile import read_json
 
 SHAPES = tuple(PRESETS["llama3-8b"]["shapes"])
 
@@ -91,7 +92,7 @@ def seeded_args(doc: str, default_ms: str, default_top: int):
     ap.add_argument("--tag", default="", help="suffix of the result file name")
     ap.add_argument("--out", default="benchmarks/results", help="folder for the JSON")
     a = ap.parse_args()
-    seed = json.loads(Path(a.seed).read_text())
+    seed = read_json(a.seed)
     return a, [int(v) for v in a.ms.split(",")], seed, {s: (n, k) for s, n, k in SHAPES}
 
 

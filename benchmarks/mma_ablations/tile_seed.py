@@ -31,6 +31,7 @@ from gearshift.dispatch.strategies import STRATEGIES
 from gearshift.kernels.config import TileConfig
 from gearshift.kernels.int4_mma_gemv import ksum_fits, xshare_fits
 from gearshift.quant.modes import MODES
+from gearshift.jsonfile import read_json
 
 
 FITS = {"xshare": xshare_fits, "ksum": ksum_fits}  # (shared memory: per token count, not in Strategy.supports)
@@ -51,7 +52,7 @@ def store_for(key: str):
 
 
 def seed(a) -> None:
-    d = json.load(open(a.map))
+    d = read_json(a.map)
     strat = STRATEGIES[a.strategy]
     modes = a.modes.split(",")
     marked = 0
@@ -86,8 +87,8 @@ def seed(a) -> None:
 
 
 def take(a) -> None:
-    d = json.load(open(a.map))
-    prof = json.load(open(a.profile))
+    d = read_json(a.map)
+    prof = read_json(a.profile)
     taken = []
     for key, points in prof["timings"].items():
         for m, cands in points.items():
@@ -108,7 +109,7 @@ def take(a) -> None:
 
 
 def twins(a) -> None:
-    d = json.load(open(a.map))
+    d = read_json(a.map)
     strat = STRATEGIES[a.strategy]
     modes = a.modes.split(",")
     changed = []

@@ -10,7 +10,6 @@ this way, and 244 bytes in the epilogue of the W4A8 256 x 128 tile (`docs/kernel
     TRITON_INTERPRET=0 python benchmarks/tc_ablations/map_spills.py [--map gearshift/data/policy/NVIDIA_H100_80GB_HBM3.json]
 """
 import argparse
-import json
 import subprocess
 import tempfile
 
@@ -26,6 +25,7 @@ from gearshift.kernels import w4a8_progressive as P
 from gearshift.kernels import w4a8_wgmma as W8
 from gearshift.kernels import w4a16_wgmma as W
 from gearshift.kernels.config import TileConfig
+from gearshift.jsonfile import read_json
 
 TWO_REGS = W.TWO_CONSUMER_REGS
 
@@ -99,7 +99,7 @@ def main() -> None:
     ap.add_argument("--map", default="gearshift/data/policy/NVIDIA_H100_80GB_HBM3.json")
     a = ap.parse_args()
     uses: dict[tuple, list[str]] = {}
-    for key, per_m in json.load(open(a.map))["entries"].items():
+    for key, per_m in read_json(a.map)["entries"].items():
         mode, _, shape = key.split(":")
         for m, e in per_m.items():
             if e.get("strategy") in COMPILERS and e.get("config"):

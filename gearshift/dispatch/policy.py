@@ -8,6 +8,7 @@ the next bucket, clipped to the largest): no search, no timing at run time.
 from __future__ import annotations
 
 import bisect
+import gzip
 import json
 import math
 import os
@@ -16,6 +17,7 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
+from gearshift.jsonfile import read_text, write_text
 from gearshift.kernels.config import TileConfig
 
 
@@ -122,16 +124,20 @@ class PolicyMap:
         e.g. a profile checkpoint under `timeout`, never leaves half a map behind."""
         p = Path(path)
         p.parent.mkdir(parents=True, exist_ok=True)
-        tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(self.to_json(), indent=1))
+        tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp{p.suffix if p.suffix == '.gz' else ''}")
+        write_text(tmp, json.dumps(self.to_json(), indent=1))  # gzipped where the path ends in .gz
         os.replace(tmp, p)
         return p
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "PolicyMap":
-        """The map in a JSON file. Raises OSError where the file cannot be read, ValueError (naming the
-        file) where it is not a policy map: malformed JSON, or JSON of another shape."""
-        text = Path(path).read_text()
+        """The map in a JSON file, plain or gzipped (`gearshift.jsonfile`). Raises OSError where the file cannot
+        be read, ValueError (naming the file) where it is not a policy map: malformed JSON, or JSON of another
+        shape."""
+        try:
+            text = read_text(path)
+        except (EOFError, gzip.BadGzipFile, UnicodeDecodeError) as e:
+            raise ValueError(f"{path} is not a gearshift policy map ({type(e).__name__}: {e})") from None
         try:
             return cls.from_json(json.loads(text))
         except (ValueError, KeyError, TypeError, AttributeError) as e:
