@@ -322,3 +322,23 @@ def test_an_interrupted_profile_resumes_where_it_stopped(tmp_path, monkeypatch, 
         assert_one_line_error(*cli(capsys, *args, "--m", "1,2,4", "--resume")[::2], "nothing to resume")
     finally:
         STRATEGIES.pop("test_cpu")
+
+
+def test_gearshift_warnings_are_one_line(capsys, monkeypatch):
+    """The CLI shows gearshift's own warnings as one `gearshift: warning:` line, without the echo of the
+    source line that raised them; other packages' warnings go to Python's display as before."""
+    import warnings
+
+    from gearshift.cli import one_line_warnings
+    from gearshift.quant.detect import DoubleQuantizationWarning
+
+    passed_on = []
+    monkeypatch.setattr(warnings, "showwarning", lambda message, category, *a, **k: passed_on.append(category))
+    before = warnings.showwarning
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        with one_line_warnings():
+            warnings.warn("layer x looks already quantized", DoubleQuantizationWarning)
+            warnings.warn("a deprecation elsewhere", DeprecationWarning)
+    assert capsys.readouterr().err == "gearshift: warning: layer x looks already quantized\n"
+    assert passed_on == [DeprecationWarning] and warnings.showwarning is before

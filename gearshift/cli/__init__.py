@@ -1,13 +1,16 @@
 """`gearshift` command line: one module per verb, each exposing `register(subparsers)`.
 
-Errors a user can cause (`GearshiftError`) print one line and exit with code 2.
+Errors a user can cause (`GearshiftError`) print one line and exit with code 2; gearshift's own
+warnings print one line too (`gearshift: warning: ...`), without Python's source-line echo.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import sys
+import warnings
 
 VERBS = ["generate", "quantize", "tiny_model", "profile", "trace", "eval"]
 
@@ -31,6 +34,25 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+@contextlib.contextmanager
+def one_line_warnings():
+    """Show warnings of gearshift's own categories as `gearshift: warning: MESSAGE` (each once, as Python
+    shows them); other packages' warnings keep Python's format, which names their source."""
+    shown = warnings.showwarning
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        if category.__module__.startswith("gearshift."):
+            print(f"gearshift: warning: {message}", file=file or sys.stderr)
+        else:
+            shown(message, category, filename, lineno, file, line)
+
+    warnings.showwarning = show
+    try:
+        yield
+    finally:
+        warnings.showwarning = shown
+
+
 def main(argv: list[str] | None = None) -> int:
     from gearshift.errors import GearshiftError
 
@@ -40,7 +62,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        return int(args.handler(args) or 0)
+        with one_line_warnings():
+            return int(args.handler(args) or 0)
     except GearshiftError as e:
         print(f"gearshift: error: {e}", file=sys.stderr)
         return e.exit_code
