@@ -43,7 +43,7 @@ from gearshift.decode.autoregressive import AutoregressivePolicy  # noqa: E402
 from gearshift.decode.qspec import QSpecPolicy, tokens_per_cycle  # noqa: E402
 from gearshift.decode.sampling import SamplingParams  # noqa: E402
 from gearshift.engine.engine import Engine, Request  # noqa: E402
-from gearshift.jsonfile import read_json  # noqa: E402
+from gearshift.jsonfile import read_json, resolve  # noqa: E402
 
 PAPER_ACCEPTANCE = 0.9  # QSPEC paper, Llama-3-8B-Instruct, W4A4 draft (Tables 8-10: 0.83-0.97)
 
@@ -338,7 +338,7 @@ def speedup(steps: dict, b: int, g: int, tpc: float, draft: str = "w4a4") -> flo
 
 def run_report(args) -> None:
     gpu = read_json(args.gpu)
-    smol = read_json(args.smollm2) if args.smollm2 and Path(args.smollm2).exists() else None
+    smol = read_json(args.smollm2) if args.smollm2 and resolve(args.smollm2).exists() else None
     L = [f"# QSPEC benchmark ({gpu['device']})", ""]
     L.append(f"Model: {gpu['model']}; context {gpu['ctx']} tokens for step times; end-to-end: prompt "
              f"{gpu['prompt_len']} random tokens, {gpu['new_tokens']} new tokens per sequence, greedy. "
