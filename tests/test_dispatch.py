@@ -524,6 +524,32 @@ def test_seeded_candidates_are_the_seeds_fastest_and_each_strategys_best():
     assert seeded_candidates(seed, type_key("w4a16", 64, 96, 256), 1, 1) is None
 
 
+def test_a_strategy_the_seed_has_no_pick_of_at_m_takes_its_nearest_buckets_best():
+    """Not a full sweep of it (stop 51: ~150 fragment tiles at 32 and 64 tokens, where the seed had
+    timed that kernel only at 16): its fastest tiles at the nearest M where the seed timed tiles of
+    it that the sweep still has; a strategy the seed never timed anywhere, in full."""
+    from types import SimpleNamespace
+
+    from gearshift.dispatch.profiler import seeded_sweep
+
+    key = type_key("w4a16", 128, 64, 256)
+    cfgs = [TileConfig(16, bn) for bn in (16, 32, 64, 128)]
+    a, b, c = (SimpleNamespace(name=n) for n in "abc")
+    seed = PolicyMap("seed GPU", timings={key: {
+        "32": {candidate_name("a", cfgs[0]): 1.0},
+        "16": {candidate_name("b", cfgs[2]): 5.0, candidate_name("b", cfgs[1]): 4.0, candidate_name("b", cfgs[0]): 6.0},
+        "4": {candidate_name("b", cfgs[3]): 1.0}}})  # faster, but farther from 32 than 16 is
+
+    def picks(sweep, m=32, top=2):
+        return {(s.name, cfg) for s, cfg in seeded_sweep(sweep, seed, key, m, top)}
+
+    full = [(s, cfg) for s in (a, b, c) for cfg in cfgs]
+    assert picks(full) == {("a", cfgs[0]), ("b", cfgs[1]), ("b", cfgs[2])} | {("c", cfg) for cfg in cfgs}
+    assert picks([(b, cfgs[0]), (b, cfgs[3])]) == {("b", cfgs[0])}  # only the tiles the sweep still has
+    assert picks([(a, cfgs[0]), (b, cfgs[3])]) == {("a", cfgs[0]), ("b", cfgs[3])}  # 16 has none of its tiles
+    assert picks(full, m=8) == {(s.name, cfg) for s, cfg in full}  # the seed never timed M = 8: everything
+
+
 @pytest.mark.parametrize("new_tiles", [False, True])
 def test_a_seeded_profile_times_only_the_seeds_picks(new_tiles):
     """`gearshift profile --seed`: at a point the seed timed, only its picks run (and in full the

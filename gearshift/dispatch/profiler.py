@@ -263,16 +263,8 @@ def profile(shapes: Iterable[tuple[str, int, int]], modes: Iterable[str], m_list
                 sweep = [(strat, cfg) for strat in strategies_for(mode_key(stores[0], act))
                          if strategies is None or strat.name in strategies
                          for cfg in strat.configs(m) if strat.supports(stores[0], act, cfg)]
-                allowed = seeded_candidates(seed, key, m, top) if seed is not None else None
-                if allowed is not None:
-                    # a strategy none of whose seeded picks this sweep has (one the seed never timed
-                    # here, or whose tiles changed since) is timed in full, not left out; with
-                    # new_tiles, so is every tile the seed's point never timed (tiles added since;
-                    # the shipped maps keep only some timings per point, so this is most of a sweep)
-                    known = set(seed_point(seed, key, m) or ()) if new_tiles else None
-                    seeded = {st.name for st, cfg in sweep if (st.name, cfg) in allowed}
-                    sweep = [(st, cfg) for st, cfg in sweep if st.name not in seeded or (st.name, cfg) in allowed
-                             or (known is not None and candidate_name(st.name, cfg) not in known)]
+                if seed is not None:
+                    sweep = seeded_sweep(sweep, seed, key, m, top, new_tiles)
                 for strat, cfg in sweep:
                     name = candidate_name(strat.name, cfg)
                     try:
@@ -366,6 +358,42 @@ def seeded_candidates(seed: PolicyMap, key: str, m: int, top: int) -> set | None
             out.add((name, cfg))
         seen.add(name)
     return out
+
+
+def seeded_sweep(sweep: list, seed: PolicyMap, key: str, m: int, top: int, new_tiles: bool = False) -> list:
+    """The part of `sweep` ([(strategy, config)]) that a seeded profile times at (key, m): the seed's
+    picks there (`seeded_candidates`). A strategy none of whose picks the sweep has (the seed never
+    timed it at m, or its tiles changed since) takes its `top` fastest tiles at the nearest M bucket
+    where the seed timed tiles of it that this sweep has; only without any is it timed in full, not
+    left out (a full sweep of one strategy at one point is ~150 candidates: stop 51 saw a seeded
+    profile spend 5 minutes on 4 of 64 points that way). With new_tiles, every tile the seed's point
+    never timed is timed too (tiles added since; the shipped maps keep only some timings per point,
+    so this is most of a sweep)."""
+    allowed = seeded_candidates(seed, key, m, top)
+    if allowed is None:
+        return sweep
+    seeded = {st.name for st, cfg in sweep if (st.name, cfg) in allowed}
+    for name in sorted({st.name for st, _ in sweep} - seeded):
+        near = nearest_bucket_picks(seed, key, m, name, {cfg for st, cfg in sweep if st.name == name}, top)
+        if near:
+            allowed |= {(name, cfg) for cfg in near}
+            seeded.add(name)
+    known = set(seed_point(seed, key, m) or ()) if new_tiles else None
+    return [(st, cfg) for st, cfg in sweep if st.name not in seeded or (st.name, cfg) in allowed
+            or (known is not None and candidate_name(st.name, cfg) not in known)]
+
+
+def nearest_bucket_picks(seed: PolicyMap, key: str, m: int, name: str, cfgs: set, top: int) -> list:
+    """Strategy `name`'s `top` fastest tiles among `cfgs` at the M bucket nearest m (in log M) where
+    the seed timed any of them at this shape (or its nearest timed shape); [] where it never did."""
+    buckets = {int(b) for k in [key, *nearest_shape_keys(seed.timings, *parse_type_key(key))]
+               for b in seed.timings.get(k, {})} - {m}
+    for b in sorted(buckets, key=lambda b: (abs(math.log2(b / m)), b)):
+        ranked = sorted((us, i, cfg) for i, (c, us) in enumerate((seed_point(seed, key, b) or {}).items())
+                        if us is not None for s, cfg in [parse_candidate(c)] if s == name and cfg in cfgs)
+        if ranked:
+            return [cfg for _, _, cfg in ranked[:top]]
+    return []
 
 
 def unseen_pairs(seed: PolicyMap, shapes, modes, group: int) -> tuple[list[str], int]:
