@@ -37,6 +37,10 @@ def main() -> None:
                     help="timed generations per row (graphed rows): the one of median wall time is reported")
     ap.add_argument("--graphs-only", action="store_true",
                     help="skip the eager runs (each policy's tokens are then compared with AR's graphed ones)")
+    ap.add_argument("--prompt-tokens", type=int, default=32,
+                    help="random prompt length per sequence (longer prompts make every step's attention dearer)")
+    ap.add_argument("--policies", default=None,
+                    help="comma-separated row names to run (e.g. 'ar w4a16,qspec w4a8->w4a16 g3'); default: all")
     ap.add_argument("--tag", default="", help="suffix of the results file")
     args = ap.parse_args()
 
@@ -68,6 +72,13 @@ def main() -> None:
     if unknown:
         raise SystemExit(f"--setups: unknown {sorted(unknown)}; choose from {sorted(setups)}")
     setups = {k: v for k, v in setups.items() if k in args.setups.split(",")}
+    if args.policies is not None:
+        wanted = args.policies.split(",")
+        unknown = set(wanted) - {name for pols in setups.values() for name, _ in pols}
+        if unknown:
+            raise SystemExit(f"--policies: unknown {sorted(unknown)}; choose from "
+                             f"{sorted(name for pols in setups.values() for name, _ in pols)}")
+        setups = {k: [(n, f) for n, f in v if n in wanted] for k, v in setups.items()}
     for weights, policies in setups.items():
         torch.cuda.empty_cache()
         model = build_random_model(args.preset, weights="int4-prog" if weights == "int4" and args.int4_prog
@@ -75,7 +86,7 @@ def main() -> None:
         loaded = LoadedModel(model, None, cfg, args.preset)
         for b in [int(x) for x in args.batches.split(",")]:
             gen = torch.Generator().manual_seed(b)
-            prompts = [torch.randint(0, cfg.vocab_size, (32,), generator=gen).tolist() for _ in range(b)]
+            prompts = [torch.randint(0, cfg.vocab_size, (args.prompt_tokens,), generator=gen).tolist() for _ in range(b)]
             ar_tokens = None
             for name, make in policies:
                 res = {}
@@ -123,7 +134,7 @@ def main() -> None:
         model.use_cuda_graphs = False
         del model, loaded
     doc = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "preset": args.preset,
-           "new_tokens": args.new_tokens, "int4_prog": args.int4_prog, "graph_max_rows": args.graph_max_rows,
+           "new_tokens": args.new_tokens, "prompt_tokens": args.prompt_tokens, "int4_prog": args.int4_prog, "graph_max_rows": args.graph_max_rows,
            "rows": rows}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
