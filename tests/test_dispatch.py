@@ -572,8 +572,19 @@ def test_a_seeded_profile_times_only_the_seeds_picks(new_tiles):
     key = type_key("w4a16", 128, 64, 256)
     seed = PolicyMap("seed GPU", timings={key: {"1": {candidate_name("test_tiles", c): us
                                                        for c, us in zip(cfgs[:3], (3.0, 1.0, 2.0))}}})
+    class Bar:  # what the CLI's tqdm bar is told: points done, and each point's candidate count
+        def __init__(self):
+            self.n, self.postfix = 0, []
+
+        def update(self, k):
+            self.n += k
+
+        def set_postfix_str(self, text):
+            self.postfix.append(text)
+
+    bar = Bar()
     try:
-        pm = profile([("s", 64, 256)], ["w4a16"], [1, 4], group=128, device_name="test",
+        pm = profile([("s", 64, 256)], ["w4a16"], [1, 4], group=128, device_name="test", progress=bar,
                      strategies=["test_tiles", "test_new"], dtype=torch.float32, int4_layout="rows",
                      timer=lambda calls: float(len(ran)), device="cpu", seed=seed, top=1, new_tiles=new_tiles)
     finally:
@@ -586,6 +597,8 @@ def test_a_seeded_profile_times_only_the_seeds_picks(new_tiles):
         candidate_name("test_new", c) for c in cfgs[:2]}
     assert len(pm.timings[key]["4"]) == 6  # the seed never timed M = 4
     assert pm.meta["seeded_from"] == {"device": "seed GPU", "top": 1}
+    assert bar.n == 2 and bar.postfix == [f"{key} M=1: {len(pm.timings[key]['1'])} candidates",
+                                          f"{key} M=4: 6 candidates"]
 
 
 def test_a_seed_that_never_timed_a_shape_is_reported():

@@ -265,6 +265,8 @@ def profile(shapes: Iterable[tuple[str, int, int]], modes: Iterable[str], m_list
                          for cfg in strat.configs(m) if strat.supports(stores[0], act, cfg)]
                 if seed is not None:
                     sweep = seeded_sweep(sweep, seed, key, m, top, new_tiles)
+                if hasattr(progress, "set_postfix_str"):  # a tqdm bar: what this point costs (1 to ~350 candidates)
+                    progress.set_postfix_str(f"{key} M={m}: {len(sweep)} candidates")
                 for strat, cfg in sweep:
                     name = candidate_name(strat.name, cfg)
                     try:
