@@ -695,6 +695,20 @@ def test_a_map_profiled_under_the_running_triton_release_comes_first(tmp_path, m
     assert P.same_architecture_map("Other GPU", {"capability": "9.0", "sms": 132}).meta["triton"] == "3.6.0"
 
 
+def test_gzipped_maps_are_found_as_their_own_and_to_borrow(tmp_path, monkeypatch):
+    """`PolicyMap.save` gzips a path ending in .gz, so a map kept as `<device>.json.gz` (in the cache, or
+    beside a model) is this GPU's own map and another GPU's to borrow, as a plain one is."""
+    from gearshift.dispatch import policy as P
+
+    monkeypatch.setenv("GEARSHIFT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(P, "bundled_dir", lambda: tmp_path / "bundled")
+    _arch_map("Toy GPU", "9.0", 132).save(tmp_path / "cache" / "policy" / "Toy_GPU.json.gz")
+    own = load_policy_for_device("Toy GPU", traits={"capability": "9.0", "sms": 132})
+    assert own.device == "Toy GPU" and own.path.endswith("Toy_GPU.json.gz")
+    borrowed = P.same_architecture_map("Other GPU", {"capability": "9.0", "sms": 132})
+    assert borrowed.device == "Toy GPU" and borrowed.borrowed_for == "Other GPU"
+
+
 def test_the_triton_39_h100_map_differs_from_the_generic_one_only_where_it_was_re_profiled():
     from gearshift.dispatch.policy import bundled_dir
 

@@ -17,7 +17,7 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-from gearshift.jsonfile import read_text, write_text
+from gearshift.jsonfile import read_text, resolve, write_text
 from gearshift.kernels.config import TileConfig
 
 
@@ -254,7 +254,7 @@ def load_policy_for_device(device: str | None = None, model_dir: str | os.PathLi
             return None
         device = torch.cuda.get_device_name()
         traits = traits or gpu_traits()
-    for p in policy_paths(device, model_dir):
+    for p in map(resolve, policy_paths(device, model_dir)):  # NAME.json, or NAME.json.gz where only that exists
         if p.is_file():
             try:
                 pm = PolicyMap.load(p)
@@ -281,7 +281,7 @@ def same_architecture_map(device: str, traits: dict, model_dir: str | os.PathLik
     release = triton_release()
     best = None
     for order, d in enumerate(dirs):
-        for p in sorted(d.glob("*.json")) if d.is_dir() else ():
+        for p in sorted([*d.glob("*.json"), *d.glob("*.json.gz")]) if d.is_dir() else ():
             try:
                 pm = PolicyMap.load(p)
             except (OSError, ValueError, KeyError, TypeError, AttributeError):  # not a policy map: skip it
