@@ -63,6 +63,9 @@ def main() -> None:
                  # the draft loop before stop 48: each draft read back before the next draft step
                  ("qspec w4a8->w4a16 g3 step-by-step", lambda m, n: QSpecPolicy(m, "w4a8", "w4a16", gamma=3,
                                                                                  chained_drafts=False)),
+                 # the cycle before stop 51: the next cycle's drafts launched only after the read back
+                 ("qspec w4a8->w4a16 g3 no-ahead", lambda m, n: QSpecPolicy(m, "w4a8", "w4a16", gamma=3,
+                                                                             cycle_ahead=False)),
                  ("qspec w4a4->w4a16 g3", lambda m, n: QSpecPolicy(m, "w4a4", "w4a16", gamma=3))],
         "dense": [("ar w16a16", lambda m, n: AutoregressivePolicy(m, "w16a16")),
                   ("gearbox forced low", lambda m, n: GearboxPolicy(m, prompt_texts=["x"] * n, gears="low")),

@@ -118,3 +118,37 @@ def test_run_ahead_decode_on_graphs_gives_the_same_tokens():
         assert outs[0] == outs[1] and [len(t) for t in outs[1]] == list(lengths)
     finally:
         model.use_cuda_graphs = False
+
+
+@pytest.mark.skipif(not GPU, reason="CUDA graphs")
+def test_qspec_drafts_a_cycle_ahead_on_graphs_give_the_same_cycles():
+    """QSPEC's next drafts queued behind the verify on replayed graphs, at device-computed positions
+    (`Transformer.forward_at`): the same tokens, drafts and acceptances as the cycle that launches
+    them after the read back, with slots refilled mid-way; and they are used."""
+    from gearshift.decode.qspec import QSpecPolicy
+    from gearshift.decode.sampling import SamplingParams
+    from gearshift.engine.engine import Engine, Request
+    from gearshift.model.config import ModelConfig
+    from gearshift.model.loader import LoadedModel
+    from gearshift.model.tiny import build_random_model, preset_config
+
+    torch.manual_seed(0)
+    model = build_random_model("tiny", weights="int4-prog", device="cuda", dtype=torch.bfloat16)
+    loaded = LoadedModel(model, None, ModelConfig.from_hf_dict(preset_config("tiny")), "tiny")
+    gen = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(0, 512, (n,), generator=gen).tolist() for n in (5, 9, 3, 20, 7)]
+    lengths = (12, 5, 20, 9, 14)
+    model.use_cuda_graphs = True
+    try:
+        outs = []
+        for ahead in (False, True):
+            eng = Engine(loaded, max_batch=3)
+            pol = QSpecPolicy(model, "w4a8", "w4a16", 3, cycle_ahead=ahead)
+            res = eng.generate([Request(p, SamplingParams(max_new_tokens=n, ignore_eos=True))
+                                for p, n in zip(prompts, lengths)], pol)
+            st = eng.last_stats
+            outs.append(([r.token_ids for r in res], [st[k] for k in ("drafted", "accepted", "cycles")]))
+            assert (st["cycles_ahead"] > 0) == ahead
+        assert outs[0] == outs[1] and [len(t) for t in outs[1][0]] == list(lengths)
+    finally:
+        model.use_cuda_graphs = False

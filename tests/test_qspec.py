@@ -457,3 +457,27 @@ def test_chained_drafts_cut_at_a_stop_token(lm, ar_greedy):
         if past_a_stop:
             break
     assert past_a_stop > 0, "no candidate stop token was drafted before a row's last draft position"
+
+
+@pytest.mark.parametrize("new,batch,stop", [(NEW, 8, False), (NEW, 2, False), (3, 8, False), (NEW, 3, True)])
+def test_drafts_queued_a_cycle_ahead_change_nothing(lm, ar_greedy, new, batch, stop):
+    """cycle_ahead (on by default on CUDA, forced here on the CPU): each cycle's drafts are queued behind
+    the verify before it, at the lengths the device accepted. Same tokens and same draft / accept
+    counts as the chained cycle without it; used where the next cycle is the one assumed, dropped where
+    a sequence finished or joined (batch 2 / 3 refill slots) or a stop token cut the drafts."""
+    stop_ids = [ar_greedy[0][4], ar_greedy[2][2]] if stop else None
+    params = lambda: SamplingParams(max_new_tokens=new, ignore_eos=not stop, stop_token_ids=stop_ids)  # noqa: E731
+    runs, stats = [], []
+    for ahead in (False, True):
+        got, eng = generate(lm, QSpecPolicy(lm.model, "w4a8", "w4a16", 3, chained_drafts=True, cycle_ahead=ahead),
+                            params, batch=batch)
+        runs.append((got, {k: eng.last_stats[k] for k in ("drafted", "accepted", "cycles", "emitted")}))
+        stats.append(eng.last_stats)
+    assert runs[0] == runs[1]
+    assert stats[0]["cycles_ahead"] == 0
+    assert stats[1]["cycles_ahead"] > 0 or new <= 4  # (3 new tokens: one cycle a sequence, nothing to queue for)
+    if batch < len(PROMPTS) or stop:  # a finished sequence's slot is refilled: the drafts queued for it are dropped
+        assert stats[1]["discarded_draft_forwards"] > 0
+    if not stop:
+        for p, ref, g in zip(PROMPTS, ar_greedy, runs[1][0]):
+            assert_same_or_tie(lm, p, ref[:new], g, f"drafts a cycle ahead, max_new_tokens {new}, batch {batch}")

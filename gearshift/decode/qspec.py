@@ -31,6 +31,7 @@ window (at most gamma positions per row, backed up before the verify) are writte
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 
 import torch
 
@@ -40,6 +41,21 @@ from gearshift.errors import GearshiftError
 from gearshift.quant.modes import get_mode
 
 ACCEPTANCE_RULES = ("auto", "greedy")
+
+
+@dataclass
+class _DraftsAhead:
+    """The next cycle's drafts, queued behind a verify pass before its results were read back, at the
+    positions the device derived from that verify (`QSpecPolicy._launch_ahead`). They are used only
+    if the host, once it has the results, finds the next cycle to be exactly the one they assumed."""
+
+    covers: dict[int, int]  # id(sequence) -> slot, as `DecodePolicy._drop` expects of work launched ahead
+    picked: list[torch.Tensor]  # each draft step's tokens [cache.batch, 1], on the device
+    last: torch.Tensor  # each row's last token [cache.batch, 1] (the verify's correction or bonus), on the device
+    events: tuple | None  # CUDA events around the draft steps
+    ready: torch.cuda.Event | None = None  # after the last draft step (for `finish`)
+    start: list[int] = field(default_factory=list)  # (not used: these drafts never commit cache lengths)
+    expect: dict[int, tuple[int, int, int]] = field(default_factory=dict)  # slot -> (base, budget, last token)
 
 
 def tokens_per_cycle(alpha: float, gamma: int) -> float:
@@ -71,13 +87,22 @@ class QSpecPolicy(DecodePolicy):
     name = "qspec"
 
     def __init__(self, model, draft_mode: str = "w4a4", verify_mode: str = "w4a16", gamma: int = 3,
-                 kv_overwrite: bool = True, acceptance: str = "auto", chained_drafts: bool | None = None):
+                 kv_overwrite: bool = True, acceptance: str = "auto", chained_drafts: bool | None = None,
+                 cycle_ahead: bool | None = None):
         """chained_drafts: in all-greedy batches, each draft step reads the previous one's argmax on the
         device, and the verify pass reads the drafts there too: one read back per cycle instead of
         gamma + 1 (with kv_overwrite off, the drafts are read before the verify, which backs up their
-        K/V). None: on a CUDA model, where every read leaves the GPU idle."""
+        K/V). None: on a CUDA model, where every read leaves the GPU idle.
+        cycle_ahead: with chained drafts, queue the next cycle's drafts behind each verify pass before
+        reading it back, at the accepted lengths the device computes, so the GPU drafts while the host
+        accepts, streams and checks stops. Used only where the next cycle turns out to be the one they
+        assumed (same sequences, no stop among the drafts), else dropped and redone: same tokens.
+        None: with chained drafts on a CUDA model."""
         super().__init__(model, verify_mode)
         self.chained_drafts = model.device.type == "cuda" if chained_drafts is None else chained_drafts
+        self.cycle_ahead = (self.chained_drafts and model.device.type == "cuda") if cycle_ahead is None \
+            else bool(cycle_ahead)
+        self._ahead: _DraftsAhead | None = None
         dm, vm = get_mode(draft_mode), get_mode(verify_mode)
         if int(gamma) < 1:
             raise GearshiftError(f"gamma (draft length) must be >= 1, got {gamma}")
@@ -93,7 +118,8 @@ class QSpecPolicy(DecodePolicy):
         self.acceptance = acceptance
         eos = model.config.eos_token_id
         self._model_eos = set(eos if isinstance(eos, (list, tuple)) else ([] if eos is None else [eos]))
-        for k in ("cycles", "draft_forwards", "verify_forwards", "drafted", "accepted", "seq_cycles", "emitted"):
+        for k in ("cycles", "draft_forwards", "verify_forwards", "drafted", "accepted", "seq_cycles", "emitted",
+                  "cycles_ahead", "discarded_draft_forwards"):
             self.counters[k] = 0
 
     # -- helpers -------------------------------------------------------------------------------
@@ -139,6 +165,7 @@ class QSpecPolicy(DecodePolicy):
         if greedy_chain and self.kv_overwrite:
             results = self._cycle_on_device(seqs, drafting, base, budget, drafts)
         else:
+            self._discard_ahead()
             results = self._cycle(seqs, drafting, base, budget, drafts, qprobs, greedy_chain)
 
         self.counters["cycles"] += 1
@@ -229,22 +256,34 @@ class QSpecPolicy(DecodePolicy):
         self._keep_drafts(torch.cat(picked, 1).tolist(), drafting, budget, drafts)
 
     def _cycle_on_device(self, seqs, drafting, base, budget, drafts) -> list[tuple[int, int]]:
-        """A greedy cycle with one read back: the drafts, then the verify pass fed by the drafts on the
-        device (each row verifying its whole budget), then drafts and verify argmaxes read together.
-        A row whose drafts hold a stop token verifies positions past it too; acceptance stops at the
-        kept drafts, and the verify logits at a position depend on the tokens before it only, so the
-        accepted drafts and the appended token are the step-by-step cycle's. draft_s / verify_s are
-        GPU times between the phases' boundaries (CUDA events) on the GPU."""
+        """A greedy cycle with one read back: the drafts (or the ones queued ahead by the cycle before,
+        where they fit), then the verify pass fed by the drafts on the device (each row verifying its
+        whole budget), then drafts and verify argmaxes read together; with cycle_ahead, the next
+        cycle's drafts are queued before that read. A row whose drafts hold a stop token verifies
+        positions past it too; acceptance stops at the kept drafts, and the verify logits at a
+        position depend on the tokens before it only, so the accepted drafts and the appended token
+        are the step-by-step cycle's. draft_s / verify_s are GPU times between the phases' boundaries
+        (CUDA events) on the GPU."""
         cache = self.cache
         cuda = cache.k.is_cuda
-        marks = [torch.cuda.Event(enable_timing=True) for _ in range(3)] if cuda else []
+        event = (lambda: torch.cuda.Event(enable_timing=True)) if cuda else (lambda: None)
         t0 = time.perf_counter()
-        if marks:
-            marks[0].record()
-        last, _, _ = self.batch_tokens(seqs, {s.slot: [s.last_token] for s in seqs})  # [cache.batch, 1]
-        picked = self._launch_drafts(drafting, base, budget, last) if drafting else []
-        if marks:
-            marks[1].record()
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None and self._ahead_fits(ahead, seqs, base, budget):
+            self.counters["cycles_ahead"] += 1
+            g = max((budget[s.slot] for s in drafting), default=0)
+            self.counters["discarded_draft_forwards"] += len(ahead.picked) - g
+            last, picked, draft_marks = ahead.last, ahead.picked[:g], ahead.events
+        else:
+            if ahead is not None:
+                self.counters["discarded_draft_forwards"] += len(ahead.picked)
+            draft_marks = (event(), event())
+            if cuda:
+                draft_marks[0].record()
+            last, _, _ = self.batch_tokens(seqs, {s.slot: [s.last_token] for s in seqs})  # [cache.batch, 1]
+            picked = self._launch_drafts(drafting, base, budget, last) if drafting else []
+            if cuda:
+                draft_marks[1].record()
         t1 = time.perf_counter()
         for s in seqs:
             cache.truncate(s.slot, base[s.slot])
@@ -252,22 +291,110 @@ class QSpecPolicy(DecodePolicy):
         start, n_new = [0] * b, [0] * b
         for s in seqs:
             start[s.slot], n_new[s.slot] = base[s.slot], 1 + budget[s.slot]
+        verify_marks = (event(), event())
+        if cuda:
+            verify_marks[0].record()
         logits = self.model(torch.cat([last] + picked, 1), cache, start, n_new, mode=self.verify_mode, logits="all")
         self.counters["verify_forwards"] += 1
         top = logits.argmax(-1)  # [cache.batch, 1 + longest budget]
-        if marks:
-            marks[2].record()
-        table = torch.cat(picked + [top], 1).tolist()  # the cycle's one read back
+        if cuda:
+            verify_marks[1].record()
         g = len(picked)
+        state = self._next_state(seqs, base, budget, picked, top) if self.cycle_ahead else None
+        host, ready = self._stage(torch.cat(picked + [top] + ([state[0].view(-1, 1)] if state else []), 1))
+        nxt = self._launch_ahead(seqs, base, budget, state) if state else None
+        if ready is not None:
+            ready.synchronize()  # this cycle's results, not the drafts just queued
+        table = host.tolist()  # the cycle's one read back
         self._keep_drafts([row[:g] for row in table], drafting, budget, drafts)
         t2 = time.perf_counter()
-        if marks:
-            self.timer.add("draft", marks[0].elapsed_time(marks[1]) / 1e3)
-            self.timer.add("verify", marks[1].elapsed_time(marks[2]) / 1e3)
+        if cuda:
+            self.timer.add("draft", draft_marks[0].elapsed_time(draft_marks[1]) / 1e3)
+            self.timer.add("verify", verify_marks[0].elapsed_time(verify_marks[1]) / 1e3)
         else:
             self.timer.add("draft", t1 - t0)
             self.timer.add("verify", t2 - t1)
-        return [self._accept_greedy(drafts[s.slot], table[s.slot][g:]) for s in seqs]
+        width = top.shape[1]
+        results = [self._accept_greedy(drafts[s.slot], table[s.slot][g:g + width]) for s in seqs]
+        if nxt is not None:
+            # the next cycle the drafts assumed: the device's accepted count, which must be the host's
+            # (it is not where a stop token cut a row's drafts: the drafts are then dropped)
+            if all(int(table[s.slot][g + width]) == n for s, (n, _) in zip(seqs, results)):
+                nxt.expect = {s.slot: (base[s.slot] + n + 1, self._budget_after(s, base[s.slot], n), tok)
+                              for s, (n, tok) in zip(seqs, results)}
+                self._ahead = nxt
+            else:
+                self.counters["discarded_draft_forwards"] += len(nxt.picked)
+        return results
+
+    def _budget_after(self, s: Sequence, base: int, n_acc: int) -> int:
+        """`_budget` of the next cycle, once this one has appended n_acc drafts and one token."""
+        remaining = s.params.max_new_tokens - len(s.output) - n_acc - 1
+        room = self.cache.capacity - (base + n_acc + 1) - 1
+        return max(0, min(self.gamma, remaining - 1, room))
+
+    def _next_state(self, seqs, base, budget, picked, top):
+        """On the device, from this cycle's drafts and verify argmaxes: each row's accepted count, the
+        token it appends, its next base and its next budget ([cache.batch] each; what `_accept_greedy`
+        and `_budget_after` will find on the host, unless a stop token cuts the drafts)."""
+        dev, b, g = top.device, self.cache.batch, len(picked)
+        bud = [0] * b
+        rem = [0] * b  # max_new_tokens - tokens so far
+        at = [0] * b
+        for s in seqs:
+            bud[s.slot], at[s.slot] = budget[s.slot], base[s.slot]
+            rem[s.slot] = s.params.max_new_tokens - len(s.output)
+        consts = torch.tensor([bud, rem, at], dtype=torch.long).to(dev, non_blocking=True)
+        bud_t, rem_t, base_t = consts[0], consts[1], consts[2]
+        if g:
+            within = torch.arange(g, device=dev).unsqueeze(0) < bud_t.unsqueeze(1)
+            match = (torch.cat(picked, 1) == top[:, :g]) & within
+            n_acc = match.long().cumprod(1).sum(1)
+        else:
+            n_acc = torch.zeros(b, dtype=torch.long, device=dev)
+        last = top.gather(1, n_acc.unsqueeze(1))  # [cache.batch, 1]
+        nbase = base_t + n_acc + 1
+        nbud = torch.minimum(torch.minimum(rem_t - n_acc - 2, self.cache.capacity - nbase - 1),
+                             torch.full_like(n_acc, self.gamma)).clamp_min(0)
+        return n_acc, last, nbase, nbud
+
+    def _launch_ahead(self, seqs, base, budget, state) -> _DraftsAhead | None:
+        """Queue the next cycle's greedy drafts at the device-computed positions (`_next_state`), without
+        committing any cache length: as many steps as the longest budget any acceptance could leave."""
+        _, last, nbase, nbud = state
+        steps = max((min(self.gamma, s.params.max_new_tokens - len(s.output) - 2,
+                         self.cache.capacity - base[s.slot] - 2) for s in seqs), default=0)
+        if steps <= 0:
+            return None
+        cuda = last.is_cuda
+        marks = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) if cuda else None
+        if cuda:
+            marks[0].record()
+        reach = max(base[s.slot] + budget[s.slot] + 1 for s in seqs)  # no row's next base is further
+        tokens, picked = last, []
+        for j in range(steps):
+            n_new = (nbud > j).long()
+            logits = self.model.forward_at(tokens, (nbase + j).unsqueeze(1), n_new, self.cache, reach + j + 1,
+                                           mode=self.draft_mode, logits="last")[:, 0]
+            tokens = logits.argmax(-1, keepdim=True)
+            picked.append(tokens)
+            self.counters["draft_forwards"] += 1
+        ready = None
+        if cuda:
+            marks[1].record()
+            ready = marks[1]
+        return _DraftsAhead({id(s): s.slot for s in seqs}, picked, last, marks, ready)
+
+    def _ahead_fits(self, ahead: _DraftsAhead, seqs, base, budget) -> bool:
+        """Whether the drafts queued ahead are this cycle's: the same sequences in the same slots, each
+        at the base, budget and last token they assumed."""
+        return ahead.covers == {id(s): s.slot for s in seqs} and all(
+            ahead.expect.get(s.slot) == (base[s.slot], budget[s.slot], s.last_token) for s in seqs)
+
+    def _discard_ahead(self) -> None:
+        if self._ahead is not None:
+            self.counters["discarded_draft_forwards"] += len(self._ahead.picked)
+            self._ahead = None
 
     @staticmethod
     def _accept_greedy(drafts: list[int], top: list[int]) -> tuple[int, int]:

@@ -86,6 +86,15 @@ class _Graph:
         self.graph.replay()
         return self.out.clone()
 
+    def run_tensors(self, tokens: torch.Tensor, positions: torch.Tensor, n_new: torch.Tensor) -> torch.Tensor:
+        """The step on inputs already on the device (no host data): it can be queued before earlier
+        results have been read back."""
+        self.tokens.copy_(tokens)
+        self.positions.copy_(positions)
+        self.n_new.copy_(n_new)
+        self.graph.replay()
+        return self.out.clone()
+
 
 class GraphRunner:
     """Captured graphs of one model, least recently used first out."""
@@ -112,15 +121,27 @@ class GraphRunner:
         """The step's logits from its graph. capture_at_once=False: a key seen for the first time
         runs eagerly at the graph's shapes (same computation) and is captured when seen again."""
         b, t = tokens.shape
-        bucket = min(_bucket(upto), cache.capacity)
-        key = (b, t, bucket, str(mode), logits, cache.k.data_ptr(), cache.v.data_ptr(), tuple(cache.k.shape),
-               self._stores(model), switches.state(), pdl_enabled(cache.k), get_dispatcher())
-        g = self.graphs.get(key)
-        if g is None and not capture_at_once and key not in self.seen:
+        key, bucket = self._key(model, b, t, cache, upto, mode, logits)
+        if key not in self.graphs and not capture_at_once and key not in self.seen:
             self.seen[key] = True
             while len(self.seen) > 4 * self.max_graphs:
                 self.seen.popitem(last=False)
             return model.forward_lists(tokens, cache, start, n_new, bucket, mode, logits)
+        return self._graph(model, key, b, t, cache, bucket, mode, logits).run(tokens, start, n_new)
+
+    def run_tensors(self, model, tokens, positions, n_new, cache, upto, mode, logits) -> torch.Tensor:
+        """`run` on positions [B, T] and lengths [B] already on the device (captured at first sight)."""
+        b, t = tokens.shape
+        key, bucket = self._key(model, b, t, cache, upto, mode, logits)
+        return self._graph(model, key, b, t, cache, bucket, mode, logits).run_tensors(tokens, positions, n_new)
+
+    def _key(self, model, b, t, cache, upto, mode, logits) -> tuple[tuple, int]:
+        bucket = min(_bucket(upto), cache.capacity)
+        return (b, t, bucket, str(mode), logits, cache.k.data_ptr(), cache.v.data_ptr(), tuple(cache.k.shape),
+                self._stores(model), switches.state(), pdl_enabled(cache.k), get_dispatcher()), bucket
+
+    def _graph(self, model, key, b, t, cache, bucket, mode, logits) -> _Graph:
+        g = self.graphs.get(key)
         if g is None:
             if self.pool is None:
                 self.pool = torch.cuda.graph_pool_handle()
@@ -134,4 +155,4 @@ class GraphRunner:
                 self.graphs.popitem(last=False)
         else:
             self.graphs.move_to_end(key)
-        return g.run(tokens, start, n_new)
+        return g

@@ -244,6 +244,19 @@ class Transformer(nn.Module):
         cache.commit(start, n_new)
         return out
 
+    @torch.inference_mode()
+    def forward_at(self, tokens: torch.Tensor, positions: torch.Tensor, n_new: torch.Tensor, cache: KVCache,
+                   upto: int, mode: str = "w4a16", logits: str = "last") -> torch.Tensor:
+        """A forward at cache positions the device computed (positions [B, T], n_new [B], on the device):
+        nothing is read from the host, so it can be queued behind work whose results the host has not
+        read yet (QSPEC's next draft after a verify pass). `upto` bounds every row's last position + 1.
+        The caller keeps `cache.lengths` (nothing is committed here) and has checked the room. Short
+        steps replay the same graphs `forward` captures for their shapes."""
+        upto = min(upto, cache.capacity)
+        if self.use_cuda_graphs and tokens.is_cuda and tokens.shape[1] <= self.graph_max_tokens:
+            return self._graph_runner().run_tensors(self, tokens, positions, n_new, cache, upto, mode, logits)
+        return self.forward_tensors(tokens, positions, n_new, cache, upto, mode, logits)
+
     def forward_lists(self, tokens: torch.Tensor, cache: KVCache, start: list[int], n_new: list[int], upto: int,
                       mode: str, logits: str) -> torch.Tensor:
         """`forward_tensors` from the host's offsets and lengths, eagerly (no commit)."""
