@@ -88,6 +88,21 @@ def test_long_steps_run_eagerly_once_then_from_a_graph():
         model.graph_max_rows = type(model).graph_max_rows
 
 
+def _refill_workload(weights: str):
+    """A tiny random CUDA model with graphs on, and five requests for a batch of 3 (slots refilled mid-way)."""
+    from gearshift.model.config import ModelConfig
+    from gearshift.model.loader import LoadedModel
+    from gearshift.model.tiny import build_random_model, preset_config
+
+    torch.manual_seed(0)
+    model = build_random_model("tiny", weights=weights, device="cuda", dtype=torch.bfloat16)
+    loaded = LoadedModel(model, None, ModelConfig.from_hf_dict(preset_config("tiny")), "tiny")
+    gen = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(0, 512, (n,), generator=gen).tolist() for n in (5, 9, 3, 20, 7)]
+    model.use_cuda_graphs = True
+    return model, loaded, prompts, (12, 5, 20, 9, 14)
+
+
 @pytest.mark.skipif(not GPU, reason="CUDA graphs")
 def test_run_ahead_decode_on_graphs_gives_the_same_tokens():
     """AR's one-step-ahead loop on replayed graphs (the launch of step n + 1 reuses the graph's input
@@ -96,18 +111,8 @@ def test_run_ahead_decode_on_graphs_gives_the_same_tokens():
     from gearshift.decode.autoregressive import AutoregressivePolicy
     from gearshift.decode.sampling import SamplingParams
     from gearshift.engine.engine import Engine, Request
-    from gearshift.model.loader import LoadedModel
-    from gearshift.model.tiny import build_random_model, preset_config
 
-    torch.manual_seed(0)
-    model = build_random_model("tiny", weights="int4", device="cuda", dtype=torch.bfloat16)
-    from gearshift.model.config import ModelConfig
-
-    loaded = LoadedModel(model, None, ModelConfig.from_hf_dict(preset_config("tiny")), "tiny")
-    gen = torch.Generator().manual_seed(1)
-    prompts = [torch.randint(0, 512, (n,), generator=gen).tolist() for n in (5, 9, 3, 20, 7)]
-    lengths = (12, 5, 20, 9, 14)
-    model.use_cuda_graphs = True
+    model, loaded, prompts, lengths = _refill_workload("int4")
     try:
         outs = []
         for pipelined in (False, True):
@@ -128,17 +133,8 @@ def test_qspec_drafts_a_cycle_ahead_on_graphs_give_the_same_cycles():
     from gearshift.decode.qspec import QSpecPolicy
     from gearshift.decode.sampling import SamplingParams
     from gearshift.engine.engine import Engine, Request
-    from gearshift.model.config import ModelConfig
-    from gearshift.model.loader import LoadedModel
-    from gearshift.model.tiny import build_random_model, preset_config
 
-    torch.manual_seed(0)
-    model = build_random_model("tiny", weights="int4-prog", device="cuda", dtype=torch.bfloat16)
-    loaded = LoadedModel(model, None, ModelConfig.from_hf_dict(preset_config("tiny")), "tiny")
-    gen = torch.Generator().manual_seed(1)
-    prompts = [torch.randint(0, 512, (n,), generator=gen).tolist() for n in (5, 9, 3, 20, 7)]
-    lengths = (12, 5, 20, 9, 14)
-    model.use_cuda_graphs = True
+    model, loaded, prompts, lengths = _refill_workload("int4-prog")
     try:
         outs = []
         for ahead in (False, True):
