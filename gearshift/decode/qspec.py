@@ -396,6 +396,12 @@ class QSpecPolicy(DecodePolicy):
             self.counters["discarded_draft_forwards"] += len(self._ahead.picked)
             self._ahead = None
 
+    def finish(self) -> None:
+        """The generation is over: wait for drafts queued ahead (its wall time includes them) and drop them."""
+        if self._ahead is not None and self._ahead.ready is not None:
+            self._ahead.ready.synchronize()
+        self._discard_ahead()
+
     @staticmethod
     def _accept_greedy(drafts: list[int], top: list[int]) -> tuple[int, int]:
         """(drafts accepted, token appended) against the verify pass's argmax per position."""
