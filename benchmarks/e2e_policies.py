@@ -77,10 +77,10 @@ def main() -> None:
     setups = {k: v for k, v in setups.items() if k in args.setups.split(",")}
     if args.policies is not None:
         wanted = args.policies.split(",")
-        unknown = set(wanted) - {name for pols in setups.values() for name, _ in pols}
+        names = sorted(name for pols in setups.values() for name, _ in pols)
+        unknown = set(wanted) - set(names)
         if unknown:
-            raise SystemExit(f"--policies: unknown {sorted(unknown)}; choose from "
-                             f"{sorted(name for pols in setups.values() for name, _ in pols)}")
+            raise SystemExit(f"--policies: unknown {sorted(unknown)}; choose from {names}")
         setups = {k: [(n, f) for n, f in v if n in wanted] for k, v in setups.items()}
     for weights, policies in setups.items():
         torch.cuda.empty_cache()
@@ -89,7 +89,8 @@ def main() -> None:
         loaded = LoadedModel(model, None, cfg, args.preset)
         for b in [int(x) for x in args.batches.split(",")]:
             gen = torch.Generator().manual_seed(b)
-            prompts = [torch.randint(0, cfg.vocab_size, (args.prompt_tokens,), generator=gen).tolist() for _ in range(b)]
+            prompts = [torch.randint(0, cfg.vocab_size, (args.prompt_tokens,), generator=gen).tolist()
+                       for _ in range(b)]
             ar_tokens = None
             for name, make in policies:
                 res = {}
@@ -137,7 +138,8 @@ def main() -> None:
         model.use_cuda_graphs = False
         del model, loaded
     doc = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "preset": args.preset,
-           "new_tokens": args.new_tokens, "prompt_tokens": args.prompt_tokens, "int4_prog": args.int4_prog, "graph_max_rows": args.graph_max_rows,
+           "new_tokens": args.new_tokens, "prompt_tokens": args.prompt_tokens, "int4_prog": args.int4_prog,
+           "graph_max_rows": args.graph_max_rows,
            "rows": rows}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -49,12 +49,11 @@ class _DraftsAhead:
     positions the device derived from that verify (`QSpecPolicy._launch_ahead`). They are used only
     if the host, once it has the results, finds the next cycle to be exactly the one they assumed."""
 
-    covers: dict[int, int]  # id(sequence) -> slot, as `DecodePolicy._drop` expects of work launched ahead
+    covers: dict[int, int]  # id(sequence) -> slot of the cycle they were queued for
     picked: list[torch.Tensor]  # each draft step's tokens [cache.batch, 1], on the device
     last: torch.Tensor  # each row's last token [cache.batch, 1] (the verify's correction or bonus), on the device
     events: tuple | None  # CUDA events around the draft steps
     ready: torch.cuda.Event | None = None  # after the last draft step (for `finish`)
-    start: list[int] = field(default_factory=list)  # (not used: these drafts never commit cache lengths)
     expect: dict[int, tuple[int, int, int]] = field(default_factory=dict)  # slot -> (base, budget, last token)
 
 
@@ -135,11 +134,13 @@ class QSpecPolicy(DecodePolicy):
             return set(p.stop_token_ids)
         return set() if p.ignore_eos else self._model_eos
 
-    def _budget(self, s: Sequence) -> int:
-        """Tokens this row may draft this cycle: the cycle emits at most budget + 1 tokens."""
-        remaining = s.params.max_new_tokens - len(s.output)
-        room = self.cache.capacity - self.cache.lengths[s.slot] - 1  # the verify writes budget + 1 positions
-        return max(0, min(self.gamma, remaining - 1, room))
+    def _budget(self, s: Sequence, produced: int | None = None, cached: int | None = None) -> int:
+        """Tokens this row may draft this cycle: the cycle emits at most budget + 1 tokens. produced /
+        cached: its output and cache lengths (default: now; a later cycle's for drafts queued ahead)."""
+        produced = len(s.output) if produced is None else produced
+        cached = self.cache.lengths[s.slot] if cached is None else cached
+        room = self.cache.capacity - cached - 1  # the verify writes budget + 1 positions
+        return max(0, min(self.gamma, s.params.max_new_tokens - produced - 1, room))
 
     @staticmethod
     def _draw(probs: torch.Tensor, generator) -> int:
@@ -320,23 +321,19 @@ class QSpecPolicy(DecodePolicy):
             # the next cycle the drafts assumed: the device's accepted count, which must be the host's
             # (it is not where a stop token cut a row's drafts: the drafts are then dropped)
             if all(int(table[s.slot][g + width]) == n for s, (n, _) in zip(seqs, results)):
-                nxt.expect = {s.slot: (base[s.slot] + n + 1, self._budget_after(s, base[s.slot], n), tok)
-                              for s, (n, tok) in zip(seqs, results)}
+                nxt.expect = {}
+                for s, (n, tok) in zip(seqs, results):
+                    after = base[s.slot] + n + 1  # its cache length once n drafts and one token are kept
+                    nxt.expect[s.slot] = (after, self._budget(s, len(s.output) + n + 1, after), tok)
                 self._ahead = nxt
             else:
                 self.counters["discarded_draft_forwards"] += len(nxt.picked)
         return results
 
-    def _budget_after(self, s: Sequence, base: int, n_acc: int) -> int:
-        """`_budget` of the next cycle, once this one has appended n_acc drafts and one token."""
-        remaining = s.params.max_new_tokens - len(s.output) - n_acc - 1
-        room = self.cache.capacity - (base + n_acc + 1) - 1
-        return max(0, min(self.gamma, remaining - 1, room))
-
     def _next_state(self, seqs, base, budget, picked, top):
         """On the device, from this cycle's drafts and verify argmaxes: each row's accepted count, the
         token it appends, its next base and its next budget ([cache.batch] each; what `_accept_greedy`
-        and `_budget_after` will find on the host, unless a stop token cuts the drafts)."""
+        and `_budget` will find on the host, unless a stop token cuts the drafts)."""
         dev, b, g = top.device, self.cache.batch, len(picked)
         bud = [0] * b
         rem = [0] * b  # max_new_tokens - tokens so far
@@ -362,9 +359,9 @@ class QSpecPolicy(DecodePolicy):
         """Queue the next cycle's greedy drafts at the device-computed positions (`_next_state`), without
         committing any cache length: as many steps as the longest budget any acceptance could leave."""
         _, last, nbase, nbud = state
-        steps = max((min(self.gamma, s.params.max_new_tokens - len(s.output) - 2,
-                         self.cache.capacity - base[s.slot] - 2) for s in seqs), default=0)
-        if steps <= 0:
+        # the next budget is largest where no draft is accepted
+        steps = max((self._budget(s, len(s.output) + 1, base[s.slot] + 1) for s in seqs), default=0)
+        if steps == 0:
             return None
         cuda = last.is_cuda
         marks = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) if cuda else None
@@ -379,11 +376,9 @@ class QSpecPolicy(DecodePolicy):
             tokens = logits.argmax(-1, keepdim=True)
             picked.append(tokens)
             self.counters["draft_forwards"] += 1
-        ready = None
         if cuda:
             marks[1].record()
-            ready = marks[1]
-        return _DraftsAhead({id(s): s.slot for s in seqs}, picked, last, marks, ready)
+        return _DraftsAhead({id(s): s.slot for s in seqs}, picked, last, marks, marks[1] if cuda else None)
 
     def _ahead_fits(self, ahead: _DraftsAhead, seqs, base, budget) -> bool:
         """Whether the drafts queued ahead are this cycle's: the same sequences in the same slots, each
