@@ -56,6 +56,24 @@ def tma_read(desc, out_ptr, C, BR: tl.constexpr, BC: tl.constexpr, KSPLIT: tl.co
     tl.store(out_ptr + rows * KSPLIT + pid_k, tl.xor_sum(acc, axis=1))
 
 
+def regs_reference(w: torch.Tensor, chunk: int, warps: int) -> torch.Tensor:
+    """`regs_read`'s output in torch: each chunk's [steps, 128 * W] words XOR-ed over its steps."""
+    v = w.reshape(-1, chunk // (128 * warps), 128 * warps)
+    acc = v[:, 0].clone()
+    for i in range(1, v.shape[1]):
+        acc ^= v[:, i]
+    return acc.reshape(-1)
+
+
+def tma_reference(w: torch.Tensor, ksplit: int) -> torch.Tensor:
+    """`tma_read`'s output in torch: [rows, KSPLIT], each row slice's words XOR-ed."""
+    v = w.reshape(w.shape[0], ksplit, -1)
+    acc = v[..., 0].clone()
+    for i in range(1, v.shape[-1]):
+        acc ^= v[..., i]
+    return acc
+
+
 def regs_configs():
     for w, u, chunk in itertools.product((4, 8), (1, 2, 4, 8), (1 << 14, 1 << 16)):
         if chunk % (128 * w * u) == 0:
@@ -85,6 +103,8 @@ def main() -> None:
     ap.add_argument("--m", default="1,8", help="token counts of the dispatched W4A16 rows")
     ap.add_argument("--tag", default="", help="suffix of the JSON file's name")
     args = ap.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("read_depth.py needs a CUDA GPU")
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     dev = "cuda"

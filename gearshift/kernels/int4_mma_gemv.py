@@ -1044,7 +1044,7 @@ def mma_gemv_supports(store: Int4Weight, cfg: TileConfig, m: int = 1, dtype=torc
     q = store.qweight
     blocks = k // (BLOCK_COLS * cfg.split_k * cfg.kwarps)  # per warp (k not tiled so fails below)
     if cfg.stages > 1:  # shared-memory rings (stop 33's TMA ring, stop 43's lane ring: never faster; their
-        # patches are results/mma_bulk_ring_x_prefetch.patch and results/lane_ring_stop43.patch)
+        # patches are results/mma_bulk_ring_x_prefetch.patch and results/lane_ring_stop52.patch)
         return False
     if cfg.pairs and (cfg.prefetch or cfg.preload or blocks % 2):
         return False
