@@ -1,29 +1,19 @@
 """The Triton kernels of `benchmarks/tc_ablations/int8_gemm_ceiling.py` against torch, small shapes
 (TRITON_INTERPRET=1 on CPU, or a GPU): the int4-prog -> int8 widening pass exactly, the two GEMMs
 to within one bf16 rounding of the fp32 result (the interpreter truncates to bf16, a GPU rounds)."""
-import importlib.util
-from pathlib import Path
 
 import pytest
 import torch
 
 triton = pytest.importorskip("triton")
 
+from bench_scripts import load_script, test_device as _device  # noqa: E402  (tests/bench_scripts.py)
 from gearshift.dispatch.profiler import random_store  # noqa: E402
-
-_PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "tc_ablations" / "int8_gemm_ceiling.py"
 
 
 @pytest.fixture(scope="module")
 def ceiling():
-    spec = importlib.util.spec_from_file_location("int8_gemm_ceiling", _PATH)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def _device():
-    return "cuda" if torch.cuda.is_available() else "cpu"
+    return load_script("tc_ablations/int8_gemm_ceiling.py")
 
 
 def _allocator(dev):

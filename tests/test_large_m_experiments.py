@@ -2,9 +2,7 @@
 `bf16_gemm_ceiling.py` against torch (TRITON_INTERPRET=1 on CPU, or a GPU), and the dequant-producer
 Gluon kernel of `wgmma_dq_producer.py` compiled for sm_90 with what it claims in its PTX: both wgmma
 operands in shared memory, one wgmma left in flight, a warpgroup of its own for the dequantization."""
-import importlib.util
 import re
-from pathlib import Path
 
 import pytest
 import torch
@@ -12,23 +10,15 @@ import torch
 triton = pytest.importorskip("triton")
 tl = pytest.importorskip("triton.language")
 
+from bench_scripts import load_script, test_device as _device  # noqa: E402  (tests/bench_scripts.py)
 from gearshift.dispatch.profiler import random_store  # noqa: E402
-
-_DIR = Path(__file__).resolve().parents[1] / "benchmarks" / "tc_ablations"
 
 
 def _load(name: str):
-    spec = importlib.util.spec_from_file_location(name, _DIR / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(f"tc_ablations/{name}.py")
 
 
 CEIL = _load("bf16_gemm_ceiling")  # a module global: the jit wrapper below calls into it
-
-
-def _device():
-    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 @pytest.fixture(autouse=True)

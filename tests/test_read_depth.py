@@ -1,26 +1,16 @@
 """The read kernels of `benchmarks/mma_ablations/read_depth.py` against their torch references
 (TRITON_INTERPRET=1 on CPU, or a GPU): what they time must be every byte of the weights, read once."""
-import importlib.util
-from pathlib import Path
-
 import pytest
 import torch
 
 pytest.importorskip("triton")
 
-_PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "mma_ablations" / "read_depth.py"
+from bench_scripts import load_script, test_device as _device  # noqa: E402  (tests/bench_scripts.py)
 
 
 @pytest.fixture(scope="module")
 def rd():
-    spec = importlib.util.spec_from_file_location("read_depth", _PATH)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def _device():
-    return "cuda" if torch.cuda.is_available() else "cpu"
+    return load_script("mma_ablations/read_depth.py")
 
 
 def _words(rows, cols, dev):
