@@ -4,8 +4,10 @@ the bytes are put in flight, against the dispatched W4A16 kernel on the same sha
 Stop 31 found the fragment kernel streams gate_up at ~2.4 TB/s on both the H100 (copy 2.95 TB/s)
 and the H200 (copy 4.20), and read that as a limit on the bytes an SM keeps in flight. This asks
 what each way of putting bytes in flight reaches on the GPU at hand:
-- regs: every thread issues U 16-byte loads (ld.global.v4) before it uses any, W warps per CTA,
-  each CTA streaming CHUNK contiguous words;
+- regs: W warps per CTA, each CTA streaming CHUNK contiguous words, U 16-byte loads (ld.global.v4)
+  per thread and step in the PTX. In the sm_90 SASS ptxas keeps about 7 such loads per thread in
+  flight whatever U is (nvdisasm of the cubin, stop 52), so the JSON's `cta_bytes_in_flight` of these
+  rows (512 * W * U) counts the PTX's loads per step, not what is in flight;
 - tma:  Triton's pipelined tensor-descriptor loads, a ring of S stages of [BR, BC]-word boxes in
   shared memory per CTA (KSPLIT CTAs share a row block's K).
 Times are CUDA-graph medians over enough weight copies that L2 holds none of them (`time_us`), as the
