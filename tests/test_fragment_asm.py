@@ -6,6 +6,7 @@ lane's outputs must be its block sums, D[row, token] = sum_k (offset + q[row, k]
 X[token] = sum_k x[token, k] (int8 codes: no offset, exact), for every row count, token tile count,
 input dtype and input path (global or shared memory) the kernel launches."""
 import itertools
+import re
 
 import numpy as np
 import pytest
@@ -104,6 +105,7 @@ def test_block_asm_gives_the_block_sums(dt, rows, tiles, shared):
     got = _outputs(mg.block_asm(dt, rows, tiles, shared), ops, memories, n_out)[:, _reorder(rows // 8, tiles)]
     if dt == "s8":
         assert np.array_equal(got, want)  # int32 sums, exact
+        assert not re.search(r"mma.*f32", mg.block_asm(dt, rows, tiles, shared))  # the int8 MMA, not a float one
     else:
         assert np.all(np.abs(got - want) <= 1e-6 * scale + 1e-6), np.abs(got - want).max()
 
