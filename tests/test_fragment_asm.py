@@ -23,8 +23,9 @@ def _lane_rows(per_lane: int) -> np.ndarray:
     return GROUP[:, None] + 8 * np.arange(per_lane)[None, :]
 
 
-def _case(dt: str, rows: int, tiles: int, shared: bool, seed: int):
-    """Operands, memories and the expected [32, n_out] outputs of one warp's block."""
+def _case(dt: str, rows: int, tiles: int, shared: bool, seed: int, fragment_order: bool = False):
+    """Operands, memories and the expected [32, n_out] outputs of one warp's block; fragment_order: the
+    inputs stored in `to_fragment_order`'s column order."""
     rng = np.random.default_rng(seed)
     per_lane = rows // 8
     q = rng.integers(0, 16, size=(rows, mg.BLOCK_COLS))
@@ -39,7 +40,7 @@ def _case(dt: str, rows: int, tiles: int, shared: bool, seed: int):
         xv, esize, chunks = x.astype(np.float64), 1, 2
     else:
         tdt = torch.bfloat16 if dt == "bf16" else torch.float16
-        xt = torch.randn(tokens, mg.BLOCK_COLS, dtype=torch.float64).mul(3).to(tdt)
+        xt = torch.from_numpy(3 * rng.standard_normal((tokens, mg.BLOCK_COLS))).to(tdt)
         x, xv, esize, chunks = xt.view(torch.int16).numpy(), xt.double().numpy(), 2, 4
     n_out = {1: 4, 2: 6, 4: 10}[per_lane] * tiles
     ops = {}
@@ -57,7 +58,7 @@ def _case(dt: str, rows: int, tiles: int, shared: bool, seed: int):
                 ops[xp0 + chunks * tile + j] = start + 16 * j
         else:
             ops[xp0 + tile] = start
-    mem = Memory(x, BASE)
+    mem = Memory(mg.to_fragment_order(torch.from_numpy(x)).numpy() if fragment_order else x, BASE)
     memories = {"shared": mem} if shared else {"global": mem}
     offset = mg.OFFSET[dt]
     d = (offset + q.astype(np.float64)) @ xv.T  # [rows, tokens]
@@ -132,3 +133,25 @@ def test_emulator_sees_a_wrong_selector():
 def test_emulator_refuses_unknown_instructions():
     with pytest.raises(NotImplementedError):
         run("{\nmul.lo.u32 $0, $1, $1;\n}", {1: np.zeros(32, dtype=np.uint32)}, {}, 1)
+
+
+@pytest.mark.parametrize("dt,rows,tiles,shared", [c for c in CASES if c[0] != "s8"])
+def test_fragment_order_block_gives_the_same_bits_without_input_prmts(dt, rows, tiles, shared):
+    """Inputs stored in fragment order: the block without its input PRMTs gives, lane for lane, the
+    bits the shipped block gives on natural-order inputs."""
+    ops, memories, n_out, _, _ = _case(dt, rows, tiles, shared, seed=11)
+    ops_f, memories_f, _, _, _ = _case(dt, rows, tiles, shared, seed=11, fragment_order=True)
+    asm = mg.block_asm(dt, rows, tiles, shared, fragment_order=True)
+    assert "prmt" not in asm and asm.count("mma.sync") == mg.block_asm(dt, rows, tiles, shared).count("mma.sync")
+    got = run(asm, ops_f, memories_f, n_out)
+    want = run(mg.block_asm(dt, rows, tiles, shared), ops, memories, n_out)
+    assert all(np.array_equal(a, b) for a, b in zip(got, want))
+
+
+def test_fragment_order_is_the_nibble_pairs_order():
+    x = torch.arange(2 * 16).reshape(2, 16)
+    f = mg.to_fragment_order(x)
+    assert f[0, :8].tolist() == [0, 4, 1, 5, 2, 6, 3, 7] and f[1, 8:].tolist() == [24, 28, 25, 29, 26, 30, 27, 31]
+    assert torch.equal(mg.from_fragment_order(f), x)
+    with pytest.raises(ValueError):
+        mg.block_asm("s8", 16, 1, fragment_order=True)

@@ -769,3 +769,24 @@ def test_gpu_glu_epilogue_is_gate_up_then_swiglu_bit_for_bit(rows, warps, kwarps
             assert got.shape == (m, inter) and torch.equal(got, want), (dtype, m)
             ran += 1
     assert ran >= 6
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the PTX needs a CUDA GPU")
+@pytest.mark.parametrize("cfg", [
+    TileConfig(16, 0, 128, 1, 2, 1, kwarps=2), TileConfig(8, 0, 128, 1, 8, 1, kwarps=8, preload=True, ksum=True),
+    TileConfig(16, 0, 128, 1, 16, 1, kwarps=8, pairs=True, xshare=True, ksum=True),
+    TileConfig(32, 0, 128, 1, 4, 1, kwarps=2, xshare=True), TileConfig(32, 0, 128, 2, 2, 1, prefetch=True)])
+def test_gpu_fragment_order_inputs_give_the_same_bits(cfg):
+    """`mma_gemv(to_fragment_order(x), ..., fragment_order=True)`, the block without its input PRMTs,
+    gives the shipped kernel's bits on x, from global or (xshare) shared memory (CPU: test_fragment_asm)."""
+    from gearshift.kernels.int4_mma_gemv import mma_gemv, to_fragment_order
+
+    torch.manual_seed(cfg.bm + cfg.warps)
+    store = quantize_int4(torch.randn(256, 2048), 128).cuda().to_layout("blocks16")
+    for m in (1, 5, 8, 9, 16):
+        if not mma_gemv_supports(store, cfg, m):
+            continue
+        for dt in (torch.bfloat16, torch.float16):
+            x = torch.randn(m, 2048, device="cuda", dtype=dt)
+            assert torch.equal(mma_gemv(to_fragment_order(x), store, cfg, fragment_order=True),
+                               mma_gemv(x, store, cfg)), (m, dt)

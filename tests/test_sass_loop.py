@@ -22,6 +22,8 @@ for name, cfg in (("stepped", TileConfig(bm=16, bn=0, bk=128, warps=2, stages=1,
                   ("pairs", TileConfig(bm=16, bn=0, bk=128, warps=2, stages=1, kwarps=2, pairs=True))):
     where, blocks, c = per_block(cfg, 1, 4096)
     out[name] = dict(where=where, blocks=blocks, **c)
+where, blocks, c = per_block(TileConfig(bm=16, bn=0, bk=128, warps=2, stages=1, kwarps=2), 1, 4096, True)
+out["fragment"] = dict(where=where, blocks=blocks, **c)
 """)
     for name, blocks in (("stepped", 1), ("pairs", 2)):
         c = counts[name]
@@ -31,3 +33,8 @@ for name, cfg in (("stepped", TileConfig(bm=16, bn=0, bk=128, warps=2, stages=1,
         assert c["unpack"] >= 32 * blocks  # one LOP3 per nibble pair, 8 words per lane and block
     # a one-block loop rotates its prefetched registers at its end; a two-block (pairs) loop does not
     assert counts["stepped"].get("copy", 0) > 0 and counts["pairs"].get("copy", 0) == 0
+    # inputs in fragment order: the 16 input PRMTs of the block go, nothing else is added
+    nat, frag = counts["stepped"], counts["fragment"]
+    assert frag["pair x"] <= nat["pair x"] - 16 and frag["mma"] == nat["mma"]
+    total = [sum(v for k, v in c.items() if k not in ("where", "blocks")) for c in (nat, frag)]
+    assert total[1] <= total[0] - 12, total

@@ -76,9 +76,10 @@ def blocks_of(text: str) -> dict[str, list[tuple[str, str]]]:
     return out
 
 
-def per_block(cfg, m: int, k: int) -> tuple[str, float, collections.Counter]:
-    """('loop' or 'straight', blocks the counted code covers, kind -> instructions)."""
-    code = blocks_of(sass(compile_tile(cfg, "bf16", m, k).asm["cubin"]))
+def per_block(cfg, m: int, k: int, fragment_order: bool = False) -> tuple[str, float, collections.Counter]:
+    """('loop' or 'straight', blocks the counted code covers, kind -> instructions); fragment_order: the
+    kernel for inputs in fragment order (`int4_mma_gemv.to_fragment_order`)."""
+    code = blocks_of(sass(compile_tile(cfg, "bf16", m, k, fragment_order).asm["cubin"]))
     loops = [body for name, body in code.items()
              if body and body[-1][0].startswith("BRA") and f"`({name})" in body[-1][1]]
     if loops:
@@ -94,6 +95,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--map", default="gearshift/data/policy/NVIDIA_H100_80GB_HBM3.json")
     ap.add_argument("--m", default="1,8", help="token counts (1..8: one 8-token MMA tile)")
+    ap.add_argument("--fragment-order", action="store_true", help="the kernels for inputs in fragment order")
     a = ap.parse_args()
     if not os.path.exists(NVDISASM):
         raise SystemExit(f"no nvdisasm in this Triton ({NVDISASM})")
@@ -103,7 +105,7 @@ def main() -> None:
         if strategy != "w4a16_mma" or m not in {int(v) for v in a.m.split(",")}:
             continue
         k = int(key.split(":")[2].split("x")[1])
-        where, blocks, c = per_block(cfg, m, k)
+        where, blocks, c = per_block(cfg, m, k, a.fragment_order)
         total = sum(c.values()) / blocks
         print(f"{key:24s} {m:2d} {cfg.key():34s} {where:8s} {total:6.1f} "
               + " ".join(f"{c[kd] / blocks:7.1f}" for kd in KINDS), flush=True)

@@ -67,14 +67,18 @@ def _kstep_mmas(mma: str, per_lane: int, d: str, e: str, f: str) -> list[str]:
     return out + [f"{mma} {{{e}}}, {{one, one, one, one}}, {{b0, b1}}, {{{e}}};"]
 
 
-def _tile_ksteps(mma: str, per_lane: int, tiles: int, bank: int, x_pair, selectors: tuple[str, str]) -> list[str]:
+def _tile_ksteps(mma: str, per_lane: int, tiles: int, bank: int, x_pair, selectors: tuple[str, str] | None) -> list[str]:
     """One k-step for every token tile: B gathered from the tile's two input registers x_pair(tile)
-    by two PRMTs with `selectors`, then `_kstep_mmas` into the accumulators from `bank` on."""
+    by two PRMTs with `selectors` (None: the two registers are B as they are), then `_kstep_mmas`
+    into the accumulators from `bank` on."""
     lines = []
     for tile in range(tiles):
         lo, hi = x_pair(tile)
         d, e, f = (", ".join(f"{r}{bank + 4 * tile + i}" for i in range(4)) for r in "def")
-        lines += [f"prmt.b32 b0, {lo}, {hi}, {selectors[0]};", f"prmt.b32 b1, {lo}, {hi}, {selectors[1]};"]
+        if selectors is None:
+            lines += [f"mov.b32 b0, {lo};", f"mov.b32 b1, {hi};"]  # (register renames: ptxas emits nothing)
+        else:
+            lines += [f"prmt.b32 b0, {lo}, {hi}, {selectors[0]};", f"prmt.b32 b1, {lo}, {hi}, {selectors[1]};"]
         lines += _kstep_mmas(mma, per_lane, d, e, f)
     return lines
 
@@ -93,7 +97,7 @@ def _block_outputs(per_lane: int, tiles: int) -> list[str]:
 
 
 def _mma_asm(dt: str, magic: int, rows: int, tiles: int = 1, chains: int = 1, fused: bool = True,
-             shared: bool = False, x_ahead: int | None = None) -> str:
+             shared: bool = False, x_ahead: int | None = None, fragment_order: bool = False) -> str:
     """PTX for one 128-column block of one warp, run once per lane (pack 1).
 
     rows: weight rows per warp (8, 16 or 32), i.e. 1, 2 or 4 rows per lane (g, g+8, g+16, g+24).
@@ -110,6 +114,9 @@ def _mma_asm(dt: str, magic: int, rows: int, tiles: int = 1, chains: int = 1, fu
     block's MMAs alternate between that many accumulator sets, summed at the end.
     x_ahead (an ablation, step_ladder.py's `x ahead N`; same bits): each word's inputs are loaded that
     many words ahead of their k-steps instead of all at the block's top (fewer live input registers).
+    fragment_order: the inputs are stored in fragment order (`to_fragment_order`: columns 0, 4, 1, 5, 2, 6,
+    3, 7 of every 8), so each input register already is a B operand and the 16 PRMTs per token tile and
+    block go; the same MMAs on the same operands, so the same bits (stop 52; not used by the engine yet).
     """
     per_lane = rows // 8
     mm = f"0x{magic:04X}{magic:04X}"
@@ -170,9 +177,12 @@ def _mma_asm(dt: str, magic: int, rows: int, tiles: int = 1, chains: int = 1, fu
                 pair("c2", f"${w0[2] + j}", 8 * half + 4)
                 pair("c1", f"${w0[3] + j}", 8 * half)
                 pair("c3", f"${w0[3] + j}", 8 * half + 4)
-            lines += _tile_ksteps(mma, per_lane, tiles, 4 * tiles * ((2 * j + half) % chains),
-                                  lambda tile: (f"x{16 * tile + 4 * j + half}", f"x{16 * tile + 4 * j + half + 2}"),
-                                  ("0x5410", "0x7632"))
+            if fragment_order:  # word 4j + 2 half holds columns (c, c + 4), the next one (c + 1, c + 5)
+                x_pair = lambda tile: (f"x{16 * tile + 4 * j + 2 * half}", f"x{16 * tile + 4 * j + 2 * half + 1}")  # noqa: E731
+            else:
+                x_pair = lambda tile: (f"x{16 * tile + 4 * j + half}", f"x{16 * tile + 4 * j + half + 2}")  # noqa: E731
+            lines += _tile_ksteps(mma, per_lane, tiles, 4 * tiles * ((2 * j + half) % chains), x_pair,
+                                  None if fragment_order else ("0x5410", "0x7632"))
     for c in range(1, chains):
         lines += [f"add.f32 {r}{i}, {r}{i}, {r}{4 * tiles * c + i};" for r in banks for i in range(4 * tiles)]
     lines += [f"mov.b32 ${i}, {v};" for i, v in enumerate(_block_outputs(per_lane, tiles))]
@@ -239,6 +249,10 @@ FUSED_LOP3 = True
 #: activations from shared memory (`TileConfig.xshare`)
 MMA_ASM_SHARED = {(dt, rows, tiles): _mma_asm(dt, magic, rows, tiles, shared=True)
                   for dt, magic in (("bf16", 0x4300), ("f16", 0x6400)) for rows in ROWS_PER_WARP for tiles in (1, 2)}
+#: inputs in fragment order (`to_fragment_order`), from global or shared memory: keyed (dt, rows, tiles, shared)
+MMA_ASM_FRAGMENT = {(dt, rows, tiles, shared): _mma_asm(dt, magic, rows, tiles, shared=shared, fragment_order=True)
+                    for dt, magic in (("bf16", 0x4300), ("f16", 0x6400)) for rows in ROWS_PER_WARP for tiles in (1, 2)
+                    for shared in (False, True)}
 #: int8 activation codes: `_mma_asm_s8`
 MMA_ASM_S8 = {(rows, tiles): _mma_asm_s8(rows, tiles) for rows in ROWS_PER_WARP for tiles in (1, 2)}
 MMA_ASM_S8_SHARED = {(rows, tiles): _mma_asm_s8(rows, tiles, shared=True) for rows in ROWS_PER_WARP for tiles in (1, 2)}
@@ -1090,7 +1104,7 @@ def xshare_fits(cfg: TileConfig, m: int, dtype=torch.bfloat16) -> bool:
 def mma_gemv(x: torch.Tensor, store: Int4Weight, cfg: TileConfig, token_scales: torch.Tensor | None = None,
              out_dtype: torch.dtype | None = None, pdl: bool | None = None,
              l2_prefetch: bool | None = None, trigger: int | None = None, tail: int = 0,
-             glu: bool = False) -> torch.Tensor:
+             glu: bool = False, fragment_order: bool = False) -> torch.Tensor:
     """y [M, N] = x [M, K] @ dequant(W).T for 1 <= M <= 64, 16 tokens per program (cfg: bm = 8, 16 or
     32 weight rows per warp, warps, split_k over programs, kwarps = warps sharing rows that split K inside the CTA,
     prefetch = 2 blocks per step, preload = the warp's whole K slice loaded before the PDL wait,
@@ -1100,7 +1114,9 @@ def mma_gemv(x: torch.Tensor, store: Int4Weight, cfg: TileConfig, token_scales: 
     `pdl_trigger`) change timing only, never the result; tail != 0 is a timing experiment with
     wrong results (`splitk_finish`). glu: the store is SwiGLU's gate_up (gate rows, then up rows) and y
     [M, N / 2] = silu(gate) * up, bit for bit what the unfused gate_up and `silu_mul_triton` give
-    (`mma_glu_supports` says which tiles can)."""
+    (`mma_glu_supports` says which tiles can). fragment_order: x is bf16 / fp16 in `to_fragment_order`'s
+    column order, and y is bit for bit what natural-order x gives (a kernel without the input PRMTs, for
+    timing: stop 52; no producer writes this order yet)."""
     x2 = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])  # (host time: eager decode pays every line)
     m = x2.shape[0]
     if not mma_gemv_supports(store, cfg, m, x2.dtype):
@@ -1145,7 +1161,7 @@ def mma_gemv(x: torch.Tensor, store: Int4Weight, cfg: TileConfig, token_scales: 
             trigger = cfg.trigger if cfg.trigger >= 0 else pdl_trigger(m, token_scales is not None)
     kernel = _mma_gemv_kernel[grid](x2, store.qweight, store.scales, store.mins, y, ws, cnt, xs, m, n, store.in_features,
                            x2.stride(0), y.stride(0), G=store.group_size, WARPS=cfg.warps, SPLIT_K=cfg.split_k,
-                           ASM=block_asm(dt, cfg.bm, tiles, cfg.xshare),
+                           ASM=block_asm(dt, cfg.bm, tiles, cfg.xshare, fragment_order),
                            CONSTRAINTS=block_constraints(dt, cfg.bm, tiles, cfg.xshare),
                            ROWS=cfg.bm, TG=tg,
                            ZPID=tg == 1 and bool(ONE_GROUP_Z) and token_scales is None,
@@ -1166,14 +1182,36 @@ def mma_gemv(x: torch.Tensor, store: Int4Weight, cfg: TileConfig, token_scales: 
     return y if x.dim() == 2 else y.reshape(*x.shape[:-1], n)
 
 
-def block_asm(dt: str, rows: int, tiles: int, shared: bool = False) -> str:
+def block_asm(dt: str, rows: int, tiles: int, shared: bool = False, fragment_order: bool = False) -> str:
     """The block PTX for activations of kind dt ('bf16', 'f16' or int8 codes 's8'), read from global
-    memory or (`TileConfig.xshare`) from shared memory."""
+    memory or (`TileConfig.xshare`) from shared memory; fragment_order: 16-bit inputs stored in
+    fragment order (`to_fragment_order`)."""
+    if fragment_order:
+        if dt == "s8":
+            raise ValueError("fragment-order inputs are 16-bit; int8 codes have their own gather")
+        return MMA_ASM_FRAGMENT[(dt, rows, tiles, shared)]
     if dt == "s8":
         return (MMA_ASM_S8_SHARED if shared else MMA_ASM_S8)[(rows, tiles)]
     if shared:
         return MMA_ASM_SHARED[(dt, rows, tiles)]
     return (MMA_ASM if FUSED_LOP3 else MMA_ASM_ANDOR)[(dt, rows, tiles)]
+
+
+#: column order of every 8 in fragment order: position p holds natural column FRAGMENT_ORDER[p]
+FRAGMENT_ORDER = (0, 4, 1, 5, 2, 6, 3, 7)
+
+
+def to_fragment_order(x: torch.Tensor) -> torch.Tensor:
+    """x [..., K] with each 8 columns' values in FRAGMENT_ORDER, the pairs one weight word's LOP3s make:
+    what `mma_gemv(..., fragment_order=True)` reads (a copy)."""
+    k = x.shape[-1]
+    return x.reshape(*x.shape[:-1], k // 8, 2, 4).transpose(-1, -2).reshape(x.shape).contiguous()
+
+
+def from_fragment_order(x: torch.Tensor) -> torch.Tensor:
+    """The inverse of `to_fragment_order`."""
+    k = x.shape[-1]
+    return x.reshape(*x.shape[:-1], k // 8, 4, 2).transpose(-1, -2).reshape(x.shape).contiguous()
 
 
 def block_constraints(dt: str, rows: int, tiles: int, shared: bool = False) -> str:
