@@ -105,7 +105,7 @@ def run(asm: str, operands: dict[int, np.ndarray], memories: dict[str, Memory], 
         return regs[tok]
 
     def put(dst: str, v) -> None:
-        regs[dst.strip()] = np.asarray(v).astype(np.uint32) if np.asarray(v).dtype != np.uint32 else np.asarray(v)
+        regs[dst.strip()] = np.asarray(v).astype(np.uint32, copy=False)
 
     def reglist(s: str) -> list[str]:
         return [r.strip() for r in s.strip().strip("{}").split(",")]

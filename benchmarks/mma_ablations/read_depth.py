@@ -88,10 +88,8 @@ def tma_configs():
             yield {"BR": br, "BC": bc, "STAGES": s, "KSPLIT": ks}
 
 
-def dispatched_us(n: int, k: int, m: int, dev: str) -> tuple[float, str]:
-    """The installed map's W4A16 pick at (n, k, m) on blocks16 stores, as the engine runs it."""
-    from gearshift.dispatch.dispatcher import install_policy
-    d = install_policy()
+def dispatched_us(d, n: int, k: int, m: int, dev: str) -> tuple[float, str]:
+    """Dispatcher d's W4A16 pick at (n, k, m) on blocks16 stores, as the engine runs it."""
     probe = random_store("int4", n, k, 128, dev, layout="blocks16")
     stores = [random_store("int4", n, k, 128, dev, layout="blocks16") for _ in range(n_copies(probe))]
     x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
@@ -108,6 +106,9 @@ def main() -> None:
     if not torch.cuda.is_available():
         raise SystemExit("read_depth.py needs a CUDA GPU")
     from triton.tools.tensor_descriptor import TensorDescriptor
+
+    from gearshift.dispatch.dispatcher import install_policy
+    disp = install_policy()  # the map the engine runs on this GPU
 
     dev = "cuda"
     bw = copy_bandwidth()
@@ -140,7 +141,7 @@ def main() -> None:
                          "us": us, "TBps": nbytes / us / 1e6})
         disp = {}
         for m in [int(v) for v in args.m.split(",")]:
-            us, pick = dispatched_us(n, k, m, dev)
+            us, pick = dispatched_us(disp, n, k, m, dev)
             disp[m] = {"us": us, "pick": pick, "TBps": nbytes / us / 1e6}
         res["shapes"][sname] = {"n": n, "k": k, "bytes": nbytes, "reads": rows, "dispatched_w4a16": disp}
         ok = [r for r in rows if "us" in r]

@@ -1201,17 +1201,20 @@ def block_asm(dt: str, rows: int, tiles: int, shared: bool = False, fragment_ord
 FRAGMENT_ORDER = (0, 4, 1, 5, 2, 6, 3, 7)
 
 
+def _reorder_eights(x: torch.Tensor, order) -> torch.Tensor:
+    """x [..., K] with position p of every 8 columns taking column order[p] (a copy)."""
+    return x.reshape(*x.shape[:-1], x.shape[-1] // 8, 8)[..., list(order)].reshape(x.shape)
+
+
 def to_fragment_order(x: torch.Tensor) -> torch.Tensor:
     """x [..., K] with each 8 columns' values in FRAGMENT_ORDER, the pairs one weight word's LOP3s make:
     what `mma_gemv(..., fragment_order=True)` reads (a copy)."""
-    k = x.shape[-1]
-    return x.reshape(*x.shape[:-1], k // 8, 2, 4).transpose(-1, -2).reshape(x.shape).contiguous()
+    return _reorder_eights(x, FRAGMENT_ORDER)
 
 
 def from_fragment_order(x: torch.Tensor) -> torch.Tensor:
     """The inverse of `to_fragment_order`."""
-    k = x.shape[-1]
-    return x.reshape(*x.shape[:-1], k // 8, 4, 2).transpose(-1, -2).reshape(x.shape).contiguous()
+    return _reorder_eights(x, [FRAGMENT_ORDER.index(c) for c in range(8)])
 
 
 def block_constraints(dt: str, rows: int, tiles: int, shared: bool = False) -> str:
