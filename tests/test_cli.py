@@ -55,18 +55,33 @@ def test_quantize_group_size_is_checked_and_a_substitute_is_said(model_dir, tmp_
     assert "group size 48 does not divide in_features" in err
 
 
-def test_quantize_round_trip(model_dir, tmp_path, capsys):
+@pytest.mark.parametrize("dtype", ["auto", "bf16"])
+def test_quantize_round_trip(model_dir, tmp_path, capsys, dtype):
+    """A saved checkpoint decodes as on-the-fly quantization does, also where the compute dtype is not the
+    source's: on-the-fly quantization of an fp32 source once read its bf16 copy (and the checkpoint's fp32
+    lm_head stayed fp32), which gave other tokens on the GPU."""
     out = tmp_path / "q"
     code, _, err = cli(capsys, "quantize", str(model_dir("tiny")), str(out), "--group-size", "32")
     assert code == 0, err
     manifest = json.loads((out / "gearshift.json").read_text())
     assert manifest["layers"]["model.layers.0.self_attn.qkv_proj"]["format"] == "int4g"
     code, o1, _ = cli(capsys, "generate", "--model", str(out), "--prompt", "hi", "--max-new-tokens", "6", "--json",
-                      "--ignore-eos", "--quantize", "none")
+                      "--ignore-eos", "--quantize", "none", "--dtype", dtype)
     code2, o2, _ = cli(capsys, "generate", "--model", str(model_dir("tiny")), "--prompt", "hi", "--max-new-tokens",
-                       "6", "--json", "--ignore-eos", "--group-size", "32")
+                       "6", "--json", "--ignore-eos", "--group-size", "32", "--dtype", dtype)
     assert code == code2 == 0
     assert json.loads(o1)["outputs"][0]["token_ids"] == json.loads(o2)["outputs"][0]["token_ids"]
+
+
+def test_checkpoint_dense_weights_take_the_compute_dtype(model_dir, tmp_path, capsys):
+    import torch
+
+    from gearshift.model.loader import load_model
+
+    out = tmp_path / "q"
+    assert cli(capsys, "quantize", str(model_dir("tiny")), str(out), "--group-size", "32")[0] == 0
+    head = load_model(out, dtype=torch.bfloat16, progress=False).model.lm_head.store
+    assert head.format_name == "dense" and head.weight.dtype == torch.bfloat16
 
 
 def test_quantize_int4_prog_round_trip_and_qspec(model_dir, tmp_path, capsys):

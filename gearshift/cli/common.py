@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 import torch
 
@@ -40,26 +41,40 @@ def resolve_device(name: str) -> str:
 
 def load_for_modes(args, modes: list[str]):
     """Load --model; dense linears are quantized (round-to-nearest) when a mode needs fewer bits."""
-    from gearshift.model.loader import load_model, note, quantize_linears
+    from gearshift.model.loader import holds_dense_linears, load_model, note, quantize_linears
     from gearshift.quant.modes import get_mode
 
     device = resolve_device(args.device)
     group = getattr(args, "group_size", 128)
-    loaded = load_model(args.model, dtype=DTYPES[args.dtype], device=device, progress=True,
-                        cuda_graphs=getattr(args, "cuda_graphs", True),
-                        int4_layout=getattr(args, "int4_layout", "auto"))
     want = getattr(args, "quantize", "auto")
     need = min(get_mode(m).weight_bits for m in modes)
-    check_quantized_bits(loaded, modes, need)
-    if want == "auto":
-        have = {lin.store.weight_bits for name, lin in loaded.model.linear_layers() if name != "lm_head"}
-        want = {4: "int4", 8: "int8"}.get(need) if need not in have else "none"
-        if want and want != "none":
-            note(f"{loaded.source} holds {max(have)}-bit weights and mode(s) {', '.join(modes)} need {need}-bit: "
-                 f"quantizing with round-to-nearest ({want}, group {group}); 'gearshift quantize' saves the result")
-            hint = int4_prog_hint(modes, device) if want == "int4" else None
+
+    def auto(source, have: set[int]) -> str:
+        """--quantize auto: the bits the modes need where the weights hold more, said in a note."""
+        how = {4: "int4", 8: "int8"}.get(need) if need not in have else "none"
+        if how and how != "none":
+            note(f"{source} holds {max(have)}-bit weights and mode(s) {', '.join(modes)} need {need}-bit: "
+                 f"quantizing with round-to-nearest ({how}, group {group}); 'gearshift quantize' saves the result")
+            hint = int4_prog_hint(modes, device) if how == "int4" else None
             if hint:
                 note(hint)
+        return how
+
+    # an HF folder's linears are quantized as they are built, from the source precision (an fp32 source
+    # then gets the weights `gearshift quantize` saves, not those of its bf16 copy); the others after loading
+    early = holds_dense_linears(args.model)
+    if early and want == "auto":
+        want = auto(str(Path(args.model)), {16})
+    loaded = load_model(args.model, dtype=DTYPES[args.dtype], device=device, progress=True,
+                        cuda_graphs=getattr(args, "cuda_graphs", True),
+                        int4_layout=getattr(args, "int4_layout", "auto"),
+                        quantize=want if early and want and want != "none" else None, group_size=group)
+    check_quantized_bits(loaded, modes, need)
+    if early:
+        return loaded
+    if want == "auto":
+        want = auto(loaded.source, {lin.store.weight_bits for name, lin in loaded.model.linear_layers()
+                                    if name != "lm_head"})
     if want and want != "none":
         quantize_linears(loaded, want, group)
     return loaded

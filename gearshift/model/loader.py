@@ -81,17 +81,39 @@ def quantize_store(w: torch.Tensor, how: str, group_size: int) -> WeightFormat:
     raise GearshiftError(f"unknown weight quantization {how!r}; choose one of {', '.join(WEIGHT_QUANTIZERS)}")
 
 
-def _as_store(x, dtype, quantize: str | None, group_size: int) -> WeightFormat:
+def _as_store(x, dtype, quantize: str | None, group_size: int, device=None) -> WeightFormat:
+    """A linear's store: stores as they are, dense tensors quantized from their source precision (on
+    `device`, where given) or cast to the compute dtype."""
+    if isinstance(x, DenseWeight):  # a checkpoint's unquantized weight runs in the compute dtype, as an HF tensor does
+        x = x.weight
     if isinstance(x, WeightFormat):
         return x
     if quantize:
-        return quantize_store(x, quantize, group_size)
+        return quantize_store(x if device is None else x.to(device), quantize, group_size)
     return DenseWeight(x.to(dtype))
 
 
+def _note_prequantized(info: dict, flagged: list[tuple[str, str]], total: int) -> None:
+    """Say (once) that some of the `total` linears just quantized looked quantized already."""
+    if not flagged:
+        return
+    note(f"{len(flagged)} of {total} linears look already quantized ({flagged[0][0]}: {flagged[0][1]}); "
+         "re-quantizing compounds the error (GEARBX 13.3): prefer loading the quantized source as it is")
+    info["prequantized_linears"] = [n for n, _ in flagged]
+
+
 def build_transformer(config: ModelConfig, tensors: Mapping[str, object], dtype: torch.dtype,
-                      quantize: str | None = None, group_size: int = 128, progress: bool = False) -> Transformer:
-    """Assemble the model from HF-named tensors/stores; dense linears are quantized if asked."""
+                      quantize: str | None = None, group_size: int = 128, progress: bool = False,
+                      device=None, quantized: list | None = None) -> Transformer:
+    """Assemble the model from HF-named tensors/stores; dense linears are quantized if asked, from their
+    source precision (so an fp32 source gets the weights `gearshift quantize` saves from it), on `device`
+    where given. `quantized` collects (name, prequant_report) per linear quantized here."""
+    from gearshift.quant.detect import prequant_report
+
+    def store(x, name: str) -> WeightFormat:
+        if quantize and isinstance(x, torch.Tensor) and quantized is not None:
+            quantized.append((name, prequant_report(x)))
+        return _as_store(x, dtype, quantize, group_size, device)
 
     def get(name):
         if name not in tensors:
@@ -107,17 +129,16 @@ def build_transformer(config: ModelConfig, tensors: Mapping[str, object], dtype:
     def fused(prefix: str, fused_name: str, parts: list[str], with_bias: bool) -> QuantLinear:
         key = f"{prefix}.{fused_name}.weight"
         if key in tensors:  # gearshift checkpoints store fused projections
-            store = _as_store(tensors[key], dtype, quantize, group_size)
+            st = store(tensors[key], f"{prefix}.{fused_name}")
             bias = opt(f"{prefix}.{fused_name}.bias")
         else:
-            store = concat_rows([_as_store(get(f"{prefix}.{p}.weight"), dtype, quantize, group_size) for p in parts])
+            st = concat_rows([store(get(f"{prefix}.{p}.weight"), f"{prefix}.{p}") for p in parts])
             bias = torch.cat([get(f"{prefix}.{p}.bias") for p in parts]) if with_bias else None
-        return QuantLinear(store, None if bias is None else bias.to(dtype))
+        return QuantLinear(st, None if bias is None else bias.to(dtype))
 
     def single(prefix: str, with_bias: bool) -> QuantLinear:
         bias = get(f"{prefix}.bias") if with_bias else opt(f"{prefix}.bias")
-        return QuantLinear(_as_store(get(f"{prefix}.weight"), dtype, quantize, group_size),
-                           None if bias is None else bias.to(dtype))
+        return QuantLinear(store(get(f"{prefix}.weight"), prefix), None if bias is None else bias.to(dtype))
 
     layers = []
     it = range(config.num_hidden_layers)
@@ -144,7 +165,7 @@ def build_transformer(config: ModelConfig, tensors: Mapping[str, object], dtype:
     if head is None or config.tie_word_embeddings:
         head_store = DenseWeight(decoder.embed_tokens.weight.data)  # tied: the same tensor, no copy
     else:
-        head_store = head if isinstance(head, WeightFormat) else DenseWeight(head.to(dtype))
+        head_store = _as_store(head, dtype, None, 0)
     if isinstance(head_store, WeightFormat) and head_store.format_name != "dense":
         head_store = DenseWeight(head_store.dequantize(dtype))
     lm_head = QuantLinear(head_store, pinned_mode="w16a16")
@@ -170,10 +191,7 @@ def quantize_linears(loaded: LoadedModel, how: str, group_size: int = 128, progr
             flagged.append((name, report.reason))
         lin.set_store(quantize_store(w, how, group_size).to(w.device))
     use_int4_layout(loaded.model, loaded.info.get("int4_layout", "auto"))
-    if flagged:
-        note(f"{len(flagged)} of {len(todo)} linears look already quantized ({flagged[0][0]}: {flagged[0][1]}); "
-             "re-quantizing compounds the error (GEARBX 13.3): prefer loading the quantized source as it is")
-        loaded.info["prequantized_linears"] = [n for n, _ in flagged]
+    _note_prequantized(loaded.info, flagged, len(todo))
     if todo:
         loaded.info["quantization"] = {"method": "rtn", "weights": how, "group_size": group_size}
     return len(todo)
@@ -282,6 +300,12 @@ def _attach_act_quantizers(model: Transformer, tensors: dict[str, torch.Tensor],
             modules[module].set_act_quantizer(mode, q)
 
 
+def holds_dense_linears(path: str | Path | None) -> bool:
+    """Whether `path` is an HF model folder (every linear 16- or 32-bit), read before loading: a caller
+    that will quantize them passes `quantize` to `load_model`, which quantizes from the source precision."""
+    return path is not None and Path(path).is_dir() and not (Path(path) / CHECKPOINT_MANIFEST).exists()
+
+
 def load_model(path: str | Path | None = None, *, dtype: torch.dtype | None = None, device: str = "cpu",
                quantize: str | None = None, group_size: int = 128, progress: bool = True,
                cuda_graphs: bool = True, int4_layout: str = "auto") -> LoadedModel:
@@ -326,11 +350,14 @@ def load_model(path: str | Path | None = None, *, dtype: torch.dtype | None = No
             tensors = raw
             info["source_format"] = "hf"
         tokenizer = _load_tokenizer(p)
-    model = build_transformer(config, tensors, dtype, quantize, group_size, progress=progress)
+    quantized: list = []
+    model = build_transformer(config, tensors, dtype, quantize, group_size, progress=progress,
+                              device=device, quantized=quantized)
     if info.get("source_format") == "gearshift":
         _attach_act_quantizers(model, raw, manifest)
     if quantize:
         info["quantization"] = {"method": "rtn", "weights": quantize, "group_size": group_size}
+        _note_prequantized(info, [(n, r.reason) for n, r in quantized if r.flagged], len(quantized))
     model.to(device)
     model.eval()
     info["int4_layout"] = int4_layout
