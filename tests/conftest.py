@@ -11,6 +11,26 @@ if not torch.cuda.is_available():
 torch.set_num_threads(min(4, os.cpu_count() or 1))
 
 
+def pytest_addoption(parser):
+    parser.addoption("--shard", default=None, metavar="K/N",
+                     help="run only the K-th of N round-robin slices of the collected tests (1 <= K <= N): the "
+                          "GPU suite takes longer than one lent device call allows, so it runs as N calls")
+
+
+def pytest_collection_modifyitems(config, items):
+    spec = config.getoption("--shard")
+    if not spec:
+        return
+    try:
+        k, n = (int(v) for v in spec.split("/"))
+    except ValueError:
+        k = n = 0
+    if not 1 <= k <= n:
+        raise pytest.UsageError(f"--shard takes K/N with 1 <= K <= N, got {spec!r}")
+    config.hook.pytest_deselected(items=[it for i, it in enumerate(items) if i % n != k - 1])
+    items[:] = items[k - 1::n]
+
+
 @pytest.fixture(scope="session")
 def model_dir(tmp_path_factory):
     """Write a tiny random model folder once per preset and session."""
