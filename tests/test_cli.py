@@ -73,6 +73,15 @@ def test_quantize_round_trip(model_dir, tmp_path, capsys, dtype):
     assert json.loads(o1)["outputs"][0]["token_ids"] == json.loads(o2)["outputs"][0]["token_ids"]
 
 
+@pytest.mark.parametrize("how, mode, fix", [("int8", "w4a16", "--quantize int4"), ("int4", "w8a16", "--quantize int8"),
+                                           ("int8", "w16a16", "--quantize none")])
+def test_explicit_quantize_of_other_bits_is_one_line(model_dir, capsys, how, mode, fix):
+    code, _, err = cli(capsys, "generate", "--model", str(model_dir("tiny")), "--prompt", "hi", "--quantize", how,
+                       "--mode", mode)
+    assert_one_line_error(code, err, f"--quantize {how} makes")
+    assert fix in err
+
+
 def test_checkpoint_dense_weights_take_the_compute_dtype(model_dir, tmp_path, capsys):
     import torch
 

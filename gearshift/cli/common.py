@@ -65,6 +65,8 @@ def load_for_modes(args, modes: list[str]):
     early = holds_dense_linears(args.model)
     if early and want == "auto":
         want = auto(str(Path(args.model)), {16})
+    elif early and want != "none":
+        check_quantize_bits(want, modes, need)
     loaded = load_model(args.model, dtype=DTYPES[args.dtype], device=device, progress=True,
                         cuda_graphs=getattr(args, "cuda_graphs", True),
                         int4_layout=getattr(args, "int4_layout", "auto"),
@@ -78,6 +80,15 @@ def load_for_modes(args, modes: list[str]):
     if want and want != "none":
         quantize_linears(loaded, want, group)
     return loaded
+
+
+def check_quantize_bits(how: str, modes: list[str], need: int) -> None:
+    """An explicit --quantize must make the weights the modes need, said before a dense model is quantized."""
+    made = 8 if how == "int8" else 4
+    if made != need:
+        fix = "--quantize none" if need == 16 else f"--quantize int{need}"
+        raise GearshiftError(f"--quantize {how} makes {made}-bit weights, but mode(s) {', '.join(modes)} need "
+                             f"{need}-bit ones: pass {fix}, or leave --quantize at auto")
 
 
 def check_quantized_bits(loaded, modes: list[str], need: int) -> None:
