@@ -82,6 +82,20 @@ def test_explicit_quantize_of_other_bits_is_one_line(model_dir, capsys, how, mod
     assert fix in err
 
 
+def test_unquantized_checkpoint_quantizes_at_load_as_its_source(model_dir, tmp_path, capsys):
+    """A checkpoint saved with --weights none (fp32 here) is quantized at load from its own precision, as the
+    HF folder it came from is, also under bf16."""
+    out = tmp_path / "dense"
+    assert cli(capsys, "quantize", str(model_dir("tiny")), str(out), "--weights", "none")[0] == 0
+    runs = []
+    for src in (out, model_dir("tiny")):
+        code, o, err = cli(capsys, "generate", "--model", str(src), "--prompt", "hi", "--max-new-tokens", "6", "--json",
+                           "--ignore-eos", "--group-size", "32", "--dtype", "bf16")
+        assert code == 0, err
+        runs.append(json.loads(o)["outputs"][0]["token_ids"])
+    assert runs[0] == runs[1]
+
+
 def test_checkpoint_dense_weights_take_the_compute_dtype(model_dir, tmp_path, capsys):
     import torch
 

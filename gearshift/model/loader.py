@@ -300,10 +300,19 @@ def _attach_act_quantizers(model: Transformer, tensors: dict[str, torch.Tensor],
             modules[module].set_act_quantizer(mode, q)
 
 
+def _all_dense(manifest: dict) -> bool:
+    """Whether a gearshift checkpoint holds no quantized linear (`gearshift quantize --weights none`)."""
+    return all(spec["format"] == "dense" for spec in manifest["layers"].values())
+
+
 def holds_dense_linears(path: str | Path | None) -> bool:
-    """Whether `path` is an HF model folder (every linear 16- or 32-bit), read before loading: a caller
-    that will quantize them passes `quantize` to `load_model`, which quantizes from the source precision."""
-    return path is not None and Path(path).is_dir() and not (Path(path) / CHECKPOINT_MANIFEST).exists()
+    """Whether every linear in `path` is 16- or 32-bit (an HF folder, or a gearshift checkpoint saved
+    unquantized), read before loading: a caller that will quantize them passes `quantize` to
+    `load_model`, which quantizes from the source precision."""
+    if path is None or not Path(path).is_dir():
+        return False
+    manifest = Path(path) / CHECKPOINT_MANIFEST
+    return not manifest.exists() or _all_dense(json.loads(manifest.read_text()))
 
 
 def load_model(path: str | Path | None = None, *, dtype: torch.dtype | None = None, device: str = "cpu",
@@ -344,7 +353,7 @@ def load_model(path: str | Path | None = None, *, dtype: torch.dtype | None = No
             tensors = _checkpoint_tensors(raw, manifest)
             info["source_format"] = "gearshift"
             info["quantization"] = manifest.get("quantization", {})
-            if quantize:
+            if quantize and not _all_dense(manifest):
                 raise GearshiftError(f"{p} is already a quantized gearshift checkpoint; load it without --quantize")
         else:
             tensors = raw
