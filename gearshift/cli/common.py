@@ -60,8 +60,10 @@ def load_for_modes(args, modes: list[str]):
                 note(hint)
         return how
 
-    # an HF folder's linears are quantized as they are built, from the source precision (an fp32 source
-    # then gets the weights `gearshift quantize` saves, not those of its bf16 copy); the others after loading
+    # dense sources (an HF folder, a checkpoint saved unquantized) are quantized as they are built, from their
+    # own precision (an fp32 source then gets the weights `gearshift quantize` saves, not those of its bf16
+    # copy). A GGUF's F16 / F32 linears are quantized after loading, from that copy: which of its linears are
+    # dense is known only once it is read
     early = holds_dense_linears(args.model)
     if early and want == "auto":
         want = auto(str(Path(args.model)), {16})
