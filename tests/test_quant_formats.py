@@ -120,3 +120,20 @@ def test_requantizing_a_dequantized_model_warns(model_dir, capsys):
     quantize_linears(lm, "int4", 32, progress=False)
     assert "look already quantized" in capsys.readouterr().err
     assert lm.info["prequantized_linears"]
+
+
+def test_quantizing_a_dequantized_checkpoint_at_load_warns(model_dir, tmp_path, capsys):
+    """The same warning where the linears are quantized as they are built (an unquantized checkpoint)."""
+    from gearshift.model.checkpoint import save_checkpoint
+    from gearshift.model.loader import load_model, quantize_linears
+
+    lm = load_model(model_dir("tiny", hidden_size=1024, intermediate_size=1024), progress=False)
+    quantize_linears(lm, "int4", 32, progress=False)
+    for _, lin in lm.model.linear_layers():
+        if lin.store.format_name != "dense":
+            lin.set_store(DenseWeight(lin.store.dequantize()))
+    save_checkpoint(lm, tmp_path / "dequantized")
+    capsys.readouterr()
+    again = load_model(tmp_path / "dequantized", quantize="int4", group_size=32, progress=False)
+    assert "look already quantized" in capsys.readouterr().err
+    assert again.info["prequantized_linears"] and again.weight_summary().get("dense") == 1

@@ -111,6 +111,8 @@ def build_transformer(config: ModelConfig, tensors: Mapping[str, object], dtype:
     from gearshift.quant.detect import prequant_report
 
     def store(x, name: str) -> WeightFormat:
+        if isinstance(x, DenseWeight):  # an unquantized checkpoint's
+            x = x.weight
         if quantize and isinstance(x, torch.Tensor) and quantized is not None:
             quantized.append((name, prequant_report(x)))
         return _as_store(x, dtype, quantize, group_size, device)
