@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from gearshift.cli import main
 
@@ -96,9 +97,20 @@ def test_unquantized_checkpoint_quantizes_at_load_as_its_source(model_dir, tmp_p
     assert runs[0] == runs[1]
 
 
-def test_checkpoint_dense_weights_take_the_compute_dtype(model_dir, tmp_path, capsys):
-    import torch
+def test_quantize_dtype_sets_the_dense_tensors_not_the_quantization(model_dir, tmp_path, capsys):
+    """--dtype bf16 keeps the dense tensors in bf16; the int4 stores are still made from the fp32 source."""
+    from safetensors.torch import load_file
 
+    stores = []
+    for name, extra in (("f32", []), ("b16", ["--dtype", "bf16"])):
+        assert cli(capsys, "quantize", str(model_dir("tiny")), str(tmp_path / name), "--group-size", "32", *extra)[0] == 0
+        stores.append(load_file(tmp_path / name / "model.safetensors"))
+    quantized = [k for k in stores[0] if ".store." in k and not k.startswith("lm_head")]
+    assert quantized and all(torch.equal(stores[0][k], stores[1][k]) for k in quantized)
+    assert stores[1]["lm_head.store.weight"].dtype == torch.bfloat16
+
+
+def test_checkpoint_dense_weights_take_the_compute_dtype(model_dir, tmp_path, capsys):
     from gearshift.model.loader import load_model
 
     out = tmp_path / "q"

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 import torch
 
@@ -41,7 +40,7 @@ def resolve_device(name: str) -> str:
 
 def load_for_modes(args, modes: list[str]):
     """Load --model; dense linears are quantized (round-to-nearest) when a mode needs fewer bits."""
-    from gearshift.model.loader import holds_dense_linears, load_model, note, quantize_linears
+    from gearshift.model.loader import load_model, note
     from gearshift.quant.modes import get_mode
 
     device = resolve_device(args.device)
@@ -49,10 +48,17 @@ def load_for_modes(args, modes: list[str]):
     want = getattr(args, "quantize", "auto")
     need = min(get_mode(m).weight_bits for m in modes)
 
-    def auto(source, have: set[int]) -> str:
-        """--quantize auto: the bits the modes need where the weights hold more, said in a note."""
-        how = {4: "int4", 8: "int8"}.get(need) if need not in have else "none"
-        if how and how != "none":
+    def rule(source: str, have: set[int]) -> str | None:
+        """What the dense linears become, decided once the source is read and before they are built (so
+        they are quantized from their own precision)."""
+        check_quantized_bits(source, have - {16}, modes, need)
+        if 16 not in have or want in (None, "none"):
+            return None
+        if want != "auto":
+            check_quantize_bits(want, modes, need)
+            return want
+        how = {4: "int4", 8: "int8"}.get(need) if need not in have else None
+        if how:
             note(f"{source} holds {max(have)}-bit weights and mode(s) {', '.join(modes)} need {need}-bit: "
                  f"quantizing with round-to-nearest ({how}, group {group}); 'gearshift quantize' saves the result")
             hint = int4_prog_hint(modes, device) if how == "int4" else None
@@ -60,28 +66,9 @@ def load_for_modes(args, modes: list[str]):
                 note(hint)
         return how
 
-    # dense sources (an HF folder, a checkpoint saved unquantized) are quantized as they are built, from their
-    # own precision (an fp32 source then gets the weights `gearshift quantize` saves, not those of its bf16
-    # copy). A GGUF's F16 / F32 linears are quantized after loading, from that copy: which of its linears are
-    # dense is known only once it is read
-    early = holds_dense_linears(args.model)
-    if early and want == "auto":
-        want = auto(str(Path(args.model)), {16})
-    elif early and want != "none":
-        check_quantize_bits(want, modes, need)
-    loaded = load_model(args.model, dtype=DTYPES[args.dtype], device=device, progress=True,
-                        cuda_graphs=getattr(args, "cuda_graphs", True),
-                        int4_layout=getattr(args, "int4_layout", "auto"),
-                        quantize=want if early and want and want != "none" else None, group_size=group)
-    check_quantized_bits(loaded, modes, need)
-    if early:
-        return loaded
-    if want == "auto":
-        want = auto(loaded.source, {lin.store.weight_bits for name, lin in loaded.model.linear_layers()
-                                    if name != "lm_head"})
-    if want and want != "none":
-        quantize_linears(loaded, want, group)
-    return loaded
+    return load_model(args.model, dtype=DTYPES[args.dtype], device=device, progress=True,
+                      cuda_graphs=getattr(args, "cuda_graphs", True),
+                      int4_layout=getattr(args, "int4_layout", "auto"), quantize=rule, group_size=group)
 
 
 def check_quantize_bits(how: str, modes: list[str], need: int) -> None:
@@ -93,13 +80,11 @@ def check_quantize_bits(how: str, modes: list[str], need: int) -> None:
                              f"{need}-bit ones: pass {fix}, or leave --quantize at auto")
 
 
-def check_quantized_bits(loaded, modes: list[str], need: int) -> None:
+def check_quantized_bits(source: str, bits: set[int], modes: list[str], need: int) -> None:
     """Quantization at load only turns dense linears into fewer bits. A checkpoint's already quantized
-    linears of another width cannot serve a mode that needs `need`-bit weights (0: any), so say so before
-    anything runs, instead of noting a quantization that would leave them as they are."""
-    bits = sorted({lin.store.weight_bits for name, lin in loaded.model.linear_layers()
-                   if name != "lm_head" and lin.store.format_name != "dense"})
-    other = [b for b in bits if need and b != need]
+    linears (`bits`) of another width cannot serve a mode that needs `need`-bit weights (0: any), so say
+    so before anything runs, instead of noting a quantization that would leave them as they are."""
+    other = sorted(b for b in bits if need and b != need)
     if not other:
         return
     b = other[0]
@@ -108,7 +93,7 @@ def check_quantized_bits(loaded, modes: list[str], need: int) -> None:
     else:
         fix = (f"choose a mode for {b}-bit weights (e.g. w{b}a16), or quantize the 16-bit source for it "
                f"(gearshift quantize --weights int{need}): re-quantizing {b}-bit weights compounds the error")
-    raise GearshiftError(f"mode(s) {', '.join(modes)} need {need}-bit weights, but {loaded.source} holds {b}-bit "
+    raise GearshiftError(f"mode(s) {', '.join(modes)} need {need}-bit weights, but {source} holds {b}-bit "
                          f"quantized ones: {fix}")
 
 

@@ -30,10 +30,13 @@ def register(sub) -> None:
 
 def run(args) -> int:
     from gearshift.model.checkpoint import save_checkpoint
-    from gearshift.model.loader import load_model, quantize_linears
+    from gearshift.model.loader import load_model
 
-    loaded = load_model(args.src, dtype=DTYPES[args.dtype], device="cpu", progress=True)
-    n = quantize_linears(loaded, args.weights, args.group_size) if args.weights != "none" else 0
+    how = None if args.weights == "none" else args.weights
+    # the dense linears, quantized from their own precision whatever --dtype keeps; a GGUF's int4 ones stay
+    loaded = load_model(args.src, dtype=DTYPES[args.dtype], device="cpu", progress=True, group_size=args.group_size,
+                        quantize=lambda source, have: how if 16 in have else None)
+    n = loaded.info.get("quantized_linears", 0)
     apply_act_quant(args, loaded)  # calibrated activation quantizers (e.g. W4A4 outliers), if asked
     out = save_checkpoint(loaded, args.out)
     print(f"{out}: {n} linears quantized, formats {loaded.weight_summary()}")

@@ -8,10 +8,11 @@ weight stores (int4 from GGUF Q4_0/Q4_1 or from our checkpoints), and one builde
 from __future__ import annotations
 
 import json
+import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping
+from typing import Callable, Mapping, Optional
 
 import torch
 
@@ -88,9 +89,18 @@ def _as_store(x, dtype, quantize: str | None, group_size: int, device=None) -> W
         x = x.weight
     if isinstance(x, WeightFormat):
         return x
-    if quantize:
-        return quantize_store(x if device is None else x.to(device), quantize, group_size)
+    if quantize:  # fp32 is exact for every source dtype: the weights `gearshift quantize` (CPU, fp32) makes
+        return quantize_store(x.to(device=device, dtype=torch.float32), quantize, group_size)
     return DenseWeight(x.to(dtype))
+
+
+_LINEAR_WEIGHT = re.compile(r"model\.layers\.\d+\.(self_attn|mlp)\.\w+_proj\.weight")
+
+
+def _linear_bits(tensors: Mapping[str, object]) -> set[int]:
+    """The weight bits the source's decoder linears hold (16 for dense ones), before they are built."""
+    return {x.weight_bits if isinstance(x, WeightFormat) and x.format_name != "dense" else 16
+            for name, x in tensors.items() if _LINEAR_WEIGHT.fullmatch(name)}
 
 
 def _note_prequantized(info: dict, flagged: list[tuple[str, str]], total: int) -> None:
@@ -107,7 +117,7 @@ def build_transformer(config: ModelConfig, tensors: Mapping[str, object], dtype:
                       device=None, quantized: list | None = None) -> Transformer:
     """Assemble the model from HF-named tensors/stores; dense linears are quantized if asked, from their
     source precision (so an fp32 source gets the weights `gearshift quantize` saves from it), on `device`
-    where given. `quantized` collects (name, prequant_report) per linear quantized here."""
+    where given. `quantized` collects (linear's name, prequant_report) per tensor quantized here."""
     from gearshift.quant.detect import prequant_report
 
     def store(x, name: str) -> WeightFormat:
@@ -134,7 +144,7 @@ def build_transformer(config: ModelConfig, tensors: Mapping[str, object], dtype:
             st = store(tensors[key], f"{prefix}.{fused_name}")
             bias = opt(f"{prefix}.{fused_name}.bias")
         else:
-            st = concat_rows([store(get(f"{prefix}.{p}.weight"), f"{prefix}.{p}") for p in parts])
+            st = concat_rows([store(get(f"{prefix}.{p}.weight"), f"{prefix}.{fused_name}") for p in parts])
             bias = torch.cat([get(f"{prefix}.{p}.bias") for p in parts]) if with_bias else None
         return QuantLinear(st, None if bias is None else bias.to(dtype))
 
@@ -307,23 +317,21 @@ def _all_dense(manifest: dict) -> bool:
     return all(spec["format"] == "dense" for spec in manifest["layers"].values())
 
 
-def holds_dense_linears(path: str | Path | None) -> bool:
-    """Whether every linear in `path` is 16- or 32-bit (an HF folder, or a gearshift checkpoint saved
-    unquantized), read before loading: a caller that will quantize them passes `quantize` to
-    `load_model`, which quantizes from the source precision."""
-    if path is None or not Path(path).is_dir():
-        return False
-    manifest = Path(path) / CHECKPOINT_MANIFEST
-    return not manifest.exists() or _all_dense(json.loads(manifest.read_text()))
+#: `load_model`'s quantize may decide from the source: (source, bits its linears hold) -> quantizer or None
+QuantizeRule = Callable[[str, set], Optional[str]]
 
 
 def load_model(path: str | Path | None = None, *, dtype: torch.dtype | None = None, device: str = "cpu",
-               quantize: str | None = None, group_size: int = 128, progress: bool = True,
+               quantize: str | QuantizeRule | None = None, group_size: int = 128, progress: bool = True,
                cuda_graphs: bool = True, int4_layout: str = "auto") -> LoadedModel:
     """Load `path` (HF folder, gearshift checkpoint or .gguf; None = embedded SmolLM2).
 
     On CUDA, decode-sized forwards replay captured CUDA graphs unless `cuda_graphs=False`.
     `int4_layout` (`use_int4_layout`): byte order of int4 weights in memory; speed only.
+    `quantize`: the dense linears are quantized as they are built, from their own precision (so an
+    fp32 or fp16 source gets the weights `gearshift quantize` saves, not those of its bf16 copy), on
+    `device`. A `QuantizeRule` chooses the quantizer once the source is read, from the bits its
+    linears hold; only the dense ones are quantized then.
     """
     if int4_layout not in INT4_LAYOUTS:
         raise GearshiftError(f"unknown int4 layout {int4_layout!r} (choose from {', '.join(INT4_LAYOUTS)})")
@@ -355,20 +363,28 @@ def load_model(path: str | Path | None = None, *, dtype: torch.dtype | None = No
             tensors = _checkpoint_tensors(raw, manifest)
             info["source_format"] = "gearshift"
             info["quantization"] = manifest.get("quantization", {})
-            if quantize and not _all_dense(manifest):
+            if isinstance(quantize, str) and not _all_dense(manifest):
                 raise GearshiftError(f"{p} is already a quantized gearshift checkpoint; load it without --quantize")
         else:
             tensors = raw
             info["source_format"] = "hf"
         tokenizer = _load_tokenizer(p)
+    if callable(quantize):
+        quantize = quantize(str(p), _linear_bits(tensors))
+    quantize = None if quantize == "none" else quantize
     quantized: list = []
     model = build_transformer(config, tensors, dtype, quantize, group_size, progress=progress,
                               device=device, quantized=quantized)
     if info.get("source_format") == "gearshift":
         _attach_act_quantizers(model, raw, manifest)
-    if quantize:
+    if quantize and quantized:  # (a source whose linears were all quantized already keeps its record)
         info["quantization"] = {"method": "rtn", "weights": quantize, "group_size": group_size}
-        _note_prequantized(info, [(n, r.reason) for n, r in quantized if r.flagged], len(quantized))
+        flagged: dict[str, str] = {}  # a fused linear's parts report under its name, once
+        for name, report in quantized:
+            if report.flagged:
+                flagged.setdefault(name, report.reason)
+        info["quantized_linears"] = len({name for name, _ in quantized})
+        _note_prequantized(info, list(flagged.items()), info["quantized_linears"])
     model.to(device)
     model.eval()
     info["int4_layout"] = int4_layout
