@@ -52,7 +52,12 @@ def load_for_modes(args, modes: list[str]):
         """What the dense linears become, decided once the source is read and before they are built (so
         they are quantized from their own precision)."""
         check_quantized_bits(source, have - {16}, modes, need)
-        if 16 not in have or want in (None, "none"):
+        if want in (None, "none"):
+            return None
+        if 16 not in have:
+            if want != "auto":
+                note(f"--quantize {want} leaves {source} as it is: its linears are quantized already "
+                     f"({'/'.join(f'{b}-bit' for b in sorted(have))}), and only dense ones are quantized at load")
             return None
         if want != "auto":
             check_quantize_bits(want, modes, need)
