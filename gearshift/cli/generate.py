@@ -78,7 +78,8 @@ def register(sub) -> None:
     p.add_argument("--batch-size", type=int, default=8, help="sequences decoded together; more prompts join as slots free up (default: 8)")
     p.add_argument("--quantize", default="auto", choices=["auto", "none", "int4", "int4-sym", "int4-prog", "int8"],
                    help="round-to-nearest quantization of a dense model's linears (int4-prog: int8-exact "
-                        "groups, see `gearshift quantize --help`); auto = only if the mode needs it")
+                        "groups, see `gearshift quantize --help`), from the weights' own precision as `gearshift quantize` "
+                        "does; auto = only if the mode needs it")
     p.add_argument("--group-size", type=int, default=128, help="int4 group size when quantizing (default: 128)")
     p.add_argument("--json", action="store_true",
                    help='print one JSON object {"outputs": [{"text", "token_ids", ...}], "stats": {...}}')

@@ -335,6 +335,7 @@ def load_model(path: str | Path | None = None, *, dtype: torch.dtype | None = No
     """
     if int4_layout not in INT4_LAYOUTS:
         raise GearshiftError(f"unknown int4 layout {int4_layout!r} (choose from {', '.join(INT4_LAYOUTS)})")
+    quantize = None if quantize == "none" else quantize
     dtype = dtype or default_dtype(device)
     if path is None:
         from gearshift.model.gguf_loader import smollm2_path
@@ -371,7 +372,6 @@ def load_model(path: str | Path | None = None, *, dtype: torch.dtype | None = No
         tokenizer = _load_tokenizer(p)
     if callable(quantize):
         quantize = quantize(str(p), _linear_bits(tensors))
-    quantize = None if quantize == "none" else quantize
     quantized: list = []
     model = build_transformer(config, tensors, dtype, quantize, group_size, progress=progress,
                               device=device, quantized=quantized)
