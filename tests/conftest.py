@@ -1,4 +1,6 @@
 import os
+import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -10,14 +12,28 @@ if not torch.cuda.is_available():
 
 torch.set_num_threads(min(4, os.cpu_count() or 1))
 
+_started = pytest.StashKey[float]()
+
 
 def pytest_addoption(parser):
     parser.addoption("--shard", default=None, metavar="K/N",
                      help="run only the K-th of N round-robin slices of the collected tests (1 <= K <= N): the "
                           "GPU suite takes longer than one lent device call allows, so it runs as N calls")
+    parser.addoption("--resume", default=None, metavar="FILE",
+                     help="leave out the tests whose ids FILE lists and append to it the id of each test that "
+                          "passes: the GPU suite outgrows one device call, and one session's device time, so a "
+                          "later run goes on where the earlier ones stopped")
+    parser.addoption("--stop-after", default=None, type=float, metavar="SECONDS",
+                     help="start no test once SECONDS have passed since the run began; it ends with its summary "
+                          "and exit code 2, which a `timeout` kill would lose")
 
 
 def pytest_collection_modifyitems(config, items):
+    resume = config.getoption("--resume")
+    if resume:
+        done = set(Path(resume).read_text().splitlines()) if Path(resume).is_file() else set()
+        config.hook.pytest_deselected(items=[it for it in items if it.nodeid in done])
+        items[:] = [it for it in items if it.nodeid not in done]
     spec = config.getoption("--shard")
     if not spec:
         return
@@ -29,6 +45,26 @@ def pytest_collection_modifyitems(config, items):
         raise pytest.UsageError(f"--shard takes K/N with 1 <= K <= N, got {spec!r}")
     config.hook.pytest_deselected(items=[it for i, it in enumerate(items) if i % n != k - 1])
     items[:] = items[k - 1::n]
+
+
+def pytest_sessionstart(session):
+    session.config.stash[_started] = time.monotonic()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """--resume: one id per line, written as each test passes, so a run killed by a device limit keeps its record."""
+    report = (yield).get_result()
+    resume = item.config.getoption("--resume")
+    if resume and report.when == "call" and report.passed:
+        with open(resume, "a") as f:
+            f.write(report.nodeid + "\n")
+
+
+def pytest_runtest_teardown(item):
+    budget = item.config.getoption("--stop-after")
+    if budget is not None and time.monotonic() - item.config.stash[_started] > budget:
+        item.session.shouldstop = f"--stop-after {budget:g}: the time for starting tests is up"
 
 
 @pytest.fixture(scope="session")
