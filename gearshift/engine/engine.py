@@ -44,6 +44,7 @@ class StreamEvent:
     text: str  # text added since the last event
     finished: bool
     finish_reason: str | None = None
+    full_text: str | None = None  # on the last event: the whole output's text, cut at a stop string
 
 
 class Engine:
@@ -64,11 +65,15 @@ class Engine:
             if not getattr(self.tokenizer, "chat_template", None):
                 raise GearshiftError("this model's tokenizer has no chat template; use --no-chat")
             msgs = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
-            ids = self.tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
-            if isinstance(ids, dict) or hasattr(ids, "keys"):
-                ids = ids["input_ids"]
-            return list(ids)
+            return self.encode_chat(msgs)
         ids = self.tokenizer(prompt, add_special_tokens=True)["input_ids"]
+        return list(ids)
+
+    def encode_chat(self, messages: list[dict]) -> list[int]:
+        """A conversation ({"role", "content"} dicts) through the chat template, ready for the assistant's turn."""
+        ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        if isinstance(ids, dict) or hasattr(ids, "keys"):
+            ids = ids["input_ids"]
         return list(ids)
 
     def decode(self, ids: list[int]) -> str | None:
@@ -83,7 +88,9 @@ class Engine:
         return sorted(ids)
 
     # -- generation ----------------------------------------------------------------------------
-    def _validate(self, requests: list[Request]) -> None:
+    def _validate(self, requests: list[Request], clamp: bool = True) -> None:
+        """Prompts must be token ids of this vocabulary that leave room in the context; `clamp` cuts
+        max_new_tokens to the room left (a server checks that with `check_fits` instead)."""
         vocab = self.loaded.config.vocab_size
         for i, r in enumerate(requests):
             if not r.prompt_ids:
@@ -93,7 +100,7 @@ class Engine:
             need = len(r.prompt_ids) + r.params.max_new_tokens
             if len(r.prompt_ids) >= self.max_seq_len:
                 raise GearshiftError(f"prompt {i} has {len(r.prompt_ids)} tokens; the context holds {self.max_seq_len}")
-            if need > self.max_seq_len:
+            if clamp and need > self.max_seq_len:
                 r.params.max_new_tokens = self.max_seq_len - len(r.prompt_ids)
 
     def stream(self, requests: list[Request], policy: DecodePolicy, events: bool = True) -> Iterator[StreamEvent]:
@@ -101,36 +108,112 @@ class Engine:
         (events=False: yield nothing, skip the per-step detokenization; results are in
         self.sequences)."""
         self._validate(requests)
-        eos = self.eos_ids()
         batch = min(self.max_batch, len(requests))
         capacity = max(len(r.prompt_ids) + r.params.max_new_tokens for r in requests) + policy.lookahead + 1
+        queue = deque(Sequence(i, list(r.prompt_ids), r.params) for i, r in enumerate(requests))
+        self.sequences: list[Sequence] = []
+        timing = yield from self._run(queue, policy, batch, capacity, events, admitted=self.sequences.extend)
+        wall = timing["wall_s"]
+        generated = sum(len(s.output) for s in self.sequences)
+        first = timing["first_token_at"]
+        self.last_stats = {
+            "policy": policy.name,
+            "mode": policy.mode,
+            "requests": len(requests),
+            "batch": batch,
+            "generated_tokens": generated,
+            "wall_s": round(wall, 4),
+            "tokens_per_s": round(generated / wall, 3) if wall > 0 else None,
+            "mean_time_to_first_token_s": round(sum(first.values()) / max(len(first), 1), 4),
+            **policy.stats(),
+        }
+
+    def serve(self, pull: Callable[[bool], list[tuple[int, Request]] | None], policy: DecodePolicy,
+              aborted: set[int] | None = None) -> Iterator[StreamEvent]:
+        """The request loop of a server: requests arrive while others decode. `pull(idle)` returns the
+        (id, request) pairs that came in since it was last called (blocking for one when `idle`, i.e. nothing
+        is queued or decoding), or None once no more will come; the loop then finishes what it holds. Ids in
+        `aborted` (a client went away) end at the next step with finish reason "abort" and free their slot.
+        The KV cache is sized once, for `max_batch` sequences of `max_seq_len` tokens; requests must fit it
+        (`check_fits`)."""
+        aborted = aborted if aborted is not None else set()
+        queue: deque[Sequence] = deque()
+
+        def refill(idle: bool) -> bool:
+            new = pull(idle)
+            if new is None:
+                return False
+            for rid, r in new:
+                self._validate([r], clamp=False)
+                queue.append(Sequence(rid, list(r.prompt_ids), r.params))
+            return True
+
+        yield from self._run(queue, policy, self.max_batch, self.max_seq_len + policy.lookahead + 1, True,
+                             refill=refill, aborted=aborted)
+
+    def check_fits(self, prompt_ids: list[int], max_new_tokens: int) -> None:
+        """A server's requests must fit the context as asked: it refuses them rather than cut them short."""
+        if len(prompt_ids) + max_new_tokens > self.max_seq_len:
+            raise GearshiftError(f"the prompt's {len(prompt_ids)} tokens and max_tokens {max_new_tokens} exceed the "
+                                 f"context of {self.max_seq_len} tokens")
+
+    def _run(self, queue: deque, policy: DecodePolicy, batch: int, capacity: int, events: bool,
+             admitted: Callable[[list[Sequence]], None] | None = None,
+             refill: Callable[[bool], bool] | None = None, aborted: set[int] = frozenset()):
+        """FCFS admission into `batch` KV slots and decode steps until nothing is left (and `refill`, where
+        given, says no more will come). Returns the wall time and each request's time to first token."""
+        eos = self.eos_ids()
         cache = self.model.new_cache(batch, capacity)
         policy.bind(cache)
-        queue = deque(Sequence(i, list(r.prompt_ids), r.params) for i, r in enumerate(requests))
         free = list(range(batch))
         active: list[Sequence] = []
         emitted_text: dict[int, str] = {}
         emitted_tokens: dict[int, int] = {}
-        self.sequences: list[Sequence] = []
         self._texts: dict[int, IncrementalDetokenizer] = {}  # per request index: streamed text so far
         t0 = time.perf_counter()
         first_token_at: dict[int, float] = {}
+        open_ = True
 
         def sample(logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:
             return sample_rows(logits, [s.params for s in seqs], [s.generator for s in seqs])
 
-        while queue or active:
+        def done(s: Sequence) -> None:
+            emitted_text.pop(s.index, None)
+            emitted_tokens.pop(s.index, None)
+            self._texts.pop(s.index, None)
+
+        while True:
+            if refill is not None and open_:
+                open_ = refill(not queue and not active)
+            if not (queue or active):
+                break
+            if aborted:
+                for s in [s for s in queue if s.index in aborted]:
+                    queue.remove(s)
+                    s.finished, s.finish_reason = True, "abort"
+                    aborted.discard(s.index)
+                    yield StreamEvent(s.index, [], "", True, "abort", full_text="")
+                for s in [s for s in active if s.index in aborted]:
+                    s.finished, s.finish_reason = True, "abort"
+                    aborted.discard(s.index)
+                    active.remove(s)
+                    free.append(s.slot)
+                    done(s)
+                    yield StreamEvent(s.index, [], "", True, "abort", full_text="")
             if queue and free:
-                admitted = []
+                new = []
                 while queue and free:
                     s = queue.popleft()
                     s.slot = free.pop(0)
                     s.generator = s.params.make_generator()
                     cache.reset(s.slot)
-                    admitted.append(s)
-                    self.sequences.append(s)
-                policy.prefill(admitted, sample)
-                active.extend(admitted)
+                    new.append(s)
+                if admitted is not None:
+                    admitted(new)
+                policy.prefill(new, sample)
+                active.extend(new)
+            if not active:
+                continue
             policy.step(active, sample)
             now = time.perf_counter()
             for s in list(active):
@@ -142,20 +225,9 @@ class Engine:
                 if s.finished:
                     active.remove(s)
                     free.append(s.slot)
+                    done(s)
         policy.finish()
-        wall = time.perf_counter() - t0
-        generated = sum(len(s.output) for s in self.sequences)
-        self.last_stats = {
-            "policy": policy.name,
-            "mode": policy.mode,
-            "requests": len(requests),
-            "batch": batch,
-            "generated_tokens": generated,
-            "wall_s": round(wall, 4),
-            "tokens_per_s": round(generated / wall, 3) if wall > 0 else None,
-            "mean_time_to_first_token_s": round(sum(first_token_at.values()) / max(len(first_token_at), 1), 4),
-            **policy.stats(),
-        }
+        return {"wall_s": time.perf_counter() - t0, "first_token_at": first_token_at}
 
     def _check_stop(self, s: Sequence, eos: list[int]) -> None:
         p = s.params
@@ -215,7 +287,7 @@ class Engine:
         emitted_tokens[s.index] = len(s.output)
         emitted_text[s.index] = text
         return StreamEvent(s.index, new_ids, text[len(prev):] if text.startswith(prev) else text, s.finished,
-                           s.finish_reason)
+                           s.finish_reason, full_text=text if s.finished else None)
 
     def result_text(self, s: Sequence) -> str | None:
         text = self.decode(s.output)
