@@ -16,7 +16,7 @@ POLICY_MODULES = {"ar": "gearshift.cli.generate", "qspec": "gearshift.cli.policy
                   "gearbox": "gearshift.cli.policy_gearbox"}
 
 
-def _policy_module(name: str):
+def policy_module(name: str):
     try:
         return importlib.import_module(POLICY_MODULES[name])
     except KeyError:
@@ -60,9 +60,6 @@ def register(sub) -> None:
     add_model_args(p)
     p.add_argument("--prompt", action="append", default=[], help="a prompt (repeat for a batch)")
     p.add_argument("--prompt-file", help="file with one prompt per line")
-    p.add_argument("--policy", default="ar", choices=list(POLICY_MODULES),
-                   help="decode policy: ar (autoregressive, default), qspec (draft low-precision, verify w4a16), "
-                        "gearbox (entropy-routed gears)")
     p.add_argument("--max-new-tokens", type=int, default=128, help="tokens to generate per prompt (default: 128)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     p.add_argument("--top-k", type=int, default=0, help="0 = off")
@@ -76,19 +73,28 @@ def register(sub) -> None:
     chat.add_argument("--no-chat", dest="chat", action="store_false", help="raw completion, no chat template")
     p.add_argument("--system", default=None, help="system message for the chat template")
     p.add_argument("--batch-size", type=int, default=8, help="sequences decoded together; more prompts join as slots free up (default: 8)")
+    p.add_argument("--json", action="store_true",
+                   help='print one JSON object {"outputs": [{"text", "token_ids", ...}], "stats": {...}}')
+    add_decode_args(p)
+    p.set_defaults(handler=run)
+
+
+def add_decode_args(p: argparse.ArgumentParser) -> None:
+    """--policy, --quantize, --act-quant and every policy's options (--mode, --draft-mode, ...): shared by
+    generate and serve."""
+    p.add_argument("--policy", default="ar", choices=list(POLICY_MODULES),
+                   help="decode policy: ar (autoregressive, default), qspec (draft low-precision, verify w4a16), "
+                        "gearbox (entropy-routed gears)")
     p.add_argument("--quantize", default="auto", choices=["auto", "none", "int4", "int4-sym", "int4-prog", "int8"],
                    help="round-to-nearest quantization of a dense model's linears (int4-prog: int8-exact "
                         "groups, see `gearshift quantize --help`), from the weights' own precision as `gearshift quantize` "
                         "does; auto = only if the mode needs it")
     p.add_argument("--group-size", type=int, default=128, help="int4 group size when quantizing (default: 128)")
-    p.add_argument("--json", action="store_true",
-                   help='print one JSON object {"outputs": [{"text", "token_ids", ...}], "stats": {...}}')
     add_act_quant_args(p)
     for name in available_policies():
         if name != "ar":
-            _policy_module(name).add_arguments(p)
+            policy_module(name).add_arguments(p)
     add_arguments(p)
-    p.set_defaults(handler=run)
 
 
 def _prompts(args) -> list[str]:
@@ -111,7 +117,7 @@ def run(args) -> int:
     prompts = _prompts(args)
     if args.batch_size < 1:
         raise GearshiftError("--batch-size must be >= 1")
-    pol = _policy_module(args.policy)
+    pol = policy_module(args.policy)
     from gearshift.quant.modes import get_mode
 
     for m in pol.modes(args):

@@ -1,0 +1,96 @@
+"""`gearshift serve`: an OpenAI-compatible HTTP server (completions and chat, streamed or not)."""
+
+from __future__ import annotations
+
+import os
+
+from gearshift.cli.act_options import apply_act_quant
+from gearshift.cli.common import HelpFormatter, add_model_args, load_for_modes
+from gearshift.cli.generate import add_decode_args, policy_module
+from gearshift.errors import GearshiftError
+
+#: the context a server sizes its KV cache for when the model allows more (--max-model-len raises it)
+DEFAULT_MAX_MODEL_LEN = 8192
+
+
+def register(sub) -> None:
+    p = sub.add_parser("serve", help="serve the model over an OpenAI-compatible HTTP API",
+                       description="Serve /v1/completions and /v1/chat/completions (streamed with stream=true), "
+                                   "/v1/models and /health. Every request joins the running batch as a KV slot "
+                                   "frees up; the decode policy and precision modes are fixed at launch. Sampling "
+                                   "follows the OpenAI defaults (temperature 1); send temperature 0 for greedy "
+                                   "output. Needs fastapi and uvicorn (pip install 'gearshift[serve]').",
+                       epilog="example:\n  gearshift serve --model PATH --policy qspec --draft-mode w4a8\n"
+                              "  curl localhost:8000/v1/completions -H 'Content-Type: application/json' \\\n"
+                              "       -d '{\"prompt\": \"The capital of France is\", \"max_tokens\": 16, "
+                              "\"temperature\": 0}'",
+                       formatter_class=HelpFormatter)
+    add_model_args(p)
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1; 0.0.0.0 for all)")
+    p.add_argument("--port", type=int, default=8000, help="port to listen on (default: 8000)")
+    p.add_argument("--served-model-name", default=None,
+                   help="the model id clients send and /v1/models lists (default: the model file or folder's name)")
+    p.add_argument("--batch-size", type=int, default=8,
+                   help="sequences decoded together (KV slots); later requests wait for a free slot (default: 8)")
+    p.add_argument("--max-model-len", type=int, default=None,
+                   help="context per sequence that the KV cache is sized for; prompt + max_tokens beyond it is "
+                        f"refused (default: the model's, at most {DEFAULT_MAX_MODEL_LEN})")
+    add_decode_args(p)
+    p.set_defaults(handler=run)
+
+
+def kv_cache_bytes(config, batch: int, tokens: int, dtype_bytes: int) -> int:
+    return 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim * batch * tokens * dtype_bytes
+
+
+def build_server(args):
+    """(app, worker, model name): the loaded model behind a running engine thread, and the FastAPI app."""
+    try:
+        import fastapi  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ModuleNotFoundError:
+        raise GearshiftError("gearshift serve needs fastapi and uvicorn: pip install 'gearshift[serve]'") from None
+    from gearshift.engine.engine import Engine
+    from gearshift.model.loader import note
+    from gearshift.quant.modes import get_mode
+    from gearshift.serve.openai_api import create_app
+    from gearshift.serve.worker import EngineWorker
+
+    if args.batch_size < 1:
+        raise GearshiftError("--batch-size must be >= 1")
+    if args.max_model_len is not None and args.max_model_len < 2:
+        raise GearshiftError("--max-model-len must be >= 2")
+    pol = policy_module(args.policy)
+    for m in pol.modes(args):
+        get_mode(m)  # fail fast on an unknown mode, before loading anything
+    loaded = load_for_modes(args, pol.modes(args))
+    apply_act_quant(args, loaded)
+    allowed = loaded.config.max_position_embeddings
+    max_len = args.max_model_len or min(allowed, DEFAULT_MAX_MODEL_LEN)
+    if args.max_model_len is None and allowed > max_len:
+        note(f"the KV cache holds {max_len} tokens per sequence (the model allows {allowed}): --max-model-len "
+             "raises it")
+    if max_len > allowed:
+        raise GearshiftError(f"--max-model-len {max_len} exceeds the model's context of {allowed} tokens")
+    engine = Engine(loaded, max_batch=args.batch_size, max_seq_len=max_len)
+    policy = pol.build(args, loaded)
+    gib = kv_cache_bytes(loaded.config, args.batch_size, max_len + policy.lookahead + 1,
+                         loaded.model.dtype.itemsize) / 2**30
+    note(f"KV cache: {args.batch_size} sequences x {max_len} tokens ({gib:.2f} GiB)")
+    name = args.served_model_name or os.path.basename(os.path.normpath(str(loaded.source)))
+    worker = EngineWorker(engine, policy).start()
+    return create_app(worker, name), worker, name
+
+
+def run(args) -> int:
+    import uvicorn
+
+    app, worker, name = build_server(args)
+    print(f"gearshift serve: {name} (policy {args.policy}) on http://{args.host}:{args.port}/v1", flush=True)
+    try:  # no ASGI lifespan: the engine thread is started and closed here, and Ctrl-C stays quiet
+        uvicorn.run(app, host=args.host, port=args.port, log_level="info", lifespan="off")
+    except KeyboardInterrupt:  # uvicorn shuts down on the first Ctrl-C, then raises it again
+        pass
+    finally:
+        worker.close(timeout=10)
+    return 0

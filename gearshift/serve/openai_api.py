@@ -1,0 +1,227 @@
+"""The OpenAI-compatible endpoints: /v1/completions, /v1/chat/completions (both with SSE streaming),
+/v1/models and /health, over one `EngineWorker`.
+
+Every request joins the engine's running batch; errors come back as OpenAI error objects
+({"error": {"message", "type", "param", "code"}}) with a 4xx status, never as a traceback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from typing import AsyncIterator
+
+from fastapi import FastAPI, Request as HTTPRequest
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from gearshift.engine.engine import Request, StreamEvent
+from gearshift.errors import GearshiftError
+from gearshift.serve.schemas import ChatCompletionRequest, CompletionRequest, _Sampling
+from gearshift.serve.worker import EngineWorker
+
+
+class APIError(Exception):
+    def __init__(self, status: int, message: str, kind: str = "invalid_request_error", param: str | None = None,
+                 code: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.kind, self.param, self.code = status, message, kind, param, code
+
+    def response(self) -> JSONResponse:
+        return JSONResponse({"error": {"message": self.message, "type": self.kind, "param": self.param,
+                                       "code": self.code}}, status_code=self.status)
+
+
+def create_app(worker: EngineWorker, model_name: str) -> FastAPI:
+    engine = worker.engine
+    app = FastAPI(title="gearshift", description="OpenAI-compatible API over the gearshift engine")
+
+    @app.exception_handler(APIError)
+    async def _api_error(_, e: APIError):
+        return e.response()
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_, e: RequestValidationError):
+        first = e.errors()[0] if e.errors() else {}
+        if first.get("type") == "json_invalid":
+            return APIError(400, f"the request body is not valid JSON ({first.get('ctx', {}).get('error', '')})"
+                            .replace(" ()", "")).response()
+        where = ".".join(str(x) for x in first.get("loc", ())[1:])
+        return APIError(400, f"{where}: {first.get('msg', 'invalid request')}" if where else
+                        first.get("msg", "invalid request"), param=where or None).response()
+
+    @app.get("/health")
+    async def health():
+        if not worker.alive:
+            raise APIError(503, f"the engine has stopped: {worker.error!r}", "server_error")
+        return {"status": "ok"}
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": int(time.time()),
+                                            "owned_by": "gearshift", "max_model_len": engine.max_seq_len}]}
+
+    def check(body: _Sampling) -> None:
+        if body.model is not None and body.model != model_name:
+            raise APIError(404, f"the model {body.model!r} does not exist; this server serves {model_name!r}",
+                           param="model", code="model_not_found")
+        why = body.unsupported()
+        if why:
+            raise APIError(400, why)
+
+    def make_request(ids: list[int], body: _Sampling, max_tokens: int | None) -> Request:
+        if not ids:
+            raise APIError(400, "the prompt is empty", param="prompt")
+        vocab = engine.loaded.config.vocab_size
+        if min(ids) < 0 or max(ids) >= vocab:
+            raise APIError(400, f"prompt token ids must be in 0..{vocab - 1}", param="prompt")
+        n = max_tokens if max_tokens is not None else engine.max_seq_len - len(ids)
+        try:
+            if n < 1:
+                raise GearshiftError(f"the prompt's {len(ids)} tokens fill the context of {engine.max_seq_len}")
+            engine.check_fits(ids, n)
+            return Request(ids, body.sampling(n))
+        except GearshiftError as e:
+            raise APIError(400, str(e)) from None
+
+    def encode(text: str) -> list[int]:
+        if engine.tokenizer is None:
+            raise APIError(400, "this model has no tokenizer: send the prompt as token ids", param="prompt")
+        return engine.encode_prompt(text, chat=False)
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest):
+        check(body)
+        p = body.prompt
+        prompts = [p] if isinstance(p, str) or (p and isinstance(p[0], int)) else list(p)
+        if not prompts:
+            raise APIError(400, "the prompt list is empty", param="prompt")
+        reqs = [make_request(x if isinstance(x, list) else encode(x), body, body.max_tokens) for x in prompts]
+        head = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
+                "model": model_name}
+        if body.stream:
+            def chunk(i, ev: StreamEvent):
+                return {**head, "choices": [{"index": i, "text": ev.text, "logprobs": None,
+                                             "finish_reason": ev.finish_reason if ev.finished else None}]}
+            return _sse(_events(worker, reqs), chunk, reqs, head, _include_usage(body))
+        outs = await _collect(worker, reqs)
+        return {**head, "choices": [{"index": i, "text": text, "logprobs": None, "finish_reason": reason}
+                                    for i, (text, _, reason) in enumerate(outs)],
+                "usage": _usage(reqs, outs)}
+
+    @app.post("/v1/chat/completions")
+    async def chat(body: ChatCompletionRequest):
+        check(body)
+        if engine.tokenizer is None or not getattr(engine.tokenizer, "chat_template", None):
+            raise APIError(400, "this model's tokenizer has no chat template: use /v1/completions")
+        if any(m.has_non_text() for m in body.messages):
+            raise APIError(400, "only text message content is supported", param="messages")
+        msgs = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in body.messages]
+        try:
+            ids = engine.encode_chat(msgs)
+        except Exception as e:  # a template that rejects the conversation (e.g. roles out of order)
+            raise APIError(400, f"the chat template rejected the messages: {e}", param="messages") from None
+        limit = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+        reqs = [make_request(ids, body, limit)]
+        head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
+                "model": model_name}
+        if body.stream:
+            started = set()
+
+            def chunk(i, ev: StreamEvent):
+                delta = {"content": ev.text}
+                if i not in started:
+                    started.add(i)
+                    delta = {"role": "assistant", **delta}
+                return {**head, "object": "chat.completion.chunk",
+                        "choices": [{"index": i, "delta": delta, "logprobs": None,
+                                     "finish_reason": ev.finish_reason if ev.finished else None}]}
+            return _sse(_events(worker, reqs), chunk, reqs, {**head, "object": "chat.completion.chunk"},
+                        _include_usage(body))
+        outs = await _collect(worker, reqs)
+        return {**head, "choices": [{"index": i, "message": {"role": "assistant", "content": text},
+                                     "logprobs": None, "finish_reason": reason}
+                                    for i, (text, _, reason) in enumerate(outs)],
+                "usage": _usage(reqs, outs)}
+
+    return app
+
+
+async def _events(worker: EngineWorker, reqs: list[Request]) -> AsyncIterator[tuple[int, StreamEvent]]:
+    """Submit the requests and yield (which, event) as the engine thread produces them; a consumer that
+    stops early (the client went away) cancels what is still running."""
+    loop = asyncio.get_running_loop()
+    q: asyncio.Queue = asyncio.Queue()
+
+    def sink_for(i):
+        def sink(ev):
+            try:
+                loop.call_soon_threadsafe(q.put_nowait, (i, ev))
+            except RuntimeError:  # the event loop has closed (server shutdown): nobody is listening
+                pass
+        return sink
+
+    try:
+        rids = [worker.submit(r, sink_for(i)) for i, r in enumerate(reqs)]
+    except GearshiftError as e:
+        raise APIError(503, str(e), "server_error") from None
+    left = set(range(len(reqs)))
+    try:
+        while left:
+            i, ev = await q.get()
+            if isinstance(ev, BaseException):
+                raise APIError(503, f"the engine has stopped: {ev}", "server_error")
+            if ev.finished:
+                left.discard(i)
+            yield i, ev
+    finally:
+        for i in left:
+            worker.cancel(rids[i])
+
+
+async def _collect(worker: EngineWorker, reqs: list[Request]) -> list[tuple[str, list[int], str]]:
+    """(text, token ids, finish reason) per request, once all have finished."""
+    ids: list[list[int]] = [[] for _ in reqs]
+    texts: list[list[str]] = [[] for _ in reqs]
+    outs: list = [None] * len(reqs)
+    async for i, ev in _events(worker, reqs):
+        ids[i] += ev.token_ids
+        texts[i].append(ev.text)
+        if ev.finished:
+            text = ev.full_text if ev.full_text is not None else "".join(texts[i])
+            outs[i] = (text, ids[i], ev.finish_reason or "length")
+    return outs
+
+
+def _usage(reqs: list[Request], outs) -> dict:
+    prompt = sum(len(r.prompt_ids) for r in reqs)
+    completion = sum(len(o[1]) for o in outs)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+def _include_usage(body: _Sampling) -> bool:
+    opts = (body.model_extra or {}).get("stream_options") or {}
+    return bool(isinstance(opts, dict) and opts.get("include_usage"))
+
+
+def _sse(events: AsyncIterator[tuple[int, StreamEvent]], chunk, reqs: list[Request], head: dict,
+         include_usage: bool) -> StreamingResponse:
+    async def body():
+        counts = [0] * len(reqs)
+        try:
+            async for i, ev in events:
+                counts[i] += len(ev.token_ids)
+                if ev.text or ev.finished:
+                    yield f"data: {json.dumps(chunk(i, ev))}\n\n"
+        except APIError as e:  # the stream has begun: the error goes in it, as OpenAI's does
+            yield f"data: {json.dumps({'error': {'message': e.message, 'type': e.kind}})}\n\n"
+            return
+        if include_usage:
+            prompt = sum(len(r.prompt_ids) for r in reqs)
+            usage = {"prompt_tokens": prompt, "completion_tokens": sum(counts), "total_tokens": prompt + sum(counts)}
+            yield f"data: {json.dumps({**head, 'choices': [], 'usage': usage})}\n\n"
+        yield "data: [DONE]\n\n"
+
+    return StreamingResponse(body(), media_type="text/event-stream")

@@ -1,0 +1,75 @@
+"""OpenAI API request bodies that the server accepts (pydantic), and the sampling they ask for.
+
+Fields the engine cannot honour (n > 1, logprobs, echo, best_of, penalties) are refused with a
+clear error rather than ignored, since ignoring them would change what the client gets back.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from gearshift.decode.sampling import SamplingParams
+
+
+class _Sampling(BaseModel):
+    model_config = ConfigDict(extra="allow")  # unknown fields are checked in unsupported(), not rejected blindly
+
+    model: str | None = None
+    temperature: float = Field(1.0, ge=0)  # the OpenAI default
+    top_p: float = Field(1.0, gt=0, le=1)
+    top_k: int = Field(0, ge=0)  # vLLM's extension, 0 = off
+    min_p: float = Field(0.0, ge=0, lt=1)  # vLLM's extension
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stream: bool = False
+    n: int = 1
+    ignore_eos: bool = False  # vLLM's extension
+    stop_token_ids: list[int] | None = None  # vLLM's extension
+
+    def unsupported(self) -> str | None:
+        """Why this request cannot be served as asked, or None."""
+        if self.n != 1:
+            return "n must be 1: each request gets one completion"
+        extra = self.model_extra or {}
+        for name, off in (("logprobs", (None, False, 0)), ("top_logprobs", (None, 0)), ("echo", (None, False)),
+                          ("best_of", (None, 1)), ("presence_penalty", (None, 0, 0.0)),
+                          ("frequency_penalty", (None, 0, 0.0)), ("repetition_penalty", (None, 1, 1.0)),
+                          ("logit_bias", (None, {})), ("tools", (None, [])), ("suffix", (None, ""))):
+            if name in extra and extra[name] not in off:
+                return f"{name} is not supported by gearshift serve"
+        return None
+
+    def stops(self) -> list[str]:
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+
+    def sampling(self, max_new_tokens: int) -> SamplingParams:
+        return SamplingParams(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p, min_p=self.min_p,
+                              seed=self.seed, max_new_tokens=max_new_tokens, stop=self.stops(),
+                              stop_token_ids=self.stop_token_ids, ignore_eos=self.ignore_eos)
+
+
+class CompletionRequest(_Sampling):
+    prompt: str | list[int] | list[str] | list[list[int]]
+    max_tokens: int | None = Field(16, ge=1)  # the OpenAI default; None = up to the context
+
+
+class ChatMessage(BaseModel):
+    role: Literal["system", "user", "assistant", "developer"]
+    content: str | list[dict]
+
+    def text(self) -> str:
+        """Content parts of type "text" joined; other parts (images, audio) are refused by the caller."""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(part.get("text", "") for part in self.content)
+
+    def has_non_text(self) -> bool:
+        return not isinstance(self.content, str) and any(part.get("type") != "text" for part in self.content)
+
+
+class ChatCompletionRequest(_Sampling):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: int | None = Field(None, ge=1)  # None = up to the context, as OpenAI's chat endpoint does
+    max_completion_tokens: int | None = Field(None, ge=1)  # its newer name; wins where both are given

@@ -1,0 +1,107 @@
+"""The engine's request loop on a thread of its own, fed by the HTTP handlers.
+
+One thread owns the model, the KV cache and the decode policy for the server's lifetime, so
+requests that arrive while others decode join the running batch (`Engine.serve`). Handlers
+submit a request with a callback; the callback receives the request's `StreamEvent`s (and an
+exception if the loop dies) on the engine thread and must hand them over without blocking.
+"""
+
+from __future__ import annotations
+
+import itertools
+import queue
+import threading
+from typing import Callable
+
+from gearshift.decode.base import DecodePolicy
+from gearshift.engine.engine import Engine, Request, StreamEvent
+from gearshift.errors import GearshiftError
+
+Sink = Callable[[StreamEvent | BaseException], None]
+
+
+class EngineWorker:
+    def __init__(self, engine: Engine, policy: DecodePolicy):
+        self.engine, self.policy = engine, policy
+        self._inbox: queue.Queue[tuple[int, Request, Sink] | None] = queue.Queue()
+        self._sinks: dict[int, Sink] = {}
+        self._aborted: set[int] = set()
+        self._cancelled: set[int] = set()  # cancelled by a handler, not yet seen by the loop
+        self._lock = threading.Lock()
+        self._ids = itertools.count()
+        self.error: BaseException | None = None
+        self._closed = False  # the loop has seen close(): it takes nothing more from the inbox
+        self._stopped = False  # the loop has ended: submit refuses
+        self._thread = threading.Thread(target=self._main, name="gearshift-engine", daemon=True)
+
+    def start(self) -> "EngineWorker":
+        self._thread.start()
+        return self
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive() and not self._stopped
+
+    def submit(self, request: Request, sink: Sink) -> int:
+        """Queue a request; returns its id (for `cancel`)."""
+        with self._lock:
+            if self._stopped or not self._thread.is_alive():
+                raise GearshiftError(f"the engine has stopped: {self.error!r}" if self.error else "the engine is not running")
+            rid = next(self._ids)
+            self._inbox.put((rid, request, sink))
+        return rid
+
+    def cancel(self, rid: int) -> None:
+        """The client went away: end the request at the next step and free its KV slot."""
+        with self._lock:
+            self._cancelled.add(rid)
+
+    def close(self, timeout: float | None = None) -> None:
+        """Take no more requests, finish the ones held, and stop the thread."""
+        self._inbox.put(None)
+        self._thread.join(timeout)
+
+    def _pull(self, idle: bool) -> list[tuple[int, Request]] | None:
+        if self._closed:
+            return None
+        items = []
+        try:
+            items.append(self._inbox.get() if idle else self._inbox.get_nowait())
+            while items[-1] is not None:
+                items.append(self._inbox.get_nowait())
+        except queue.Empty:
+            pass
+        if items and items[-1] is None:
+            self._closed = True
+            items.pop()
+        for rid, _, sink in items:
+            self._sinks[rid] = sink
+        with self._lock:
+            self._aborted |= {rid for rid in self._cancelled if rid in self._sinks}
+            self._cancelled -= self._aborted
+        new = [(rid, request) for rid, request, _ in items]
+        return None if self._closed and not new else new
+
+    def _main(self) -> None:
+        try:
+            for ev in self.engine.serve(self._pull, self.policy, self._aborted):
+                sink = self._sinks[ev.index]
+                if ev.finished:
+                    del self._sinks[ev.index]
+                sink(ev)
+        except BaseException as e:  # the loop is gone: every waiting request must hear it
+            self.error = e
+        finally:
+            with self._lock:
+                self._stopped = True
+            gone = self.error or GearshiftError("the server is shutting down")
+            for sink in self._sinks.values():
+                sink(gone)
+            self._sinks.clear()
+            while True:
+                try:
+                    it = self._inbox.get_nowait()
+                except queue.Empty:
+                    break
+                if it is not None:
+                    it[2](gone)

@@ -1,0 +1,306 @@
+"""`gearshift serve`: the OpenAI-compatible endpoints over the engine thread, on a tiny random model."""
+
+import json
+import threading
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("fastapi")
+pytest.importorskip("httpx")
+
+from fastapi.testclient import TestClient  # noqa: E402
+
+from gearshift.cli import build_parser  # noqa: E402
+from gearshift.cli.serve import build_server  # noqa: E402
+from gearshift.decode.autoregressive import AutoregressivePolicy  # noqa: E402
+from gearshift.decode.sampling import SamplingParams  # noqa: E402
+from gearshift.engine.engine import Engine, Request  # noqa: E402
+from gearshift.errors import GearshiftError  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def server(model_dir):
+    path = model_dir("tiny")
+    args = build_parser().parse_args(["serve", "--model", str(path), "--device", "cpu", "--batch-size", "3",
+                                      "--max-model-len", "96", "--served-model-name", "tiny"])
+    app, worker, name = build_server(args)
+    with TestClient(app) as client:
+        yield client, worker
+    worker.close(timeout=10)
+
+
+def _reference(worker, ids, n, **sampling):
+    """The same request through Engine.generate alone (its own cache, batch of one)."""
+    engine = Engine(worker.engine.loaded, max_batch=1, max_seq_len=96)
+    (r,) = engine.generate([Request(list(ids), SamplingParams(max_new_tokens=n, ignore_eos=True, **sampling))],
+                           AutoregressivePolicy(engine.model, "w4a16"))
+    return r
+
+
+def _sse(text):
+    lines = [ln[len("data: "):] for ln in text.splitlines() if ln.startswith("data: ")]
+    assert lines[-1] == "[DONE]"
+    return [json.loads(ln) for ln in lines[:-1]]
+
+
+def test_models_and_health(server):
+    client, _ = server
+    assert client.get("/health").json() == {"status": "ok"}
+    data = client.get("/v1/models").json()["data"]
+    assert [m["id"] for m in data] == ["tiny"] and data[0]["max_model_len"] == 96
+
+
+def test_greedy_completion_is_what_the_engine_generates(server):
+    client, worker = server
+    ids = [5, 17, 42, 7, 99]
+    r = client.post("/v1/completions", json={"prompt": ids, "max_tokens": 12, "temperature": 0,
+                                             "ignore_eos": True}).json()
+    ref = _reference(worker, ids, 12)
+    choice = r["choices"][0]
+    assert choice["text"] == ref.text and choice["finish_reason"] == "length"
+    assert r["usage"] == {"prompt_tokens": 5, "completion_tokens": 12, "total_tokens": 17}
+    assert r["object"] == "text_completion" and r["model"] == "tiny" and r["id"].startswith("cmpl-")
+
+
+def test_stream_chunks_add_up_to_the_completion(server):
+    client, _ = server
+    body = {"prompt": "hello world", "max_tokens": 10, "temperature": 0, "ignore_eos": True}
+    whole = client.post("/v1/completions", json=body).json()["choices"][0]
+    with client.stream("POST", "/v1/completions", json={**body, "stream": True,
+                                                        "stream_options": {"include_usage": True}}) as r:
+        assert r.headers["content-type"].startswith("text/event-stream")
+        chunks = _sse(r.read().decode())
+    text = "".join(c["choices"][0]["text"] for c in chunks if c["choices"])
+    assert text == whole["text"]
+    assert [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]][-1] == "length"
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 10
+
+
+def test_concurrent_requests_share_the_batch_and_get_their_own_tokens(server):
+    """Five requests at once through three KV slots: each one's greedy tokens are its own reference run's."""
+    client, worker = server
+    prompts = [[3 + i, 11 * i % 50 + 1, 8] for i in range(5)]
+    outs = [None] * 5
+
+    widths = []
+    step = worker.policy.step
+
+    def counting_step(active, sample):  # runs on the engine thread
+        widths.append(len(active))
+        return step(active, sample)
+
+    worker.policy.step = counting_step
+
+    def ask(i):
+        outs[i] = client.post("/v1/completions", json={"prompt": prompts[i], "max_tokens": 6 + i, "temperature": 0,
+                                                      "ignore_eos": True}).json()
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(5)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    del worker.policy.step
+    assert max(widths) > 1, "the requests never decoded together"
+    for i in range(5):
+        assert outs[i]["choices"][0]["text"] == _reference(worker, prompts[i], 6 + i).text
+        assert outs[i]["usage"]["completion_tokens"] == 6 + i
+
+
+def test_a_list_of_prompts_gets_one_choice_each(server):
+    client, _ = server
+    r = client.post("/v1/completions", json={"prompt": [[4, 5, 6], [7, 8]], "max_tokens": 3, "temperature": 0,
+                                             "ignore_eos": True}).json()
+    assert [c["index"] for c in r["choices"]] == [0, 1] and r["usage"]["prompt_tokens"] == 5
+
+
+def test_seeded_sampling_repeats(server):
+    client, _ = server
+    body = {"prompt": [9, 10, 11], "max_tokens": 8, "temperature": 0.9, "seed": 1234, "ignore_eos": True}
+    a, b = (client.post("/v1/completions", json=body).json()["choices"][0]["text"] for _ in range(2))
+    assert a == b
+
+
+def test_stop_string_cuts_the_text(server):
+    client, _ = server
+    body = {"prompt": [5, 6, 7], "max_tokens": 20, "temperature": 0, "ignore_eos": True}
+    text = client.post("/v1/completions", json=body).json()["choices"][0]["text"]
+    stop = text[len(text) // 2:len(text) // 2 + 2]
+    if not stop.strip():
+        pytest.skip("the tiny model's greedy text has no usable stop string here")
+    r = client.post("/v1/completions", json={**body, "stop": stop}).json()["choices"][0]
+    assert r["finish_reason"] == "stop" and r["text"] == text[:text.index(stop)]
+
+
+def test_chat_without_a_template_is_a_clear_400(server, model_dir):
+    client, worker = server
+    r = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]})
+    if getattr(worker.engine.tokenizer, "chat_template", None):
+        assert r.status_code == 200 and r.json()["choices"][0]["message"]["role"] == "assistant"
+    else:
+        assert r.status_code == 400 and "chat template" in r.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("body, status, words", [
+    ({"prompt": [1, 2], "n": 2}, 400, "n must be 1"),
+    ({"prompt": [1, 2], "logprobs": 3}, 400, "logprobs"),
+    ({"prompt": [1, 2], "model": "other"}, 404, "does not exist"),
+    ({"prompt": [1, 2], "max_tokens": 200}, 400, "context of 96"),
+    ({"prompt": [1, 2], "temperature": -1}, 400, "temperature"),
+    ({"prompt": [10 ** 7]}, 400, "token ids"),
+    ({"prompt": []}, 400, "empty"),
+    ({"max_tokens": 3}, 400, "prompt"),
+])
+def test_bad_requests_get_openai_errors(server, body, status, words):
+    client, _ = server
+    r = client.post("/v1/completions", json=body)
+    assert r.status_code == status
+    err = r.json()["error"]
+    assert words in err["message"] and err["type"]
+
+
+def test_chat_template_conversation(model_dir, tmp_path):
+    """With a chat template the conversation goes through it, and the reply is the engine's for those ids."""
+    import shutil
+
+    path = tmp_path / "chat-model"
+    shutil.copytree(model_dir("tiny"), path)
+    cfg = json.loads((path / "tokenizer_config.json").read_text())
+    cfg["chat_template"] = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
+                            "{% if add_generation_prompt %}<assistant>{% endif %}")
+    (path / "tokenizer_config.json").write_text(json.dumps(cfg))
+    args = build_parser().parse_args(["serve", "--model", str(path), "--device", "cpu", "--max-model-len", "200"])
+    app, worker, name = build_server(args)
+    try:
+        with TestClient(app) as client:
+            msgs = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello"}]
+            r = client.post("/v1/chat/completions", json={"messages": msgs, "max_completion_tokens": 5,
+                                                          "temperature": 0, "ignore_eos": True})
+            assert r.status_code == 200, r.text
+            out = r.json()
+            ids = worker.engine.encode_chat(msgs)
+            engine = Engine(worker.engine.loaded, max_batch=1, max_seq_len=200)
+            (ref,) = engine.generate([Request(ids, SamplingParams(max_new_tokens=5, ignore_eos=True))],
+                                     AutoregressivePolicy(engine.model, "w4a16"))
+            assert out["choices"][0]["message"] == {"role": "assistant", "content": ref.text}
+            assert out["usage"]["prompt_tokens"] == len(ids) and out["model"] == name == "chat-model"
+            with client.stream("POST", "/v1/chat/completions",
+                               json={"messages": msgs, "max_tokens": 5, "temperature": 0, "ignore_eos": True,
+                                     "stream": True}) as s:
+                chunks = _sse(s.read().decode())
+            assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+            assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks) == ref.text
+            assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+    finally:
+        worker.close(timeout=10)
+
+
+def test_cancelled_requests_free_their_slots(model_dir):
+    """A request whose client left ends with finish reason 'abort'; the slot serves the next request."""
+    import queue as queue_mod
+
+    args = build_parser().parse_args(["serve", "--model", str(model_dir("tiny")), "--device", "cpu",
+                                      "--batch-size", "1", "--max-model-len", "300"])
+    _, worker, _ = build_server(args)
+    try:
+        got: queue_mod.Queue = queue_mod.Queue()
+        long = worker.submit(Request([1, 2, 3], SamplingParams(max_new_tokens=250, ignore_eos=True)), got.put)
+        ev = got.get(timeout=60)
+        assert not ev.finished
+        worker.cancel(long)
+        while not ev.finished:
+            ev = got.get(timeout=60)
+        assert ev.finish_reason == "abort"
+        short: queue_mod.Queue = queue_mod.Queue()
+        worker.submit(Request([4, 5], SamplingParams(max_new_tokens=2, ignore_eos=True)), short.put)
+        evs = [short.get(timeout=60)]
+        while not evs[-1].finished:
+            evs.append(short.get(timeout=60))
+        assert evs[-1].finish_reason == "length" and sum(len(e.token_ids) for e in evs) == 2
+    finally:
+        worker.close(timeout=10)
+    with pytest.raises(GearshiftError, match="not running|stopped"):
+        worker.submit(Request([1], SamplingParams(max_new_tokens=1)), lambda ev: None)
+
+
+def test_serve_help_and_bad_options(model_dir):
+    text = build_parser().parse_args.__self__.format_help()
+    assert "serve" in text
+    args = build_parser().parse_args(["serve", "--model", str(model_dir("tiny")), "--device", "cpu",
+                                      "--batch-size", "0"])
+    with pytest.raises(GearshiftError, match="--batch-size"):
+        build_server(args)
+    args = build_parser().parse_args(["serve", "--model", str(model_dir("tiny")), "--device", "cpu",
+                                      "--max-model-len", "100000"])
+    with pytest.raises(GearshiftError, match="exceeds the model's context"):
+        build_server(args)
+
+
+def test_the_command_serves_over_http_and_stops_on_ctrl_c(model_dir, tmp_path):
+    """`gearshift serve` as a user runs it: a real socket, one completion, SIGINT ends it with exit code 0."""
+    import os
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    import httpx
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1]),
+                                                        os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.Popen([sys.executable, "-m", "gearshift", "serve", "--model", str(model_dir("tiny")),
+                             "--device", "cpu", "--port", str(port), "--max-model-len", "64"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        for _ in range(300):
+            try:
+                if httpx.get(url + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if proc.poll() is not None:
+                break
+            time.sleep(0.1)
+        r = httpx.post(url + "/v1/completions", json={"prompt": [1, 2, 3], "max_tokens": 4, "temperature": 0,
+                                                     "ignore_eos": True}, timeout=60)
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4
+    finally:
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0, out
+    assert f"on http://127.0.0.1:{port}/v1" in out and "Traceback" not in out
+
+
+@pytest.mark.parametrize("policy", [["--policy", "qspec", "--draft-mode", "w4a8", "--gamma", "3"],
+                                    ["--policy", "gearbox", "--no-calibrate"]])
+def test_other_policies_serve_concurrent_requests(model_dir, policy):
+    """QSPEC (greedy: exactly W4A16's tokens) and GEARBX behind the server, requests arriving together."""
+    args = build_parser().parse_args(["serve", "--model", str(model_dir("tiny")), "--device", "cpu",
+                                      "--batch-size", "2", "--max-model-len", "96", *policy])
+    app, worker, _ = build_server(args)
+    try:
+        with TestClient(app) as client:
+            prompts = [[3, 4, 5], [9, 8, 7, 6], [20, 21]]
+            outs = [None] * 3
+
+            def ask(i):
+                outs[i] = client.post("/v1/completions", json={"prompt": prompts[i], "max_tokens": 9,
+                                                              "temperature": 0, "ignore_eos": True}).json()
+
+            threads = [threading.Thread(target=ask, args=(i,)) for i in range(3)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(120)
+            for i in range(3):
+                assert outs[i]["usage"]["completion_tokens"] == 9
+                if policy[1] == "qspec":
+                    assert outs[i]["choices"][0]["text"] == _reference(worker, prompts[i], 9).text
+    finally:
+        worker.close(timeout=10)
