@@ -238,7 +238,8 @@ def test_serve_help_and_bad_options(model_dir):
 
 
 def test_the_command_serves_over_http_and_stops_on_ctrl_c(model_dir, tmp_path):
-    """`gearshift serve` as a user runs it: a real socket, one completion, SIGINT ends it with exit code 0."""
+    """`gearshift serve` as a user runs it: a real socket, one completion, a stream whose client leaves (its slot
+    is freed), SIGINT ends it with exit code 0."""
     import os
     import signal
     import socket
@@ -254,7 +255,7 @@ def test_the_command_serves_over_http_and_stops_on_ctrl_c(model_dir, tmp_path):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1]),
                                                         os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.Popen([sys.executable, "-m", "gearshift", "serve", "--model", str(model_dir("tiny")),
-                             "--device", "cpu", "--port", str(port), "--max-model-len", "64"],
+                             "--device", "cpu", "--port", str(port), "--max-model-len", "500", "--batch-size", "1"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     try:
         url = f"http://127.0.0.1:{port}"
@@ -270,6 +271,18 @@ def test_the_command_serves_over_http_and_stops_on_ctrl_c(model_dir, tmp_path):
         r = httpx.post(url + "/v1/completions", json={"prompt": [1, 2, 3], "max_tokens": 4, "temperature": 0,
                                                      "ignore_eos": True}, timeout=60)
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4
+        # a client that leaves mid-stream: its request ends as "abort" instead of running its 480 tokens
+        with httpx.stream("POST", url + "/v1/completions", timeout=60,
+                          json={"prompt": [1, 2, 3], "max_tokens": 480, "temperature": 0, "ignore_eos": True,
+                                "stream": True}) as s:
+            next(s.iter_lines())
+        for _ in range(300):
+            stats = httpx.get(url + "/stats", timeout=5).json()
+            if stats["requests_in_engine"] == 0:
+                break
+            time.sleep(0.1)
+        assert stats["requests_finished"] == {"length": 1, "abort": 1}, stats
+        assert stats["generated_tokens"] < 4 + 480
     finally:
         proc.send_signal(signal.SIGINT)
         out, _ = proc.communicate(timeout=60)

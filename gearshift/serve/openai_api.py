@@ -1,5 +1,5 @@
 """The OpenAI-compatible endpoints: /v1/completions, /v1/chat/completions (both with SSE streaming),
-/v1/models and /health, over one `EngineWorker`.
+/v1/models, /health and /stats (requests held and finished, by reason), over one `EngineWorker`.
 
 Every request joins the engine's running batch; errors come back as OpenAI error objects
 ({"error": {"message", "type", "param", "code"}}) with a 4xx status, never as a traceback.
@@ -57,6 +57,10 @@ def create_app(worker: EngineWorker, model_name: str) -> FastAPI:
         if not worker.alive:
             raise APIError(503, f"the engine has stopped: {worker.error!r}", "server_error")
         return {"status": "ok"}
+
+    @app.get("/stats")
+    async def stats():
+        return worker.stats()
 
     @app.get("/v1/models")
     async def models():

@@ -9,6 +9,7 @@ exception if the loop dies) on the engine thread and must hand them over without
 from __future__ import annotations
 
 import itertools
+from collections import Counter
 import queue
 import threading
 from typing import Callable
@@ -30,6 +31,8 @@ class EngineWorker:
         self._lock = threading.Lock()
         self._ids = itertools.count()
         self.error: BaseException | None = None
+        self.finished: Counter[str] = Counter()  # requests ended, by finish reason
+        self.generated_tokens = 0
         self._closed = False  # the loop has seen close(): it takes nothing more from the inbox
         self._stopped = False  # the loop has ended: submit refuses
         self._thread = threading.Thread(target=self._main, name="gearshift-engine", daemon=True)
@@ -50,6 +53,13 @@ class EngineWorker:
             rid = next(self._ids)
             self._inbox.put((rid, request, sink))
         return rid
+
+    def stats(self) -> dict:
+        """What the loop holds and has done, for /stats (read from another thread: a snapshot, not a lock)."""
+        return {"policy": self.policy.name, "mode": self.policy.mode, "alive": self.alive,
+                "requests_in_engine": len(self._sinks), "requests_queued": self._inbox.qsize(),
+                "requests_finished": dict(self.finished), "generated_tokens": self.generated_tokens,
+                "batch_size": self.engine.max_batch, "max_model_len": self.engine.max_seq_len}
 
     def cancel(self, rid: int) -> None:
         """The client went away: end the request at the next step and free its KV slot."""
@@ -86,8 +96,10 @@ class EngineWorker:
         try:
             for ev in self.engine.serve(self._pull, self.policy, self._aborted):
                 sink = self._sinks[ev.index]
+                self.generated_tokens += len(ev.token_ids)
                 if ev.finished:
                     del self._sinks[ev.index]
+                    self.finished[ev.finish_reason or "length"] += 1
                 sink(ev)
         except BaseException as e:  # the loop is gone: every waiting request must hear it
             self.error = e
