@@ -12,7 +12,7 @@ import importlib
 import sys
 import warnings
 
-VERBS = ["generate", "serve", "quantize", "tiny_model", "profile", "trace", "eval"]
+VERBS = ["generate", "serve", "bench", "quantize", "tiny_model", "profile", "trace", "eval"]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -79,12 +79,16 @@ def register(sub) -> None:
     p.set_defaults(handler=run)
 
 
-def add_decode_args(p: argparse.ArgumentParser) -> None:
+def add_decode_args(p: argparse.ArgumentParser, policies: bool = False) -> None:
     """--policy, --quantize, --act-quant and every policy's options (--mode, --draft-mode, ...): shared by
-    generate and serve."""
-    p.add_argument("--policy", default="ar", choices=list(POLICY_MODULES),
-                   help="decode policy: ar (autoregressive, default), qspec (draft low-precision, verify w4a16), "
-                        "gearbox (entropy-routed gears)")
+    generate, serve and bench (`policies`: --policy takes a comma-separated list)."""
+    what = ("decode policy: ar (autoregressive), qspec (draft low-precision, verify w4a16), gearbox "
+            "(entropy-routed gears)")
+    if policies:
+        p.add_argument("--policy", default=["ar", "qspec"], type=_policy_list, metavar="P[,P...]",
+                       help=f"{what}; comma-separated, each run in turn (default: ar,qspec)")
+    else:
+        p.add_argument("--policy", default="ar", choices=list(POLICY_MODULES), help=f"{what} (default: ar)")
     p.add_argument("--quantize", default="auto", choices=["auto", "none", "int4", "int4-sym", "int4-prog", "int8"],
                    help="round-to-nearest quantization of a dense model's linears (int4-prog: int8-exact "
                         "groups, see `gearshift quantize --help`), from the weights' own precision as `gearshift quantize` "
@@ -95,6 +99,15 @@ def add_decode_args(p: argparse.ArgumentParser) -> None:
         if name != "ar":
             policy_module(name).add_arguments(p)
     add_arguments(p)
+
+
+def _policy_list(text: str) -> list[str]:
+    names = [x.strip() for x in text.split(",") if x.strip()]
+    unknown = [x for x in names if x not in POLICY_MODULES]
+    if not names or unknown:
+        raise argparse.ArgumentTypeError(f"unknown policy {', '.join(unknown) or repr(text)}; choose from "
+                                         f"{', '.join(POLICY_MODULES)}")
+    return list(dict.fromkeys(names))
 
 
 def _prompts(args) -> list[str]:
