@@ -14,6 +14,8 @@ import queue
 import threading
 from typing import Callable
 
+import torch
+
 from gearshift.decode.base import DecodePolicy
 from gearshift.engine.engine import Engine, Request, StreamEvent
 from gearshift.errors import GearshiftError
@@ -94,6 +96,9 @@ class EngineWorker:
 
     def _main(self) -> None:
         try:
+            device = self.engine.model.device
+            if device.type == "cuda":  # the current device is per thread, and Triton launches on it
+                torch.cuda.set_device(device)
             for ev in self.engine.serve(self._pull, self.policy, self._aborted):
                 sink = self._sinks[ev.index]
                 self.generated_tokens += len(ev.token_ids)
