@@ -16,9 +16,8 @@ import sys
 
 import torch
 
-from gearshift.cli.act_options import apply_act_quant
-from gearshift.cli.common import HelpFormatter, add_model_args, load_for_modes
-from gearshift.cli.generate import add_decode_args, policy_module
+from gearshift.cli.common import HelpFormatter, add_model_args
+from gearshift.cli.generate import add_decode_args, load_for_policies, policy_module
 from gearshift.errors import GearshiftError
 
 
@@ -93,8 +92,7 @@ def run(args) -> int:
     mods = {name: policy_module(name) for name in args.policy}
     for mod in mods.values():
         for m in mod.modes(args):
-            if m != "native":
-                get_mode(m)  # fail fast on an unknown mode, before loading anything
+            get_mode(m)  # fail fast on an unknown mode, before loading anything
     # GEARBX builds its gears from the weights as loaded ("native"); the other policies share one load
     groups: dict[bool, list[str]] = {}
     for name, mod in mods.items():
@@ -107,9 +105,7 @@ def run(args) -> int:
     ar_rate: dict[int, float] = {}
     meta: dict = {}
     for names in groups.values():
-        modes = sorted({m for n in names for m in mods[n].modes(args)})
-        loaded = load_for_modes(args, modes)
-        apply_act_quant(args, loaded)
+        loaded = load_for_policies(args, [mods[n] for n in names])
         cfg = loaded.config
         if args.prompt_len + args.gen_len > cfg.max_position_embeddings:
             raise GearshiftError(f"--prompt-len + --gen-len is {args.prompt_len + args.gen_len}; the model's "

@@ -101,6 +101,19 @@ def add_decode_args(p: argparse.ArgumentParser, policies: bool = False) -> None:
     add_arguments(p)
 
 
+def load_for_policies(args, modules: list):
+    """--model loaded for the modes of these policy modules (checked before anything loads), with the asked
+    activation quantizers installed."""
+    from gearshift.quant.modes import get_mode
+
+    modes = list(dict.fromkeys(m for mod in modules for m in mod.modes(args)))
+    for m in modes:
+        get_mode(m)  # fail fast on an unknown mode, before loading anything
+    loaded = load_for_modes(args, modes)
+    apply_act_quant(args, loaded)
+    return loaded
+
+
 def _policy_list(text: str) -> list[str]:
     names = [x.strip() for x in text.split(",") if x.strip()]
     unknown = [x for x in names if x not in POLICY_MODULES]
@@ -131,12 +144,7 @@ def run(args) -> int:
     if args.batch_size < 1:
         raise GearshiftError("--batch-size must be >= 1")
     pol = policy_module(args.policy)
-    from gearshift.quant.modes import get_mode
-
-    for m in pol.modes(args):
-        get_mode(m)  # fail fast on an unknown mode, before loading anything
-    loaded = load_for_modes(args, pol.modes(args))
-    apply_act_quant(args, loaded)
+    loaded = load_for_policies(args, [pol])
     engine = Engine(loaded, max_batch=args.batch_size)
     requests = []
     for text in prompts:

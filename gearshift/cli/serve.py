@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import os
 
-from gearshift.cli.act_options import apply_act_quant
-from gearshift.cli.common import HelpFormatter, add_model_args, load_for_modes
-from gearshift.cli.generate import add_decode_args, policy_module
+from gearshift.cli.common import HelpFormatter, add_model_args
+from gearshift.cli.generate import add_decode_args, load_for_policies, policy_module
 from gearshift.errors import GearshiftError
 
 #: the context a server sizes its KV cache for when the model allows more (--max-model-len raises it)
@@ -52,7 +51,6 @@ def build_server(args):
         raise GearshiftError("gearshift serve needs fastapi and uvicorn: pip install 'gearshift[serve]'") from None
     from gearshift.engine.engine import Engine
     from gearshift.model.loader import note
-    from gearshift.quant.modes import get_mode
     from gearshift.serve.openai_api import create_app
     from gearshift.serve.worker import EngineWorker
 
@@ -61,10 +59,7 @@ def build_server(args):
     if args.max_model_len is not None and args.max_model_len < 2:
         raise GearshiftError("--max-model-len must be >= 2")
     pol = policy_module(args.policy)
-    for m in pol.modes(args):
-        get_mode(m)  # fail fast on an unknown mode, before loading anything
-    loaded = load_for_modes(args, pol.modes(args))
-    apply_act_quant(args, loaded)
+    loaded = load_for_policies(args, [pol])
     allowed = loaded.config.max_position_embeddings
     max_len = args.max_model_len or min(allowed, DEFAULT_MAX_MODEL_LEN)
     if args.max_model_len is None and allowed > max_len:
