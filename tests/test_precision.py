@@ -7,7 +7,6 @@ import torch
 
 from gearshift.decode.precision import PrecisionManager, discover
 from gearshift.model.loader import load_model
-from gearshift.quant.base import DenseWeight
 from gearshift.quant.detect import DoubleQuantizationWarning
 from gearshift.quant.int4 import Int4Weight
 from gearshift.quant.int8 import Int8Weight

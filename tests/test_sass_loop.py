@@ -3,7 +3,6 @@ counts it by kind (CPU: Triton ships ptxas and nvdisasm; skipped where this mach
 sm_90)."""
 from pathlib import Path
 
-import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -20,9 +20,9 @@ def test_shards_partition_the_suite():
     assert collect("--shard", "4/3")[0] != 0
 
 
-def _pytest(*args, cwd=Path(__file__).resolve().parents[1]):
+def _pytest(*args):
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args],
-                       capture_output=True, text=True, cwd=cwd)
+                       capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1])
     return r.returncode, r.stdout
 
 

@@ -3,7 +3,7 @@ x @ W^T (v1), int4 dequantized as the plain B operand (v2), against cuBLAS, do_b
 Usage on the GPU: PYTHONPATH=. python benchmarks/tc_ablations/ceiling.py; writes $OUT/ceiling.json
 (benchmarks/results/tc_ceiling_*.json).
 """
-import argparse, json, os, sys, time
+import argparse, json, os, sys
 import torch, triton
 sys.path.insert(0, os.path.dirname(__file__))
 import variants as exp16

@@ -6,7 +6,6 @@ W4A16 on a prompt set (per tag: chat / math / code) and the expected tokens per 
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 

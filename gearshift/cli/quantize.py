@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 
 from gearshift.cli.common import HelpFormatter
 from gearshift.cli.act_options import add_act_quant_args, apply_act_quant

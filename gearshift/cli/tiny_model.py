@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 
 from gearshift.cli.common import HelpFormatter
 from gearshift.model.tiny import PRESETS

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gearshift.kernels._triton import HAS_TRITON, tl, triton
+from gearshift.kernels._triton import HAS_TRITON, triton
 
 if HAS_TRITON:
 

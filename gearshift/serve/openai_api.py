@@ -13,7 +13,7 @@ import time
 import uuid
 from typing import AsyncIterator
 
-from fastapi import FastAPI, Request as HTTPRequest
+from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 
