@@ -72,6 +72,9 @@ def register(sub) -> None:
     chat.add_argument("--chat", dest="chat", action="store_true", default=None, help="force the chat template")
     chat.add_argument("--no-chat", dest="chat", action="store_false", help="raw completion, no chat template")
     p.add_argument("--system", default=None, help="system message for the chat template")
+    p.add_argument("-i", "--interactive", action="store_true",
+                   help="a conversation in the terminal: type a turn, the reply streams; /reset, /exit "
+                        "(--prompt, if given, is the first turn)")
     p.add_argument("--batch-size", type=int, default=8, help="sequences decoded together; more prompts join as slots free up (default: 8)")
     p.add_argument("--json", action="store_true",
                    help='print one JSON object {"outputs": [{"text", "token_ids", ...}], "stats": {...}}')
@@ -140,18 +143,26 @@ def run(args) -> int:
     from gearshift.decode.sampling import SamplingParams
     from gearshift.engine.engine import Engine, Request
 
-    prompts = _prompts(args)
+    prompts = [] if args.interactive and not (args.prompt or args.prompt_file) else _prompts(args)
+    if args.interactive and args.json:
+        raise GearshiftError("--interactive writes text as it decodes; it cannot be combined with --json")
     if args.batch_size < 1:
         raise GearshiftError("--batch-size must be >= 1")
     pol = policy_module(args.policy)
     loaded = load_for_policies(args, [pol])
     engine = Engine(loaded, max_batch=args.batch_size)
-    requests = []
-    for text in prompts:
-        params = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
-                                seed=args.seed, max_new_tokens=args.max_new_tokens, stop=list(args.stop),
-                                ignore_eos=args.ignore_eos)
-        requests.append(Request(engine.encode_prompt(text, chat=args.chat, system=args.system), params))
+
+    def sampling():
+        return SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
+                              seed=args.seed, max_new_tokens=args.max_new_tokens, stop=list(args.stop),
+                              ignore_eos=args.ignore_eos)
+
+    if args.interactive:
+        from gearshift.cli.interactive import run_interactive
+
+        return run_interactive(engine, pol.build(args, loaded), sampling, args.chat, args.system, prompts)
+    requests = [Request(engine.encode_prompt(text, chat=args.chat, system=args.system), sampling())
+                for text in prompts]
     policy = pol.build(args, loaded)
     stream = not args.json and len(prompts) == 1 and sys.stdout.isatty()
     on_event = (lambda ev: (sys.stdout.write(ev.text), sys.stdout.flush())) if stream else None
