@@ -177,10 +177,12 @@ class Engine:
         def sample(logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:
             return sample_rows(logits, [s.params for s in seqs], [s.generator for s in seqs])
 
-        def done(s: Sequence) -> None:
+        def done(s: Sequence) -> None:  # what a finished request leaves behind (a server runs for days)
             emitted_text.pop(s.index, None)
             emitted_tokens.pop(s.index, None)
             self._texts.pop(s.index, None)
+            if refill is not None:  # a server reports no run statistics
+                first_token_at.pop(s.index, None)
 
         while True:
             if refill is not None and open_:
