@@ -53,9 +53,10 @@ def build(args, loaded):
 
 def register(sub) -> None:
     p = sub.add_parser("generate", help="generate text from one or more prompts",
-                       description="Generate text. Prompts are wrapped in the model's chat template when it has one "
-                                   "(use --no-chat for raw completion). Output streams to the terminal for one "
-                                   "prompt; --json prints one machine-readable object instead.",
+                       description="Generate text. Prompts are wrapped in the model's chat template when it has\n"
+                                   "one (use --no-chat for raw completion). Output streams to the terminal for one\n"
+                                   "prompt; --json prints one machine-readable object instead; -i holds a\n"
+                                   "conversation in the terminal.",
                        formatter_class=HelpFormatter)
     add_model_args(p)
     p.add_argument("--prompt", action="append", default=[], help="a prompt (repeat for a batch)")

@@ -14,11 +14,11 @@ DEFAULT_MAX_MODEL_LEN = 8192
 
 def register(sub) -> None:
     p = sub.add_parser("serve", help="serve the model over an OpenAI-compatible HTTP API",
-                       description="Serve /v1/completions and /v1/chat/completions (streamed with stream=true), "
-                                   "/v1/models and /health. Every request joins the running batch as a KV slot "
-                                   "frees up; the decode policy and precision modes are fixed at launch. Sampling "
-                                   "follows the OpenAI defaults (temperature 1); send temperature 0 for greedy "
-                                   "output. Needs fastapi and uvicorn (pip install 'gearshift[serve]').",
+                       description="Serve /v1/completions and /v1/chat/completions (streamed with stream=true),\n"
+                                   "/v1/models, /health and /stats. Every request joins the running batch as a KV\n"
+                                   "slot frees up; the decode policy and precision modes are fixed at launch.\n"
+                                   "Sampling follows the OpenAI defaults (temperature 1): send temperature 0 for\n"
+                                   "greedy output. Needs fastapi and uvicorn (pip install 'gearshift[serve]').",
                        epilog="example:\n  gearshift serve --model PATH --policy qspec --draft-mode w4a8\n"
                               "  curl localhost:8000/v1/completions -H 'Content-Type: application/json' \\\n"
                               "       -d '{\"prompt\": \"The capital of France is\", \"max_tokens\": 16, "
