@@ -398,3 +398,19 @@ def test_gearshift_warnings_are_one_line(capsys, monkeypatch):
             warnings.warn("a deprecation elsewhere", DeprecationWarning)
     assert capsys.readouterr().err == "gearshift: warning: layer x looks already quantized\n"
     assert passed_on == [DeprecationWarning] and warnings.showwarning is before
+
+
+def test_help_wraps_long_description_lines_and_keeps_examples(monkeypatch):
+    """Every verb's --help fits the terminal: long description lines wrap, indented example lines stay whole."""
+    import io
+    from contextlib import redirect_stdout
+
+    from gearshift.cli import VERBS, build_parser
+
+    monkeypatch.setenv("COLUMNS", "90")
+    for verb in VERBS:
+        out = io.StringIO()
+        with redirect_stdout(out), pytest.raises(SystemExit):
+            build_parser().parse_args([verb.replace("_", "-"), "--help"])
+        long = [line for line in out.getvalue().splitlines() if len(line) > 90 and not line.startswith("  ")]
+        assert not long, (verb, long)

@@ -116,7 +116,16 @@ def int4_prog_hint(modes: list[str], device) -> str | None:
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
-    """Shows an option's default unless its help already says it or there is nothing to show."""
+    """Shows an option's default unless its help already says it or there is nothing to show; descriptions and
+    group texts keep their line breaks (examples, tables) and wrap lines longer than the terminal."""
+
+    def _fill_text(self, text, width, indent):
+        import textwrap
+
+        return "\n".join(textwrap.fill(line, width, initial_indent=indent, subsequent_indent=indent,
+                                       break_on_hyphens=False)
+                         if len(indent + line) > width and not line.startswith(" ") else indent + line
+                         for line in text.splitlines())
 
     def _get_help_string(self, action):
         text = action.help or ""

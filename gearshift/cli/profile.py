@@ -19,11 +19,13 @@ import signal
 import sys
 from pathlib import Path
 
+from gearshift.cli.common import HelpFormatter
+
 
 def register(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser("profile", help="profile GEMM strategies on this GPU and write the policy map",
                               description=__doc__.split("\n", 2)[2].strip(),
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
+                              formatter_class=HelpFormatter)
     p.add_argument("--model", default=None, help="model directory (config.json) or a preset: llama3-8b")
     p.add_argument("--out", default=None,
                    help="policy JSON path (default: ~/.cache/gearshift/policy/<device>.json). A map of this GPU "
