@@ -59,7 +59,8 @@ def test_greedy_completion_is_what_the_engine_generates(server):
     ref = _reference(worker, ids, 12)
     choice = r["choices"][0]
     assert choice["text"] == ref.text and choice["finish_reason"] == "length"
-    assert r["usage"] == {"prompt_tokens": 5, "completion_tokens": 12, "total_tokens": 17}
+    assert r["usage"] == {"prompt_tokens": 5, "completion_tokens": 12, "total_tokens": 17,
+                          "prompt_tokens_details": {"cached_tokens": r["usage"]["prompt_tokens_details"]["cached_tokens"]}}
     assert r["object"] == "text_completion" and r["model"] == "tiny" and r["id"].startswith("cmpl-")
 
 
@@ -315,5 +316,63 @@ def test_other_policies_serve_concurrent_requests(model_dir, policy):
                 assert outs[i]["usage"]["completion_tokens"] == 9
                 if policy[1] == "qspec":
                     assert outs[i]["choices"][0]["text"] == _reference(worker, prompts[i], 9).text
+    finally:
+        worker.close(timeout=10)
+
+
+def _serve_one(worker, ids, n):
+    import queue as queue_mod
+
+    got: queue_mod.Queue = queue_mod.Queue()
+    worker.submit(Request(list(ids), SamplingParams(max_new_tokens=n, ignore_eos=True)), got.put)
+    evs = [got.get(timeout=60)]
+    while not evs[-1].finished:
+        evs.append(got.get(timeout=60))
+    return [t for e in evs for t in e.token_ids], evs[-1].cached_tokens
+
+
+@pytest.mark.parametrize("reuse", [True, False])
+def test_prefix_reuse_prefills_only_the_new_tokens_and_gives_the_same_tokens(model_dir, reuse):
+    """A second turn that resends the first one (prompt + reply + more) starts from the slot's K/V: it reports
+    those tokens as cached and decodes what a fresh prefill decodes. A prompt that diverges reuses up to it."""
+    args = build_parser().parse_args(["serve", "--model", str(model_dir("tiny")), "--device", "cpu",
+                                      "--batch-size", "2", "--max-model-len", "128"]
+                                     + ([] if reuse else ["--no-prefix-reuse"]))
+    _, worker, _ = build_server(args)
+    prefilled = []
+    rows_of = worker.policy.prefill_rows
+
+    def counting(rows, mode, logits):  # on the engine thread
+        prefilled.append(sum(map(len, rows.values())))
+        return rows_of(rows, mode, logits)
+
+    worker.policy.prefill_rows = counting
+    try:
+        first = [7, 3, 9, 1, 44, 12]
+        reply, cached = _serve_one(worker, first, 10)
+        assert cached == 0
+        second = first + reply + [5, 6, 7]
+        out, cached = _serve_one(worker, second, 8)
+        held = len(first) + len(reply) - 1  # the last reply token was never fed, so its K/V was not written
+        assert cached == (held if reuse else 0)
+        assert prefilled == [len(first) - 1, len(second) - 1 - cached]
+        assert out == _reference(worker, second, 8).token_ids
+        other = first[:3] + [100, 101]
+        out, cached = _serve_one(worker, other, 5)
+        assert cached == (3 if reuse else 0)
+        assert out == _reference(worker, other, 5).token_ids
+        assert worker.stats()["prompt_tokens_reused"] == (held + 3 if reuse else 0)
+    finally:
+        worker.close(timeout=10)
+
+
+def test_policies_that_mix_modes_do_not_reuse_prefixes(model_dir):
+    args = build_parser().parse_args(["serve", "--model", str(model_dir("tiny")), "--device", "cpu",
+                                      "--max-model-len", "96", "--policy", "qspec", "--draft-mode", "w4a8"])
+    _, worker, _ = build_server(args)
+    try:
+        reply, _ = _serve_one(worker, [1, 2, 3, 4], 6)
+        _, cached = _serve_one(worker, [1, 2, 3, 4] + reply + [9], 4)
+        assert cached == 0 and worker.stats()["prefix_reuse"] is False
     finally:
         worker.close(timeout=10)

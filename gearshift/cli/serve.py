@@ -34,6 +34,12 @@ def register(sub) -> None:
     p.add_argument("--max-model-len", type=int, default=None,
                    help="context per sequence that the KV cache is sized for; prompt + max_tokens beyond it is "
                         f"refused (default: the model's, at most {DEFAULT_MAX_MODEL_LEN})")
+    p.add_argument("--no-prefix-reuse", dest="prefix_reuse", action="store_false",
+                   help="prefill every prompt in full. By default (with --policy ar) a KV slot keeps the last "
+                        "request's tokens, and a prompt that starts with them (a chat client resending the "
+                        "conversation) prefills only the rest; usage.prompt_tokens_details.cached_tokens counts "
+                        "them. Reused entries were written a token at a time while decoding, which can round "
+                        "differently from a prefill of the same tokens")
     add_decode_args(p)
     p.set_defaults(handler=run)
 
@@ -73,7 +79,7 @@ def build_server(args):
                          loaded.model.dtype.itemsize) / 2**30
     note(f"KV cache: {args.batch_size} sequences x {max_len} tokens ({gib:.2f} GiB)")
     name = args.served_model_name or os.path.basename(os.path.normpath(str(loaded.source)))
-    worker = EngineWorker(engine, policy).start()
+    worker = EngineWorker(engine, policy, prefix_reuse=args.prefix_reuse).start()
     return create_app(worker, name), worker, name
 
 

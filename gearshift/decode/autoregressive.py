@@ -30,6 +30,7 @@ class _Launched:
 
 class AutoregressivePolicy(DecodePolicy):
     name = "ar"
+    reuses_prefix = True  # one mode for prefill and every step
 
     def __init__(self, model, mode: str = "w4a16", pipelined: bool | None = None):
         """pipelined: run greedy batches one step ahead (None: on a CUDA model, where it pays)."""

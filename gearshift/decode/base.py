@@ -29,6 +29,7 @@ class Sequence:
     finish_reason: str | None = None
     stats: dict = field(default_factory=dict)
     checked: int = 0  # output tokens already checked for stop tokens (the check is incremental)
+    cached: int = 0  # prompt tokens whose K/V the slot held already (prefix reuse): prefill starts there
 
     @property
     def last_token(self) -> int:
@@ -75,6 +76,10 @@ class DecodePolicy:
     name = "base"
     #: cache positions a step may use beyond the tokens it finally keeps (QSPEC: gamma)
     lookahead = 0
+    #: every K/V entry below a slot's length was written in the one mode this policy's prefill uses too, so a
+    #: later prompt sharing those tokens may start from them (entries a decode step wrote a token at a time can
+    #: round differently from a prefill of the same tokens: reuse is a server's choice, `Engine.serve`)
+    reuses_prefix = False
 
     def __init__(self, model: Transformer, mode: str = "w4a16"):
         self.model = model
@@ -105,12 +110,13 @@ class DecodePolicy:
         return torch.tensor(padded, dtype=torch.long).to(self.model.device), start, n_new
 
     def prefill(self, seqs: list[Sequence], sample) -> None:
-        """Write the prompts (all but their last token) and remember nothing else.
+        """Write the prompts (all but their last token, from the first one the slot does not hold) and
+        remember nothing else.
 
         The last prompt token is fed by the first `step`, exactly like every later token, so a
         prompt of length L and a generation continuing it take the same code path.
         """
-        rows = {s.slot: s.prompt[:-1] for s in seqs if len(s.prompt) > 1}
+        rows = {s.slot: s.prompt[s.cached:-1] for s in seqs if len(s.prompt) - 1 > s.cached}
         if rows:
             with self.timer("prefill"):
                 self.prefill_rows(rows, self.prefill_mode(), "last")

@@ -8,6 +8,7 @@ trims anything a policy produced past a stop (QSPEC can accept tokens beyond an 
 
 from __future__ import annotations
 
+import os
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -45,6 +46,7 @@ class StreamEvent:
     finished: bool
     finish_reason: str | None = None
     full_text: str | None = None  # on the last event: the whole output's text, cut at a stop string
+    cached_tokens: int = 0  # on the last event: prompt tokens whose K/V were reused, not prefilled
 
 
 class Engine:
@@ -129,13 +131,16 @@ class Engine:
         }
 
     def serve(self, pull: Callable[[bool], list[tuple[int, Request]] | None], policy: DecodePolicy,
-              aborted: set[int] | None = None) -> Iterator[StreamEvent]:
+              aborted: set[int] | None = None, prefix_reuse: bool = True) -> Iterator[StreamEvent]:
         """The request loop of a server: requests arrive while others decode. `pull(idle)` returns the
         (id, request) pairs that came in since it was last called (blocking for one when `idle`, i.e. nothing
         is queued or decoding), or None once no more will come; the loop then finishes what it holds. Ids in
         `aborted` (a client went away) end at the next step with finish reason "abort" and free their slot.
         The KV cache is sized once, for `max_batch` sequences of `max_seq_len` tokens; requests must fit it
-        (`check_fits`)."""
+        (`check_fits`). With `prefix_reuse` (and a policy that `reuses_prefix`), a slot keeps the K/V of the
+        request that last held it, and a new request whose prompt starts with those tokens (a chat client
+        sending the conversation again) takes that slot and prefills only the rest; its last event says how
+        many prompt tokens were reused (`cached_tokens`)."""
         aborted = aborted if aborted is not None else set()
         queue: deque[Sequence] = deque()
 
@@ -149,7 +154,7 @@ class Engine:
             return True
 
         yield from self._run(queue, policy, self.max_batch, self.max_seq_len + policy.lookahead + 1, True,
-                             refill=refill, aborted=aborted)
+                             refill=refill, aborted=aborted, reuse=prefix_reuse and policy.reuses_prefix)
 
     def check_fits(self, prompt_ids: list[int], max_new_tokens: int) -> None:
         """A server's requests must fit the context as asked: it refuses them rather than cut them short."""
@@ -159,7 +164,7 @@ class Engine:
 
     def _run(self, queue: deque, policy: DecodePolicy, batch: int, capacity: int, events: bool,
              admitted: Callable[[list[Sequence]], None] | None = None,
-             refill: Callable[[bool], bool] | None = None, aborted: set[int] = frozenset()):
+             refill: Callable[[bool], bool] | None = None, aborted: set[int] = frozenset(), reuse: bool = False):
         """FCFS admission into `batch` KV slots and decode steps until nothing is left (and `refill`, where
         given, says no more will come). Returns the wall time and each request's time to first token."""
         eos = self.eos_ids()
@@ -173,6 +178,27 @@ class Engine:
         t0 = time.perf_counter()
         first_token_at: dict[int, float] = {}
         open_ = True
+        held: dict[int, list[int]] = {}  # reuse: slot -> the tokens whose K/V it holds, from its last request
+
+        def release(s: Sequence) -> None:
+            free.append(s.slot)
+            if reuse:
+                held[s.slot] = (s.prompt + s.output)[:cache.lengths[s.slot]]
+
+        def take_slot(s: Sequence) -> int:
+            """The free slot holding the longest start of this prompt (reuse), else the first free one."""
+            best, keep = free[0], 0
+            for slot in free if reuse else ():
+                n = len(os.path.commonprefix([held.get(slot, []), s.prompt[:-1]]))  # the last token is fed by a step
+                if n > keep:
+                    best, keep = slot, n
+            free.remove(best)
+            held.pop(best, None)
+            cache.reset(best)
+            if keep:
+                cache.lengths[best] = keep
+            s.cached = keep
+            return best
 
         def sample(logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:
             return sample_rows(logits, [s.params for s in seqs], [s.generator for s in seqs])
@@ -199,16 +225,15 @@ class Engine:
                     s.finished, s.finish_reason = True, "abort"
                     aborted.discard(s.index)
                     active.remove(s)
-                    free.append(s.slot)
+                    release(s)
                     done(s)
                     yield StreamEvent(s.index, [], "", True, "abort", full_text="")
             if queue and free:
                 new = []
                 while queue and free:
                     s = queue.popleft()
-                    s.slot = free.pop(0)
+                    s.slot = take_slot(s)
                     s.generator = s.params.make_generator()
-                    cache.reset(s.slot)
                     new.append(s)
                 if admitted is not None:
                     admitted(new)
@@ -226,7 +251,7 @@ class Engine:
                     yield ev
                 if s.finished:
                     active.remove(s)
-                    free.append(s.slot)
+                    release(s)
                     done(s)
         policy.finish()
         return {"wall_s": time.perf_counter() - t0, "first_token_at": first_token_at}
@@ -289,7 +314,8 @@ class Engine:
         emitted_tokens[s.index] = len(s.output)
         emitted_text[s.index] = text
         return StreamEvent(s.index, new_ids, text[len(prev):] if text.startswith(prev) else text, s.finished,
-                           s.finish_reason, full_text=text if s.finished else None)
+                           s.finish_reason, full_text=text if s.finished else None,
+                           cached_tokens=s.cached if s.finished else 0)
 
     def result_text(self, s: Sequence) -> str | None:
         text = self.decode(s.output)

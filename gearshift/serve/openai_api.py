@@ -112,7 +112,7 @@ def create_app(worker: EngineWorker, model_name: str) -> FastAPI:
             return _sse(_events(worker, reqs), chunk, reqs, head, _include_usage(body))
         outs = await _collect(worker, reqs)
         return {**head, "choices": [{"index": i, "text": text, "logprobs": None, "finish_reason": reason}
-                                    for i, (text, _, reason) in enumerate(outs)],
+                                    for i, (text, _, reason, _) in enumerate(outs)],
                 "usage": _usage(reqs, outs)}
 
     @app.post("/v1/chat/completions")
@@ -147,7 +147,7 @@ def create_app(worker: EngineWorker, model_name: str) -> FastAPI:
         outs = await _collect(worker, reqs)
         return {**head, "choices": [{"index": i, "message": {"role": "assistant", "content": text},
                                      "logprobs": None, "finish_reason": reason}
-                                    for i, (text, _, reason) in enumerate(outs)],
+                                    for i, (text, _, reason, _) in enumerate(outs)],
                 "usage": _usage(reqs, outs)}
 
     return app
@@ -185,8 +185,8 @@ async def _events(worker: EngineWorker, reqs: list[Request]) -> AsyncIterator[tu
             worker.cancel(rids[i])
 
 
-async def _collect(worker: EngineWorker, reqs: list[Request]) -> list[tuple[str, list[int], str]]:
-    """(text, token ids, finish reason) per request, once all have finished."""
+async def _collect(worker: EngineWorker, reqs: list[Request]) -> list[tuple[str, list[int], str, int]]:
+    """(text, token ids, finish reason, prompt tokens reused) per request, once all have finished."""
     ids: list[list[int]] = [[] for _ in reqs]
     texts: list[list[str]] = [[] for _ in reqs]
     outs: list = [None] * len(reqs)
@@ -195,14 +195,15 @@ async def _collect(worker: EngineWorker, reqs: list[Request]) -> list[tuple[str,
         texts[i].append(ev.text)
         if ev.finished:
             text = ev.full_text if ev.full_text is not None else "".join(texts[i])
-            outs[i] = (text, ids[i], ev.finish_reason or "length")
+            outs[i] = (text, ids[i], ev.finish_reason or "length", ev.cached_tokens)
     return outs
 
 
 def _usage(reqs: list[Request], outs) -> dict:
     prompt = sum(len(r.prompt_ids) for r in reqs)
     completion = sum(len(o[1]) for o in outs)
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": sum(o[3] for o in outs)}}
 
 
 def _include_usage(body: _Sampling) -> bool:
@@ -214,9 +215,11 @@ def _sse(events: AsyncIterator[tuple[int, StreamEvent]], chunk, reqs: list[Reque
          include_usage: bool) -> StreamingResponse:
     async def body():
         counts = [0] * len(reqs)
+        cached = 0
         try:
             async for i, ev in events:
                 counts[i] += len(ev.token_ids)
+                cached += ev.cached_tokens
                 if ev.text or ev.finished:
                     yield f"data: {json.dumps(chunk(i, ev))}\n\n"
         except APIError as e:  # the stream has begun: the error goes in it, as OpenAI's does
@@ -224,7 +227,8 @@ def _sse(events: AsyncIterator[tuple[int, StreamEvent]], chunk, reqs: list[Reque
             return
         if include_usage:
             prompt = sum(len(r.prompt_ids) for r in reqs)
-            usage = {"prompt_tokens": prompt, "completion_tokens": sum(counts), "total_tokens": prompt + sum(counts)}
+            usage = {"prompt_tokens": prompt, "completion_tokens": sum(counts), "total_tokens": prompt + sum(counts),
+                     "prompt_tokens_details": {"cached_tokens": cached}}
             yield f"data: {json.dumps({**head, 'choices': [], 'usage': usage})}\n\n"
         yield "data: [DONE]\n\n"
 

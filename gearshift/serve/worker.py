@@ -24,8 +24,9 @@ Sink = Callable[[StreamEvent | BaseException], None]
 
 
 class EngineWorker:
-    def __init__(self, engine: Engine, policy: DecodePolicy):
+    def __init__(self, engine: Engine, policy: DecodePolicy, prefix_reuse: bool = True):
         self.engine, self.policy = engine, policy
+        self.prefix_reuse = prefix_reuse and policy.reuses_prefix
         self._inbox: queue.Queue[tuple[int, Request, Sink] | None] = queue.Queue()
         self._sinks: dict[int, Sink] = {}
         self._aborted: set[int] = set()
@@ -35,6 +36,7 @@ class EngineWorker:
         self.error: BaseException | None = None
         self.finished: Counter[str] = Counter()  # requests ended, by finish reason
         self.generated_tokens = 0
+        self.prompt_tokens_reused = 0
         self._closed = False  # the loop has seen close(): it takes nothing more from the inbox
         self._stopped = False  # the loop has ended: submit refuses
         self._thread = threading.Thread(target=self._main, name="gearshift-engine", daemon=True)
@@ -61,6 +63,7 @@ class EngineWorker:
         return {"policy": self.policy.name, "mode": self.policy.mode, "alive": self.alive,
                 "requests_in_engine": len(self._sinks), "requests_queued": self._inbox.qsize(),
                 "requests_finished": dict(self.finished), "generated_tokens": self.generated_tokens,
+                "prefix_reuse": self.prefix_reuse, "prompt_tokens_reused": self.prompt_tokens_reused,
                 "batch_size": self.engine.max_batch, "max_model_len": self.engine.max_seq_len}
 
     def cancel(self, rid: int) -> None:
@@ -99,12 +102,13 @@ class EngineWorker:
             device = self.engine.model.device
             if device.type == "cuda":  # the current device is per thread, and Triton launches on it
                 torch.cuda.set_device(device)
-            for ev in self.engine.serve(self._pull, self.policy, self._aborted):
+            for ev in self.engine.serve(self._pull, self.policy, self._aborted, prefix_reuse=self.prefix_reuse):
                 sink = self._sinks[ev.index]
                 self.generated_tokens += len(ev.token_ids)
                 if ev.finished:
                     del self._sinks[ev.index]
                     self.finished[ev.finish_reason or "length"] += 1
+                    self.prompt_tokens_reused += ev.cached_tokens
                 sink(ev)
         except BaseException as e:  # the loop is gone: every waiting request must hear it
             self.error = e
