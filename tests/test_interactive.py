@@ -23,10 +23,12 @@ def chat_engine(model_dir, tmp_path_factory):
                             "{% if add_generation_prompt %}<assistant>{% endif %}")
     (path / "tokenizer_config.json").write_text(json.dumps(cfg))
     loaded = load_model(str(path), quantize="int4", device="cpu")
-    return Engine(loaded, max_batch=1)
+    return Engine(loaded, max_batch=1, max_seq_len=256)
 
 
 def _talk(engine, text, chat=None, system=None, first=()):
+    """Run a conversation from `text`; returns the exit code, what was written, the contents of each encoded
+    conversation, the error stream and each admitted sequence's (prompt, reused prompt tokens)."""
     seen = []
     encode = engine.encode_chat
 
@@ -35,27 +37,29 @@ def _talk(engine, text, chat=None, system=None, first=()):
         return encode(messages)
 
     engine.encode_chat = recording
-    generate = engine.generate
-    calls = []
+    policy = AutoregressivePolicy(engine.model, "w4a16")
+    prefill = policy.prefill
+    admitted = []
 
-    def counting(requests, policy, on_event=None):
-        calls.append(requests[0].prompt_ids)
-        return generate(requests, policy, on_event=on_event)
+    def counting(seqs, sample):
+        admitted.extend((list(s.prompt), s.cached) for s in seqs)
+        return prefill(seqs, sample)
 
-    engine.generate = counting
+    policy.prefill = counting
     out, err = io.StringIO(), io.StringIO()
     try:
-        code = run_interactive(engine, AutoregressivePolicy(engine.model, "w4a16"),
-                               lambda: SamplingParams(max_new_tokens=4, ignore_eos=True), chat, system, list(first),
-                               stdin=io.StringIO(text), stdout=out, stderr=err)
+        code = run_interactive(engine, policy, lambda: SamplingParams(max_new_tokens=4, ignore_eos=True), chat,
+                               system, list(first), stdin=io.StringIO(text), stdout=out, stderr=err)
     finally:
-        del engine.encode_chat, engine.generate
-    return code, out.getvalue(), seen, err.getvalue(), calls
+        del engine.encode_chat
+    return code, out.getvalue(), seen, err.getvalue(), admitted
 
 
 def test_turns_keep_the_conversation_and_reset_forgets_it(chat_engine):
     code, out, seen, err, calls = _talk(chat_engine, "hello\nmore\n/reset\nagain\n", system="be brief", first=["first"])
     assert code == 0 and len(seen) == len(calls) == 4  # one encoding and one generation per turn
+    assert calls[0][1] == 0 and calls[1][1] >= len(calls[0][0]) and calls[1][0][:calls[1][1]] == \
+        calls[0][0][:calls[1][1]]  # the second turn starts from the first one's K/V
     assert [s[0] for s in seen] == ["be brief"] * 4  # the system message stays through /reset
     assert seen[1][1:4:2] == ["first", "hello"] and seen[1][2] and out.startswith(seen[1][2])  # turns and replies
     assert seen[2][-1] == "more" and len(seen[2]) == 6
@@ -65,9 +69,31 @@ def test_turns_keep_the_conversation_and_reset_forgets_it(chat_engine):
 def test_exit_and_raw_completion(chat_engine):
     code, out, seen, err, calls = _talk(chat_engine, "one\n/exit\ntwo\n", chat=False)
     assert code == 0 and seen == [] and "raw completion" in err
-    assert calls == [chat_engine.encode_prompt("one", chat=False)]  # nothing after /exit
+    assert [c[0] for c in calls] == [chat_engine.encode_prompt("one", chat=False)]  # nothing after /exit
 
 
 def test_interactive_refuses_json(model_dir, capsys):
     assert main(["generate", "--model", str(model_dir("tiny")), "--device", "cpu", "-i", "--json"]) == 2
     assert "--json" in capsys.readouterr().err
+
+
+def test_ctrl_c_stops_the_reply_and_the_conversation_goes_on(chat_engine):
+    """SIGINT while a reply decodes ends that reply at the next step ('[stopped]'); the next turn still runs."""
+    import signal
+
+    policy = AutoregressivePolicy(chat_engine.model, "w4a16")
+    step = policy.step
+    steps = []
+
+    def interrupting(seqs, sample):
+        steps.append(len(seqs[0].output))
+        if len(steps) == 2:
+            signal.raise_signal(signal.SIGINT)
+        return step(seqs, sample)
+
+    policy.step = interrupting
+    out, err = io.StringIO(), io.StringIO()
+    code = run_interactive(chat_engine, policy, lambda: SamplingParams(max_new_tokens=30, ignore_eos=True), None,
+                           None, [], stdin=io.StringIO("one\ntwo\n"), stdout=out, stderr=err)
+    assert code == 0 and out.getvalue().count("[stopped]") == 1
+    assert len(steps) <= 3 + 30 and steps.count(0) == 2  # the first reply was cut short; the second one ran

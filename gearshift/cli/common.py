@@ -8,6 +8,9 @@ import torch
 
 from gearshift.errors import GearshiftError
 
+#: the context a long-lived request loop (serve, generate -i) sizes its KV cache for when the model allows more
+DEFAULT_MAX_MODEL_LEN = 8192
+
 DTYPES = {"auto": None, "float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
           "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
 

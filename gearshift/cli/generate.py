@@ -8,7 +8,7 @@ import json
 import sys
 
 from gearshift.cli.act_options import add_act_quant_args, apply_act_quant
-from gearshift.cli.common import HelpFormatter, add_model_args, load_for_modes
+from gearshift.cli.common import DEFAULT_MAX_MODEL_LEN, HelpFormatter, add_model_args, load_for_modes
 from gearshift.errors import GearshiftError
 
 #: policy name -> module providing add_arguments(parser), modes(args) and build(args, loaded)
@@ -158,9 +158,11 @@ def run(args) -> int:
                               seed=args.seed, max_new_tokens=args.max_new_tokens, stop=list(args.stop),
                               ignore_eos=args.ignore_eos)
 
-    if args.interactive:
+    if args.interactive:  # one conversation: one slot, its K/V kept from turn to turn
         from gearshift.cli.interactive import run_interactive
 
+        engine = Engine(loaded, max_batch=1,
+                        max_seq_len=min(loaded.config.max_position_embeddings, DEFAULT_MAX_MODEL_LEN))
         return run_interactive(engine, pol.build(args, loaded), sampling, args.chat, args.system, prompts)
     requests = [Request(engine.encode_prompt(text, chat=args.chat, system=args.system), sampling())
                 for text in prompts]

@@ -4,12 +4,9 @@ from __future__ import annotations
 
 import os
 
-from gearshift.cli.common import HelpFormatter, add_model_args
+from gearshift.cli.common import DEFAULT_MAX_MODEL_LEN, HelpFormatter, add_model_args
 from gearshift.cli.generate import add_decode_args, load_for_policies, policy_module
 from gearshift.errors import GearshiftError
-
-#: the context a server sizes its KV cache for when the model allows more (--max-model-len raises it)
-DEFAULT_MAX_MODEL_LEN = 8192
 
 
 def register(sub) -> None:
