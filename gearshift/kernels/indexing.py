@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gearshift.kernels._triton import HAS_TRITON, triton
+from gearshift.kernels._triton import HAS_TRITON, tl, triton  # noqa: F401 (Triton's JIT wants tl in the module)
 
 if HAS_TRITON:
 
