@@ -59,8 +59,9 @@ def test_greedy_completion_is_what_the_engine_generates(server):
     ref = _reference(worker, ids, 12)
     choice = r["choices"][0]
     assert choice["text"] == ref.text and choice["finish_reason"] == "length"
+    cached = r["usage"]["prompt_tokens_details"]["cached_tokens"]  # earlier tests' slots may share a start
     assert r["usage"] == {"prompt_tokens": 5, "completion_tokens": 12, "total_tokens": 17,
-                          "prompt_tokens_details": {"cached_tokens": r["usage"]["prompt_tokens_details"]["cached_tokens"]}}
+                          "prompt_tokens_details": {"cached_tokens": cached}} and 0 <= cached < 5
     assert r["object"] == "text_completion" and r["model"] == "tiny" and r["id"].startswith("cmpl-")
 
 

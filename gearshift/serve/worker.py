@@ -53,7 +53,8 @@ class EngineWorker:
         """Queue a request; returns its id (for `cancel`)."""
         with self._lock:
             if self._stopped or not self._thread.is_alive():
-                raise GearshiftError(f"the engine has stopped: {self.error!r}" if self.error else "the engine is not running")
+                raise GearshiftError(f"the engine has stopped: {self.error!r}" if self.error
+                                     else "the engine is not running")
             rid = next(self._ids)
             self._inbox.put((rid, request, sink))
         return rid
