@@ -377,3 +377,82 @@ def test_policies_that_mix_modes_do_not_reuse_prefixes(model_dir):
         assert cached == 0 and worker.stats()["prefix_reuse"] is False
     finally:
         worker.close(timeout=10)
+
+
+def test_each_request_runs_the_mode_its_model_id_names(model_dir):
+    """--modes: NAME:MODE model ids; requests of three modes decode in one batch, and each one's greedy tokens are
+    those of a single-mode run of its mode (the rows of the other modes' forwards are left alone)."""
+    args = build_parser().parse_args(["serve", "--model", str(model_dir("tiny")), "--device", "cpu",
+                                      "--batch-size", "3", "--max-model-len", "96", "--served-model-name", "tiny",
+                                      "--modes", "w4a8,w4a4"])
+    app, worker, _ = build_server(args)
+    mixed = []
+    step = worker.policy.step
+
+    def recording(seqs, sample):  # on the engine thread
+        mixed.append(len({s.mode for s in seqs}))
+        return step(seqs, sample)
+
+    worker.policy.step = recording
+    try:
+        with TestClient(app) as client:
+            ids = [m["id"] for m in client.get("/v1/models").json()["data"]]
+            assert ids == ["tiny", "tiny:w4a16", "tiny:w4a8", "tiny:w4a4"]
+            asks = [("tiny", "w4a16", [3, 4, 5]), ("tiny:w4a8", "w4a8", [3, 4, 5]), ("tiny:w4a4", "w4a4", [9, 8, 7])]
+            outs = [None] * 3
+
+            def ask(i):
+                name, _, prompt = asks[i]
+                outs[i] = client.post("/v1/completions", json={"model": name, "prompt": prompt, "max_tokens": 10,
+                                                              "temperature": 0, "ignore_eos": True}).json()
+
+            threads = [threading.Thread(target=ask, args=(i,)) for i in range(3)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(120)
+            for (name, mode, prompt), out in zip(asks, outs):
+                engine = Engine(worker.engine.loaded, max_batch=1, max_seq_len=96)
+                (ref,) = engine.generate([Request(prompt, SamplingParams(max_new_tokens=10, ignore_eos=True))],
+                                         AutoregressivePolicy(engine.model, mode))
+                assert out["model"] == name and out["choices"][0]["text"] == ref.text, mode
+            assert max(mixed) > 1, "the modes never decoded in one batch"
+            counts = worker.policy.stats()
+            assert all(counts[f"forwards_{m}"] > 0 for m in ("w4a16", "w4a8", "w4a4")), counts
+            r = client.post("/v1/completions", json={"model": "tiny:w8a8", "prompt": [1, 2]})
+            assert r.status_code == 404 and "tiny:w4a8" in r.json()["error"]["message"]
+            assert client.get("/stats").json()["modes"] == ["w4a16", "w4a8", "w4a4"]
+    finally:
+        worker.close(timeout=10)
+
+
+def test_prefix_reuse_keeps_to_the_mode(model_dir):
+    """A slot holding w4a8 K/V is not reused by a w4a16 request with the same prompt, and is by a w4a8 one."""
+    args = build_parser().parse_args(["serve", "--model", str(model_dir("tiny")), "--device", "cpu",
+                                      "--batch-size", "2", "--max-model-len", "96", "--modes", "w4a8"])
+    _, worker, _ = build_server(args)
+
+    def one(ids, mode):
+        import queue as queue_mod
+
+        got: queue_mod.Queue = queue_mod.Queue()
+        worker.submit(Request(list(ids), SamplingParams(max_new_tokens=3, ignore_eos=True), mode=mode), got.put)
+        ev = got.get(timeout=60)
+        while not ev.finished:
+            ev = got.get(timeout=60)
+        return ev.cached_tokens
+
+    try:
+        prompt = [5, 6, 7, 8, 9, 10]
+        assert one(prompt, "w4a8") == 0
+        assert one(prompt, "w4a16") == 0  # the other mode: no reuse (and it takes the empty slot)
+        assert one(prompt, "w4a8") == len(prompt) - 1
+    finally:
+        worker.close(timeout=10)
+
+
+def test_modes_need_the_ar_policy(model_dir):
+    args = build_parser().parse_args(["serve", "--model", str(model_dir("tiny")), "--device", "cpu",
+                                      "--policy", "qspec", "--modes", "w4a8"])
+    with pytest.raises(GearshiftError, match="--modes needs --policy ar"):
+        build_server(args)

@@ -105,12 +105,12 @@ def add_decode_args(p: argparse.ArgumentParser, policies: bool = False) -> None:
     add_arguments(p)
 
 
-def load_for_policies(args, modules: list):
-    """--model loaded for the modes of these policy modules (checked before anything loads), with the asked
-    activation quantizers installed."""
+def load_for_policies(args, modules: list, extra_modes: list[str] = ()):
+    """--model loaded for the modes of these policy modules and `extra_modes` (all checked before anything
+    loads), with the asked activation quantizers installed."""
     from gearshift.quant.modes import get_mode
 
-    modes = list(dict.fromkeys(m for mod in modules for m in mod.modes(args)))
+    modes = list(dict.fromkeys([m for mod in modules for m in mod.modes(args)] + list(extra_modes)))
     for m in modes:
         get_mode(m)  # fail fast on an unknown mode, before loading anything
     loaded = load_for_modes(args, modes)

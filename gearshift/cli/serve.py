@@ -31,6 +31,10 @@ def register(sub) -> None:
     p.add_argument("--max-model-len", type=int, default=None,
                    help="context per sequence that the KV cache is sized for; prompt + max_tokens beyond it is "
                         f"refused (default: the model's, at most {DEFAULT_MAX_MODEL_LEN})")
+    p.add_argument("--modes", default=None, metavar="M[,M...]",
+                   help="with --policy ar: precision modes a request may ask for by model id: NAME:MODE (e.g. "
+                        "tiny:w4a8) runs that mode, NAME runs --mode. One weight store serves them all; a step "
+                        "whose batch mixes modes runs one forward per mode. Default: --mode only")
     p.add_argument("--no-prefix-reuse", dest="prefix_reuse", action="store_false",
                    help="prefill every prompt in full. By default (with --policy ar) a KV slot keeps the last "
                         "request's tokens, and a prompt that starts with them (a chat client resending the "
@@ -62,7 +66,11 @@ def build_server(args):
     if args.max_model_len is not None and args.max_model_len < 2:
         raise GearshiftError("--max-model-len must be >= 2")
     pol = policy_module(args.policy)
-    loaded = load_for_policies(args, [pol])
+    modes = [m.strip() for m in (args.modes or "").split(",") if m.strip()]
+    if modes and args.policy != "ar":
+        raise GearshiftError("--modes needs --policy ar (QSPEC and GEARBX choose their modes themselves)")
+    modes = list(dict.fromkeys([args.mode] + modes)) if modes else []
+    loaded = load_for_policies(args, [pol], extra_modes=modes)
     allowed = loaded.config.max_position_embeddings
     max_len = args.max_model_len or min(allowed, DEFAULT_MAX_MODEL_LEN)
     if args.max_model_len is None and allowed > max_len:
@@ -71,7 +79,12 @@ def build_server(args):
     if max_len > allowed:
         raise GearshiftError(f"--max-model-len {max_len} exceeds the model's context of {allowed} tokens")
     engine = Engine(loaded, max_batch=args.batch_size, max_seq_len=max_len)
-    policy = pol.build(args, loaded)
+    if len(modes) > 1:
+        from gearshift.decode.per_request_mode import PerRequestModePolicy
+
+        policy = PerRequestModePolicy(loaded.model, modes, default=args.mode)
+    else:
+        policy = pol.build(args, loaded)
     gib = kv_cache_bytes(loaded.config, args.batch_size, max_len + policy.lookahead + 1,
                          loaded.model.dtype.itemsize) / 2**30
     note(f"KV cache: {args.batch_size} sequences x {max_len} tokens ({gib:.2f} GiB)")

@@ -30,6 +30,7 @@ class Sequence:
     stats: dict = field(default_factory=dict)
     checked: int = 0  # output tokens already checked for stop tokens (the check is incremental)
     cached: int = 0  # prompt tokens whose K/V the slot held already (prefix reuse): prefill starts there
+    mode: str | None = None  # the precision mode the request asked for (None: the policy's)
 
     @property
     def last_token(self) -> int:

@@ -27,6 +27,7 @@ from gearshift.model.loader import LoadedModel
 class Request:
     prompt_ids: list[int]
     params: SamplingParams = field(default_factory=SamplingParams)
+    mode: str | None = None  # a precision mode of a policy that serves several (PerRequestModePolicy)
 
 
 @dataclass
@@ -112,7 +113,9 @@ class Engine:
         self._validate(requests)
         batch = min(self.max_batch, len(requests))
         capacity = max(len(r.prompt_ids) + r.params.max_new_tokens for r in requests) + policy.lookahead + 1
-        queue = deque(Sequence(i, list(r.prompt_ids), r.params) for i, r in enumerate(requests))
+        for r in requests:
+            self._check_mode(r, policy)
+        queue = deque(Sequence(i, list(r.prompt_ids), r.params, mode=r.mode) for i, r in enumerate(requests))
         self.sequences: list[Sequence] = []
         timing = yield from self._run(queue, policy, batch, capacity, events, admitted=self.sequences.extend)
         wall = timing["wall_s"]
@@ -150,11 +153,19 @@ class Engine:
                 return False
             for rid, r in new:
                 self._validate([r], clamp=False)
-                queue.append(Sequence(rid, list(r.prompt_ids), r.params))
+                self._check_mode(r, policy)
+                queue.append(Sequence(rid, list(r.prompt_ids), r.params, mode=r.mode))
             return True
 
         yield from self._run(queue, policy, self.max_batch, self.max_seq_len + policy.lookahead + 1, True,
                              refill=refill, aborted=aborted, reuse=prefix_reuse and policy.reuses_prefix)
+
+    @staticmethod
+    def _check_mode(r: Request, policy: DecodePolicy) -> None:
+        served = getattr(policy, "modes", (policy.mode,))
+        if r.mode is not None and r.mode not in served:
+            raise GearshiftError(f"mode {r.mode!r} asked for, but the {policy.name} policy runs "
+                                 f"{', '.join(served)}")
 
     def check_fits(self, prompt_ids: list[int], max_new_tokens: int) -> None:
         """A server's requests must fit the context as asked: it refuses them rather than cut them short."""
@@ -178,18 +189,22 @@ class Engine:
         t0 = time.perf_counter()
         first_token_at: dict[int, float] = {}
         open_ = True
-        held: dict[int, list[int]] = {}  # reuse: slot -> the tokens whose K/V it holds, from its last request
+        held: dict[int, tuple] = {}  # reuse: slot -> (mode, the tokens whose K/V it holds), from its last request
 
         def release(s: Sequence) -> None:
             free.append(s.slot)
             if reuse:
-                held[s.slot] = (s.prompt + s.output)[:cache.lengths[s.slot]]
+                held[s.slot] = (s.mode or policy.mode, (s.prompt + s.output)[:cache.lengths[s.slot]])
 
         def take_slot(s: Sequence) -> int:
-            """The free slot holding the longest start of this prompt (reuse), else the first free one."""
-            best, keep = free[0], 0
+            """The free slot holding the longest start of this prompt in its mode (reuse), else the first free
+            one that holds nothing (so a conversation's K/V outlives unrelated requests while slots allow)."""
+            best, keep = next((slot for slot in free if slot not in held), free[0]), 0
             for slot in free if reuse else ():
-                n = len(os.path.commonprefix([held.get(slot, []), s.prompt[:-1]]))  # the last token is fed by a step
+                mode, tokens = held.get(slot, (None, []))
+                if mode != (s.mode or policy.mode):
+                    continue
+                n = len(os.path.commonprefix([tokens, s.prompt[:-1]]))  # the last token is fed by a step
                 if n > keep:
                     best, keep = slot, n
             free.remove(best)

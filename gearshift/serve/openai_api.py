@@ -37,6 +37,9 @@ class APIError(Exception):
 def create_app(worker: EngineWorker, model_name: str) -> FastAPI:
     engine = worker.engine
     app = FastAPI(title="gearshift", description="OpenAI-compatible API over the gearshift engine")
+    served = getattr(worker.policy, "modes", ())
+    # model id -> the precision mode it asks for (None: the policy's own); NAME:MODE ids where a policy serves several
+    model_ids = {model_name: None, **({f"{model_name}:{m}": m for m in served} if len(served) > 1 else {})}
 
     @app.exception_handler(APIError)
     async def _api_error(_, e: APIError):
@@ -64,18 +67,23 @@ def create_app(worker: EngineWorker, model_name: str) -> FastAPI:
 
     @app.get("/v1/models")
     async def models():
-        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": int(time.time()),
-                                            "owned_by": "gearshift", "max_model_len": engine.max_seq_len}]}
+        now = int(time.time())
+        return {"object": "list", "data": [{"id": name, "object": "model", "created": now, "owned_by": "gearshift",
+                                            "max_model_len": engine.max_seq_len,
+                                            "mode": mode or worker.policy.mode}
+                                           for name, mode in model_ids.items()]}
 
-    def check(body: _Sampling) -> None:
-        if body.model is not None and body.model != model_name:
-            raise APIError(404, f"the model {body.model!r} does not exist; this server serves {model_name!r}",
-                           param="model", code="model_not_found")
+    def check(body: _Sampling) -> str | None:
+        """The precision mode the request's model id asks for (None: the policy's own)."""
+        if body.model is not None and body.model not in model_ids:
+            raise APIError(404, f"the model {body.model!r} does not exist; this server serves "
+                                f"{', '.join(map(repr, model_ids))}", param="model", code="model_not_found")
         why = body.unsupported()
         if why:
             raise APIError(400, why)
+        return model_ids.get(body.model) if body.model is not None else None
 
-    def make_request(ids: list[int], body: _Sampling, max_tokens: int | None) -> Request:
+    def make_request(ids: list[int], body: _Sampling, max_tokens: int | None, mode: str | None) -> Request:
         if not ids:
             raise APIError(400, "the prompt is empty", param="prompt")
         vocab = engine.loaded.config.vocab_size
@@ -86,7 +94,7 @@ def create_app(worker: EngineWorker, model_name: str) -> FastAPI:
             if n < 1:
                 raise GearshiftError(f"the prompt's {len(ids)} tokens fill the context of {engine.max_seq_len}")
             engine.check_fits(ids, n)
-            return Request(ids, body.sampling(n))
+            return Request(ids, body.sampling(n), mode=mode)
         except GearshiftError as e:
             raise APIError(400, str(e)) from None
 
@@ -97,14 +105,14 @@ def create_app(worker: EngineWorker, model_name: str) -> FastAPI:
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest):
-        check(body)
+        mode = check(body)
         p = body.prompt
         prompts = [p] if isinstance(p, str) or (p and isinstance(p[0], int)) else list(p)
         if not prompts:
             raise APIError(400, "the prompt list is empty", param="prompt")
-        reqs = [make_request(x if isinstance(x, list) else encode(x), body, body.max_tokens) for x in prompts]
+        reqs = [make_request(x if isinstance(x, list) else encode(x), body, body.max_tokens, mode) for x in prompts]
         head = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
-                "model": model_name}
+                "model": body.model or model_name}
         if body.stream:
             def chunk(i, ev: StreamEvent):
                 return {**head, "choices": [{"index": i, "text": ev.text, "logprobs": None,
@@ -117,7 +125,7 @@ def create_app(worker: EngineWorker, model_name: str) -> FastAPI:
 
     @app.post("/v1/chat/completions")
     async def chat(body: ChatCompletionRequest):
-        check(body)
+        mode = check(body)
         if engine.tokenizer is None or not getattr(engine.tokenizer, "chat_template", None):
             raise APIError(400, "this model's tokenizer has no chat template: use /v1/completions")
         if any(m.has_non_text() for m in body.messages):
@@ -128,9 +136,9 @@ def create_app(worker: EngineWorker, model_name: str) -> FastAPI:
         except Exception as e:  # a template that rejects the conversation (e.g. roles out of order)
             raise APIError(400, f"the chat template rejected the messages: {e}", param="messages") from None
         limit = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
-        reqs = [make_request(ids, body, limit)]
+        reqs = [make_request(ids, body, limit, mode)]
         head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
-                "model": model_name}
+                "model": body.model or model_name}
         if body.stream:
             started = set()
 
