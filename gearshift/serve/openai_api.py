@@ -8,6 +8,7 @@ Every request joins the engine's running batch; errors come back as OpenAI error
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 import time
 import uuid
@@ -35,7 +36,10 @@ class APIError(Exception):
 
 
 def create_app(worker: EngineWorker, model_name: str) -> FastAPI:
-    engine = worker.engine
+    # the handlers tokenize with a copy of their own: an HF fast tokenizer used from two threads at once (here
+    # and the engine thread's detokenizer) can fail with "Already borrowed"
+    engine = copy.copy(worker.engine)
+    engine.tokenizer = copy.deepcopy(worker.engine.tokenizer)
     app = FastAPI(title="gearshift", description="OpenAI-compatible API over the gearshift engine")
     served = getattr(worker.policy, "modes", ())
     # model id -> the precision mode it asks for (None: the policy's own); NAME:MODE ids where a policy serves several
