@@ -456,3 +456,84 @@ def test_modes_need_the_ar_policy(model_dir):
                                       "--policy", "qspec", "--modes", "w4a8"])
     with pytest.raises(GearshiftError, match="--modes needs --policy ar"):
         build_server(args)
+
+
+def test_score_prompt_is_what_decoding_token_by_token_gives(server):
+    """Each prompt token's logprob from the one scoring forward equals the logprob of that token after the
+    prefix before it (a forward per prefix), and the greedy next token is generation's first token."""
+    import torch
+
+    from gearshift.engine.scoring import score_prompt
+
+    _, worker = server
+    model = worker.engine.model
+    ids = [11, 5, 42, 7, 99, 3]
+    got = score_prompt(model, ids, "w4a16", top=3)
+    assert got.token_logprobs[0] is None and got.top_logprobs[0] is None
+    for p in range(1, len(ids)):
+        cache = model.new_cache(1, p + 1)
+        logits = model(torch.tensor([ids[:p]]), cache, [0], [p], mode="w4a16", logits="last")[0, 0]
+        lp = torch.log_softmax(logits.float(), -1)
+        assert abs(got.token_logprobs[p] - float(lp[ids[p]])) < 1e-4
+        assert [t for t, _ in got.top_logprobs[p]] == lp.topk(3).indices.tolist()
+    assert got.next_token == _reference(worker, ids, 1).token_ids[0]
+
+
+def test_echo_and_logprobs_score_a_prompt_as_evaluation_harnesses_ask(server):
+    client, worker = server
+    ids = [11, 5, 42, 7, 99, 3]
+    r = client.post("/v1/completions", json={"prompt": ids, "echo": True, "logprobs": 2, "max_tokens": 1,
+                                             "temperature": 0})
+    assert r.status_code == 200, r.text
+    lp = r.json()["choices"][0]["logprobs"]
+    assert len(lp["tokens"]) == len(lp["token_logprobs"]) == len(lp["top_logprobs"]) == len(ids) + 1
+    assert lp["token_logprobs"][0] is None and all(v <= 0 for v in lp["token_logprobs"][1:])
+    assert all(1 <= len(row) <= 2 for row in lp["top_logprobs"][1:])
+    nxt = _reference(worker, ids, 1).token_ids[0]
+    tok = worker.engine.tokenizer
+    assert lp["tokens"][-1] == tok.decode([nxt]) and r.json()["choices"][0]["text"].endswith(tok.decode([nxt]))
+    assert lp["text_offset"][1] == len(lp["tokens"][0])
+    r0 = client.post("/v1/completions", json={"prompt": ids, "echo": True, "logprobs": 0, "max_tokens": 0}).json()
+    assert r0["choices"][0]["logprobs"]["token_logprobs"] == lp["token_logprobs"][:-1]
+    assert r0["usage"]["completion_tokens"] == 0 and client.get("/stats").json()["prompts_scored"] >= 2
+
+
+@pytest.mark.parametrize("body, words", [
+    ({"echo": True, "stream": True, "max_tokens": 0}, "not streamed"),
+    ({"logprobs": 1, "max_tokens": 5, "temperature": 0}, "max_tokens 0, or 1"),
+    ({"logprobs": 1, "max_tokens": 1, "temperature": 0.7}, "temperature 0"),
+    ({"max_tokens": 0}, "needs echo"),
+])
+def test_scoring_requests_it_cannot_answer(server, body, words):
+    client, _ = server
+    r = client.post("/v1/completions", json={"prompt": [1, 2, 3], **body})
+    assert r.status_code == 400 and words in r.json()["error"]["message"]
+
+
+def test_scoring_runs_between_the_steps_of_a_running_batch(model_dir):
+    """A scoring job queued while a generation decodes runs on the engine thread between two of its steps; the
+    generation's tokens stay its reference's, and the scores are those of a standalone scoring."""
+    import queue as queue_mod
+
+    from gearshift.engine.scoring import score_prompt
+
+    args = build_parser().parse_args(["serve", "--model", str(model_dir("tiny")), "--device", "cpu",
+                                      "--batch-size", "1", "--max-model-len", "128"])
+    _, worker, _ = build_server(args)
+    try:
+        events: queue_mod.Queue = queue_mod.Queue()
+        worker.submit(Request([4, 8, 15], SamplingParams(max_new_tokens=60, ignore_eos=True)), events.put)
+        first = events.get(timeout=60)
+        scored: queue_mod.Queue = queue_mod.Queue()
+        worker.score([16, 23, 42, 5], None, 2, scored.put)
+        got = scored.get(timeout=60)
+        evs = [first]
+        while not evs[-1].finished:
+            evs.append(events.get(timeout=60))
+        assert not first.finished and sum(len(e.token_ids) for e in evs) == 60
+        assert [t for e in evs for t in e.token_ids] == _reference(worker, [4, 8, 15], 60).token_ids
+        alone = score_prompt(worker.engine.model, [16, 23, 42, 5], "w4a16", top=2)
+        assert got.token_logprobs[1:] == pytest.approx(alone.token_logprobs[1:], abs=1e-5)
+        assert got.next_token == alone.next_token
+    finally:
+        worker.close(timeout=10)

@@ -8,6 +8,7 @@ Every request joins the engine's running batch; errors come back as OpenAI error
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import json
 import time
@@ -114,9 +115,13 @@ def create_app(worker: EngineWorker, model_name: str) -> FastAPI:
         prompts = [p] if isinstance(p, str) or (p and isinstance(p[0], int)) else list(p)
         if not prompts:
             raise APIError(400, "the prompt list is empty", param="prompt")
-        reqs = [make_request(x if isinstance(x, list) else encode(x), body, body.max_tokens, mode) for x in prompts]
         head = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
                 "model": body.model or model_name}
+        if body.echo or body.logprobs is not None:
+            return await score(body, prompts, mode, head)
+        if body.max_tokens == 0:
+            raise APIError(400, "max_tokens 0 needs echo (scoring the prompt)", param="max_tokens")
+        reqs = [make_request(x if isinstance(x, list) else encode(x), body, body.max_tokens, mode) for x in prompts]
         if body.stream:
             def chunk(i, ev: StreamEvent):
                 return {**head, "choices": [{"index": i, "text": ev.text, "logprobs": None,
@@ -126,6 +131,55 @@ def create_app(worker: EngineWorker, model_name: str) -> FastAPI:
         return {**head, "choices": [{"index": i, "text": text, "logprobs": None, "finish_reason": reason}
                                     for i, (text, _, reason, _) in enumerate(outs)],
                 "usage": _usage(reqs, outs)}
+
+    async def score(body: CompletionRequest, prompts: list, mode: str | None, head: dict):
+        """echo / logprobs: one scoring forward per prompt on the engine thread, between the batch's steps."""
+        n = body.max_tokens
+        if body.stream:
+            raise APIError(400, "echo and logprobs are not streamed: send stream=false", param="stream")
+        if n not in (0, 1) or (n == 1 and body.temperature != 0):
+            raise APIError(400, "logprobs and echo score a prompt: max_tokens 0, or 1 at temperature 0 (the greedy "
+                                "next token); logprobs of sampled text are not supported", param="logprobs")
+        tok = engine.tokenizer
+        loop = asyncio.get_running_loop()
+        choices, used = [], 0
+        for i, x in enumerate(prompts):
+            ids = x if isinstance(x, list) else encode(x)
+            make_request(ids, body, max(n, 1), mode)  # the same checks as a generation's
+            done: asyncio.Future = loop.create_future()
+
+            def sink(out, done=done):
+                with contextlib.suppress(RuntimeError):  # the event loop has closed: nobody is listening
+                    loop.call_soon_threadsafe(done.set_result, out)
+            try:
+                worker.score(ids, mode, body.logprobs or 0, sink)
+            except GearshiftError as e:
+                raise APIError(503, str(e), "server_error") from None
+            out = await done
+            if isinstance(out, BaseException):
+                raise APIError(500, f"scoring failed: {out}", "server_error")
+            kept = list(ids) if body.echo else []
+            lps = list(out.token_logprobs) if body.echo else []
+            tops = list(out.top_logprobs) if body.echo else []
+            if n == 1:
+                kept, lps, tops = kept + [out.next_token], lps + [out.next_logprob], tops + [out.next_top]
+            pieces = tok.batch_decode([[t] for t in kept]) if tok is not None else [str(t) for t in kept]
+            text = ((x if isinstance(x, str) else "".join(pieces[:len(ids)])) if body.echo else "") + \
+                ("".join(pieces[-1:]) if n == 1 else "")
+            logprobs = None
+            if body.logprobs is not None:
+                names = {t: tok.decode([t]) if tok is not None else str(t) for row in tops if row for t, _ in row}
+                offsets = [0]
+                for piece in pieces[:-1]:
+                    offsets.append(offsets[-1] + len(piece))
+                logprobs = {"tokens": pieces, "token_logprobs": lps, "text_offset": offsets,
+                            "top_logprobs": [None if row is None else {names[t]: v for t, v in row} for row in tops]}
+            choices.append({"index": i, "text": text, "logprobs": logprobs, "finish_reason": "length"})
+            used += len(ids)
+        completion = n * len(prompts)
+        return {**head, "choices": choices, "usage": {"prompt_tokens": used, "completion_tokens": completion,
+                                                      "total_tokens": used + completion,
+                                                      "prompt_tokens_details": {"cached_tokens": 0}}}
 
     @app.post("/v1/chat/completions")
     async def chat(body: ChatCompletionRequest):
@@ -173,10 +227,8 @@ async def _events(worker: EngineWorker, reqs: list[Request]) -> AsyncIterator[tu
 
     def sink_for(i):
         def sink(ev):
-            try:
+            with contextlib.suppress(RuntimeError):  # the event loop has closed (shutdown): nobody is listening
                 loop.call_soon_threadsafe(q.put_nowait, (i, ev))
-            except RuntimeError:  # the event loop has closed (server shutdown): nobody is listening
-                pass
         return sink
 
     try:

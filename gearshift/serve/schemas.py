@@ -1,7 +1,9 @@
 """OpenAI API request bodies that the server accepts (pydantic), and the sampling they ask for.
 
-Fields the engine cannot honour (n > 1, logprobs, echo, best_of, penalties) are refused with a
-clear error rather than ignored, since ignoring them would change what the client gets back.
+Fields the engine cannot honour (n > 1, best_of, penalties, logprobs of sampled text) are refused with
+a clear error rather than ignored, since ignoring them would change what the client gets back.
+Completions take echo and logprobs for scoring a prompt (max_tokens 0 or 1, greedy), as evaluation
+harnesses ask.
 """
 
 from __future__ import annotations
@@ -52,7 +54,9 @@ class _Sampling(BaseModel):
 
 class CompletionRequest(_Sampling):
     prompt: str | list[int] | list[str] | list[list[int]]
-    max_tokens: int | None = Field(16, ge=1)  # the OpenAI default; None = up to the context
+    max_tokens: int | None = Field(16, ge=0)  # the OpenAI default; None = up to the context; 0 only with echo
+    echo: bool = False  # scoring: the prompt comes back, with its tokens' logprobs where asked
+    logprobs: int | None = Field(None, ge=0, le=20)  # how many top alternatives per token (scoring only)
 
 
 class ChatMessage(BaseModel):

@@ -9,6 +9,7 @@ exception if the loop dies) on the engine thread and must hand them over without
 from __future__ import annotations
 
 import itertools
+from dataclasses import dataclass
 from collections import Counter
 import queue
 import threading
@@ -21,6 +22,13 @@ from gearshift.engine.engine import Engine, Request, StreamEvent
 from gearshift.errors import GearshiftError
 
 Sink = Callable[[StreamEvent | BaseException], None]
+
+
+@dataclass
+class _ScoreJob:
+    ids: list[int]
+    mode: str
+    top: int
 
 
 class EngineWorker:
@@ -37,6 +45,7 @@ class EngineWorker:
         self.finished: Counter[str] = Counter()  # requests ended, by finish reason
         self.generated_tokens = 0
         self.prompt_tokens_reused = 0
+        self.scored = 0  # scoring requests (echo + logprobs) run
         self._closed = False  # the loop has seen close(): it takes nothing more from the inbox
         self._stopped = False  # the loop has ended: submit refuses
         self._thread = threading.Thread(target=self._main, name="gearshift-engine", daemon=True)
@@ -66,6 +75,7 @@ class EngineWorker:
                 "requests_in_engine": len(self._sinks), "requests_queued": self._inbox.qsize(),
                 "requests_finished": dict(self.finished), "generated_tokens": self.generated_tokens,
                 "prefix_reuse": self.prefix_reuse, "prompt_tokens_reused": self.prompt_tokens_reused,
+                "prompts_scored": self.scored,
                 "batch_size": self.engine.max_batch, "max_model_len": self.engine.max_seq_len}
 
     def cancel(self, rid: int) -> None:
@@ -78,26 +88,51 @@ class EngineWorker:
         self._inbox.put(None)
         self._thread.join(timeout)
 
+    def score(self, ids: list[int], mode: str | None, top: int, sink: Callable) -> None:
+        """Queue a scoring forward of a prompt (`engine.scoring.score_prompt`); it runs on the engine thread
+        between two steps of the batch, and `sink` gets its PromptScores (or the exception it raised)."""
+        with self._lock:
+            if self._stopped or not self._thread.is_alive():
+                raise GearshiftError("the engine is not running")
+            self._inbox.put((-1, _ScoreJob(list(ids), mode or self.policy.mode, top), sink))
+
     def _pull(self, idle: bool) -> list[tuple[int, Request]] | None:
-        if self._closed:
-            return None
-        items = []
-        try:
-            items.append(self._inbox.get() if idle else self._inbox.get_nowait())
-            while items[-1] is not None:
-                items.append(self._inbox.get_nowait())
-        except queue.Empty:
-            pass
-        if items and items[-1] is None:
-            self._closed = True
-            items.pop()
-        for rid, _, sink in items:
-            self._sinks[rid] = sink
+        """The engine's pull: new requests (blocking for one when `idle`); scoring jobs run here, in between."""
+        new: list[tuple[int, Request]] = []
+        while not self._closed:
+            block = idle and not new
+            items = []
+            try:
+                items.append(self._inbox.get() if block else self._inbox.get_nowait())
+                while items[-1] is not None:
+                    items.append(self._inbox.get_nowait())
+            except queue.Empty:
+                pass
+            if items and items[-1] is None:
+                self._closed = True
+                items.pop()
+            for rid, payload, sink in items:
+                if isinstance(payload, _ScoreJob):
+                    self._score(payload, sink)
+                else:
+                    self._sinks[rid] = sink
+                    new.append((rid, payload))
+            if not block or new:
+                break
         with self._lock:
             self._aborted |= {rid for rid in self._cancelled if rid in self._sinks}
             self._cancelled -= self._aborted
-        new = [(rid, request) for rid, request, _ in items]
         return None if self._closed and not new else new
+
+    def _score(self, job: "_ScoreJob", sink: Callable) -> None:
+        from gearshift.engine.scoring import score_prompt
+
+        try:
+            out = score_prompt(self.engine.model, job.ids, job.mode, job.top)
+        except Exception as e:  # noqa: BLE001 - a failed scoring fails its request, not the server
+            out = e
+        self.scored += 1
+        sink(out)
 
     def _main(self) -> None:
         try:
