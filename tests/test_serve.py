@@ -1,5 +1,6 @@
 """`gearshift serve`: the OpenAI-compatible endpoints over the engine thread, on a tiny random model."""
 
+import contextlib
 import json
 import threading
 from pathlib import Path
@@ -19,6 +20,18 @@ from gearshift.engine.engine import Engine, Request  # noqa: E402
 from gearshift.errors import GearshiftError  # noqa: E402
 
 
+@contextlib.contextmanager
+def serving(model_dir, *options):
+    """`gearshift serve` on the tiny model on CPU with these options: (app, worker); the engine thread is closed
+    after."""
+    args = build_parser().parse_args(["serve", "--model", str(model_dir("tiny")), "--device", "cpu", *options])
+    app, worker, _ = build_server(args)
+    try:
+        yield app, worker
+    finally:
+        worker.close(timeout=10)
+
+
 @pytest.fixture(scope="module")
 def server(model_dir):
     path = model_dir("tiny")
@@ -36,6 +49,21 @@ def _reference(worker, ids, n, **sampling):
     (r,) = engine.generate([Request(list(ids), SamplingParams(max_new_tokens=n, ignore_eos=True, **sampling))],
                            AutoregressivePolicy(engine.model, "w4a16"))
     return r
+
+
+def _post_all(client, bodies, path="/v1/completions"):
+    """POST the bodies at once, one thread each (so they meet in the engine's batch); their JSON replies."""
+    outs = [None] * len(bodies)
+
+    def ask(i):
+        outs[i] = client.post(path, json=bodies[i]).json()
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(bodies))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    return outs
 
 
 def _sse(text):
@@ -83,7 +111,6 @@ def test_concurrent_requests_share_the_batch_and_get_their_own_tokens(server):
     """Five requests at once through three KV slots: each one's greedy tokens are its own reference run's."""
     client, worker = server
     prompts = [[3 + i, 11 * i % 50 + 1, 8] for i in range(5)]
-    outs = [None] * 5
 
     widths = []
     step = worker.policy.step
@@ -94,15 +121,8 @@ def test_concurrent_requests_share_the_batch_and_get_their_own_tokens(server):
 
     worker.policy.step = counting_step
 
-    def ask(i):
-        outs[i] = client.post("/v1/completions", json={"prompt": prompts[i], "max_tokens": 6 + i, "temperature": 0,
-                                                      "ignore_eos": True}).json()
-
-    threads = [threading.Thread(target=ask, args=(i,)) for i in range(5)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
+    outs = _post_all(client, [{"prompt": prompts[i], "max_tokens": 6 + i, "temperature": 0, "ignore_eos": True}
+                              for i in range(5)])
     del worker.policy.step
     assert max(widths) > 1, "the requests never decoded together"
     for i in range(5):
@@ -202,10 +222,7 @@ def test_cancelled_requests_free_their_slots(model_dir):
     """A request whose client left ends with finish reason 'abort'; the slot serves the next request."""
     import queue as queue_mod
 
-    args = build_parser().parse_args(["serve", "--model", str(model_dir("tiny")), "--device", "cpu",
-                                      "--batch-size", "1", "--max-model-len", "300"])
-    _, worker, _ = build_server(args)
-    try:
+    with serving(model_dir, "--batch-size", "1", "--max-model-len", "300") as (_, worker):
         got: queue_mod.Queue = queue_mod.Queue()
         long = worker.submit(Request([1, 2, 3], SamplingParams(max_new_tokens=250, ignore_eos=True)), got.put)
         ev = got.get(timeout=60)
@@ -220,8 +237,6 @@ def test_cancelled_requests_free_their_slots(model_dir):
         while not evs[-1].finished:
             evs.append(short.get(timeout=60))
         assert evs[-1].finish_reason == "length" and sum(len(e.token_ids) for e in evs) == 2
-    finally:
-        worker.close(timeout=10)
     with pytest.raises(GearshiftError, match="not running|stopped"):
         worker.submit(Request([1], SamplingParams(max_new_tokens=1)), lambda ev: None)
 
@@ -296,36 +311,23 @@ def test_the_command_serves_over_http_and_stops_on_ctrl_c(model_dir, tmp_path):
                                     ["--policy", "gearbox", "--no-calibrate"]])
 def test_other_policies_serve_concurrent_requests(model_dir, policy):
     """QSPEC (greedy: exactly W4A16's tokens) and GEARBX behind the server, requests arriving together."""
-    args = build_parser().parse_args(["serve", "--model", str(model_dir("tiny")), "--device", "cpu",
-                                      "--batch-size", "2", "--max-model-len", "96", *policy])
-    app, worker, _ = build_server(args)
-    try:
+    with serving(model_dir, "--batch-size", "2", "--max-model-len", "96", *policy) as (app, worker):
         with TestClient(app) as client:
             prompts = [[3, 4, 5], [9, 8, 7, 6], [20, 21]]
-            outs = [None] * 3
-
-            def ask(i):
-                outs[i] = client.post("/v1/completions", json={"prompt": prompts[i], "max_tokens": 9,
-                                                              "temperature": 0, "ignore_eos": True}).json()
-
-            threads = [threading.Thread(target=ask, args=(i,)) for i in range(3)]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join(120)
+            outs = _post_all(client, [{"prompt": p, "max_tokens": 9, "temperature": 0, "ignore_eos": True}
+                                      for p in prompts])
             for i in range(3):
                 assert outs[i]["usage"]["completion_tokens"] == 9
                 if policy[1] == "qspec":
                     assert outs[i]["choices"][0]["text"] == _reference(worker, prompts[i], 9).text
-    finally:
-        worker.close(timeout=10)
 
 
-def _serve_one(worker, ids, n):
+def _serve_one(worker, ids, n, mode=None):
+    """One request straight to the engine thread: its tokens and how many prompt tokens it reused."""
     import queue as queue_mod
 
     got: queue_mod.Queue = queue_mod.Queue()
-    worker.submit(Request(list(ids), SamplingParams(max_new_tokens=n, ignore_eos=True)), got.put)
+    worker.submit(Request(list(ids), SamplingParams(max_new_tokens=n, ignore_eos=True), mode=mode), got.put)
     evs = [got.get(timeout=60)]
     while not evs[-1].finished:
         evs.append(got.get(timeout=60))
@@ -336,19 +338,16 @@ def _serve_one(worker, ids, n):
 def test_prefix_reuse_prefills_only_the_new_tokens_and_gives_the_same_tokens(model_dir, reuse):
     """A second turn that resends the first one (prompt + reply + more) starts from the slot's K/V: it reports
     those tokens as cached and decodes what a fresh prefill decodes. A prompt that diverges reuses up to it."""
-    args = build_parser().parse_args(["serve", "--model", str(model_dir("tiny")), "--device", "cpu",
-                                      "--batch-size", "2", "--max-model-len", "128"]
-                                     + ([] if reuse else ["--no-prefix-reuse"]))
-    _, worker, _ = build_server(args)
-    prefilled = []
-    rows_of = worker.policy.prefill_rows
+    with serving(model_dir, "--batch-size", "2",
+                 "--max-model-len", "128", *([] if reuse else ["--no-prefix-reuse"])) as (_, worker):
+        prefilled = []
+        rows_of = worker.policy.prefill_rows
 
-    def counting(rows, mode, logits):  # on the engine thread
-        prefilled.append(sum(map(len, rows.values())))
-        return rows_of(rows, mode, logits)
+        def counting(rows, mode, logits):  # on the engine thread
+            prefilled.append(sum(map(len, rows.values())))
+            return rows_of(rows, mode, logits)
 
-    worker.policy.prefill_rows = counting
-    try:
+        worker.policy.prefill_rows = counting
         first = [7, 3, 9, 1, 44, 12]
         reply, cached = _serve_one(worker, first, 10)
         assert cached == 0
@@ -363,55 +362,35 @@ def test_prefix_reuse_prefills_only_the_new_tokens_and_gives_the_same_tokens(mod
         assert cached == (3 if reuse else 0)
         assert out == _reference(worker, other, 5).token_ids
         assert worker.stats()["prompt_tokens_reused"] == (held + 3 if reuse else 0)
-    finally:
-        worker.close(timeout=10)
 
 
 def test_policies_that_mix_modes_do_not_reuse_prefixes(model_dir):
-    args = build_parser().parse_args(["serve", "--model", str(model_dir("tiny")), "--device", "cpu",
-                                      "--max-model-len", "96", "--policy", "qspec", "--draft-mode", "w4a8"])
-    _, worker, _ = build_server(args)
-    try:
+    with serving(model_dir, "--max-model-len", "96", "--policy", "qspec", "--draft-mode", "w4a8") as (_, worker):
         reply, _ = _serve_one(worker, [1, 2, 3, 4], 6)
         _, cached = _serve_one(worker, [1, 2, 3, 4] + reply + [9], 4)
         assert cached == 0 and worker.stats()["prefix_reuse"] is False
-    finally:
-        worker.close(timeout=10)
 
 
 def test_each_request_runs_the_mode_its_model_id_names(model_dir):
     """--modes: NAME:MODE model ids; requests of three modes decode in one batch, and each one's greedy tokens are
     those of a single-mode run of its mode (the rows of the other modes' forwards are left alone)."""
-    args = build_parser().parse_args(["serve", "--model", str(model_dir("tiny")), "--device", "cpu",
-                                      "--batch-size", "3", "--max-model-len", "96", "--served-model-name", "tiny",
-                                      "--modes", "w4a8,w4a4"])
-    app, worker, _ = build_server(args)
-    mixed = []
-    step = worker.policy.step
+    with serving(model_dir, "--batch-size", "3",
+                 "--max-model-len", "96", "--served-model-name", "tiny", "--modes", "w4a8,w4a4") as (app, worker):
+        mixed = []
+        step = worker.policy.step
 
-    def recording(seqs, sample):  # on the engine thread
-        mixed.append(len({s.mode for s in seqs}))
-        return step(seqs, sample)
+        def recording(seqs, sample):  # on the engine thread
+            mixed.append(len({s.mode for s in seqs}))
+            return step(seqs, sample)
 
-    worker.policy.step = recording
-    try:
+        worker.policy.step = recording
         with TestClient(app) as client:
             ids = [m["id"] for m in client.get("/v1/models").json()["data"]]
             assert ids == ["tiny", "tiny:w4a16", "tiny:w4a8", "tiny:w4a4"]
             asks = [("tiny", "w4a16", [3, 4, 5]), ("tiny:w4a8", "w4a8", [3, 4, 5]), ("tiny:w4a4", "w4a4", [9, 8, 7])]
-            outs = [None] * 3
-
-            def ask(i):
-                name, _, prompt = asks[i]
-                outs[i] = client.post("/v1/completions", json={"model": name, "prompt": prompt, "max_tokens": 10,
-                                                              "temperature": 0, "ignore_eos": True}).json()
-
-            threads = [threading.Thread(target=ask, args=(i,)) for i in range(3)]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join(120)
-            for (name, mode, prompt), out in zip(asks, outs):
+            outs = _post_all(client, [{"model": name, "prompt": prompt, "max_tokens": 10, "temperature": 0,
+                                       "ignore_eos": True} for name, _, prompt in asks])
+            for (name, mode, prompt), out in zip(asks, outs, strict=True):
                 engine = Engine(worker.engine.loaded, max_batch=1, max_seq_len=96)
                 (ref,) = engine.generate([Request(prompt, SamplingParams(max_new_tokens=10, ignore_eos=True))],
                                          AutoregressivePolicy(engine.model, mode))
@@ -422,33 +401,15 @@ def test_each_request_runs_the_mode_its_model_id_names(model_dir):
             r = client.post("/v1/completions", json={"model": "tiny:w8a8", "prompt": [1, 2]})
             assert r.status_code == 404 and "tiny:w4a8" in r.json()["error"]["message"]
             assert client.get("/stats").json()["modes"] == ["w4a16", "w4a8", "w4a4"]
-    finally:
-        worker.close(timeout=10)
 
 
 def test_prefix_reuse_keeps_to_the_mode(model_dir):
     """A slot holding w4a8 K/V is not reused by a w4a16 request with the same prompt, and is by a w4a8 one."""
-    args = build_parser().parse_args(["serve", "--model", str(model_dir("tiny")), "--device", "cpu",
-                                      "--batch-size", "2", "--max-model-len", "96", "--modes", "w4a8"])
-    _, worker, _ = build_server(args)
-
-    def one(ids, mode):
-        import queue as queue_mod
-
-        got: queue_mod.Queue = queue_mod.Queue()
-        worker.submit(Request(list(ids), SamplingParams(max_new_tokens=3, ignore_eos=True), mode=mode), got.put)
-        ev = got.get(timeout=60)
-        while not ev.finished:
-            ev = got.get(timeout=60)
-        return ev.cached_tokens
-
-    try:
+    with serving(model_dir, "--batch-size", "2", "--max-model-len", "96", "--modes", "w4a8") as (_, worker):
         prompt = [5, 6, 7, 8, 9, 10]
-        assert one(prompt, "w4a8") == 0
-        assert one(prompt, "w4a16") == 0  # the other mode: no reuse (and it takes the empty slot)
-        assert one(prompt, "w4a8") == len(prompt) - 1
-    finally:
-        worker.close(timeout=10)
+        assert _serve_one(worker, prompt, 3, "w4a8")[1] == 0
+        assert _serve_one(worker, prompt, 3, "w4a16")[1] == 0  # the other mode: no reuse (it takes the empty slot)
+        assert _serve_one(worker, prompt, 3, "w4a8")[1] == len(prompt) - 1
 
 
 def test_modes_need_the_ar_policy(model_dir):
@@ -517,10 +478,7 @@ def test_scoring_runs_between_the_steps_of_a_running_batch(model_dir):
 
     from gearshift.engine.scoring import score_prompt
 
-    args = build_parser().parse_args(["serve", "--model", str(model_dir("tiny")), "--device", "cpu",
-                                      "--batch-size", "1", "--max-model-len", "128"])
-    _, worker, _ = build_server(args)
-    try:
+    with serving(model_dir, "--batch-size", "1", "--max-model-len", "128") as (_, worker):
         events: queue_mod.Queue = queue_mod.Queue()
         worker.submit(Request([4, 8, 15], SamplingParams(max_new_tokens=60, ignore_eos=True)), events.put)
         first = events.get(timeout=60)
@@ -535,5 +493,3 @@ def test_scoring_runs_between_the_steps_of_a_running_batch(model_dir):
         alone = score_prompt(worker.engine.model, [16, 23, 42, 5], "w4a16", top=2)
         assert got.token_logprobs[1:] == pytest.approx(alone.token_logprobs[1:], abs=1e-5)
         assert got.next_token == alone.next_token
-    finally:
-        worker.close(timeout=10)

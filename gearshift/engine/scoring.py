@@ -33,6 +33,6 @@ def score_prompt(model, ids: list[int], mode: str, top: int = 0) -> PromptScores
     tops: list[list[tuple[int, float]]] = [[] for _ in ids]
     if top > 0:
         values, indices = lp.topk(min(top, lp.shape[-1]), dim=-1)
-        tops = [list(zip(i, v)) for i, v in zip(indices.tolist(), values.tolist())]
+        tops = [list(zip(i, v, strict=True)) for i, v in zip(indices.tolist(), values.tolist(), strict=True)]
     nxt = int(lp[-1].argmax())
     return PromptScores([None] + picked, [None] + tops[:-1], nxt, float(lp[-1, nxt]), tops[-1])
