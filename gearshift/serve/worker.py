@@ -4,15 +4,16 @@ One thread owns the model, the KV cache and the decode policy for the server's l
 requests that arrive while others decode join the running batch (`Engine.serve`). Handlers
 submit a request with a callback; the callback receives the request's `StreamEvent`s (and an
 exception if the loop dies) on the engine thread and must hand them over without blocking.
+Scoring jobs (`score`) run on the same thread, between two steps of the batch.
 """
 
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
-from collections import Counter
 import queue
 import threading
+from collections import Counter
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -35,7 +36,7 @@ class EngineWorker:
     def __init__(self, engine: Engine, policy: DecodePolicy, prefix_reuse: bool = True):
         self.engine, self.policy = engine, policy
         self.prefix_reuse = prefix_reuse and policy.reuses_prefix
-        self._inbox: queue.Queue[tuple[int, Request, Sink] | None] = queue.Queue()
+        self._inbox: queue.Queue[tuple[int, Request | _ScoreJob, Callable] | None] = queue.Queue()
         self._sinks: dict[int, Sink] = {}
         self._aborted: set[int] = set()
         self._cancelled: set[int] = set()  # cancelled by a handler, not yet seen by the loop
