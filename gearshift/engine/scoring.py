@@ -1,8 +1,8 @@
 """Log-probabilities of a prompt's tokens in one precision mode: what evaluation harnesses ask a server
 for (lm-eval's loglikelihood tasks send the context and continuation with echo and logprobs).
 
-One forward over the whole prompt, in a KV cache of its own, so it can run between the steps of a
-running batch without touching it. Position p's log-probability is that of token p given tokens
+One eager forward over the whole prompt, in a KV cache of its own, so it can run between the steps
+of a running batch without touching it. Position p's log-probability is that of token p given tokens
 0..p-1; the first token has none.
 """
 
@@ -26,7 +26,8 @@ class PromptScores:
 def score_prompt(model, ids: list[int], mode: str, top: int = 0) -> PromptScores:
     cache = model.new_cache(1, len(ids) + 1)
     tokens = torch.tensor([ids], dtype=torch.long, device=model.device)
-    logits = model(tokens, cache, [0], [len(ids)], mode=mode, logits="all")[0]
+    # eagerly: a graph captured for this throwaway cache would never be replayed
+    logits = model.forward_lists(tokens, cache, [0], [len(ids)], len(ids), mode, "all")[0]
     lp = torch.log_softmax(logits.float(), dim=-1)  # [T, V]: row p predicts token p + 1
     target = torch.tensor(ids[1:], device=lp.device)
     picked = lp[:-1].gather(1, target.unsqueeze(1)).squeeze(1).tolist() if len(ids) > 1 else []
