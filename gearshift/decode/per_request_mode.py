@@ -2,7 +2,7 @@
 
 One weight store serves every mode, so a server can let each client choose speed or fidelity per
 request. A step runs one forward per mode present in the batch, each over the rows of its own
-requests (the other rows have no new tokens: their K/V writes go to the cache's scratch row, so
+requests (the other rows have no new tokens: their K/V writes go to each slot's scratch position, so
 they are left alone). A request's tokens are then exactly those of a single-mode run of its mode;
 a batch that mixes modes costs one forward per mode each step.
 """
