@@ -320,6 +320,7 @@ def test_other_policies_serve_concurrent_requests(model_dir, policy):
                 assert outs[i]["usage"]["completion_tokens"] == 9
                 if policy[1] == "qspec":
                     assert outs[i]["choices"][0]["text"] == _reference(worker, prompts[i], 9).text
+            assert getattr(worker.policy, "sequences", []) == []  # nothing kept per finished request
 
 
 def _serve_one(worker, ids, n, mode=None):

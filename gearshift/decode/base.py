@@ -188,6 +188,9 @@ class DecodePolicy:
         ready.record()
         return host, ready
 
+    def forget(self, s: Sequence) -> None:
+        """A long-lived loop (`Engine.serve`) is done with `s`: drop anything kept about it for telemetry."""
+
     def finish(self) -> None:
         """The engine has no more steps to ask for: drop or wait for any work launched ahead."""
         self._drop([], wait=True)  # (the generation's wall time includes the GPU work it queued)

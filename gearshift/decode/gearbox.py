@@ -145,6 +145,9 @@ class GearboxPolicy(DecodePolicy):
         #: called with the policy once generation ends (stats()); the CLI renders --trace-out here
         self.on_finish = None
 
+    def forget(self, s: Sequence) -> None:
+        self.sequences = [x for x in self.sequences if x is not s]  # a server's must not pile up with their traces
+
     # ---- helpers -----------------------------------------------------------------------------
     def allowed(self, gear: str) -> str:
         """The allowed gear serving a wanted gear: the lowest allowed one at least as precise,

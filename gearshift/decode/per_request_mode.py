@@ -50,6 +50,10 @@ class PerRequestModePolicy(DecodePolicy):
         for mode, group in self._groups(seqs).items():
             self.by_mode[mode].step(group, sample)
 
+    def forget(self, s: Sequence) -> None:
+        for p in self.by_mode.values():
+            p.forget(s)
+
     def finish(self) -> None:
         for p in self.by_mode.values():
             p.finish()

@@ -222,8 +222,9 @@ class Engine:
             emitted_text.pop(s.index, None)
             emitted_tokens.pop(s.index, None)
             self._texts.pop(s.index, None)
-            if refill is not None:  # a server reports no run statistics
+            if refill is not None:  # a server reports no run statistics, nor keeps telemetry per request
                 first_token_at.pop(s.index, None)
+                policy.forget(s)
 
         while True:
             if refill is not None and open_:
@@ -262,12 +263,12 @@ class Engine:
                 first_token_at.setdefault(s.index, now - t0)
                 self._check_stop(s, eos)
                 ev = self._event(s, emitted_text, emitted_tokens) if events else None
-                if ev is not None:
-                    yield ev
-                if s.finished:
+                if s.finished:  # before its last event goes out: whoever reads it finds the slot free
                     active.remove(s)
                     release(s)
                     done(s)
+                if ev is not None:
+                    yield ev
         policy.finish()
         return {"wall_s": time.perf_counter() - t0, "first_token_at": first_token_at}
 
