@@ -97,3 +97,9 @@ def test_ctrl_c_stops_the_reply_and_the_conversation_goes_on(chat_engine):
                            None, [], stdin=io.StringIO("one\ntwo\n"), stdout=out, stderr=err)
     assert code == 0 and out.getvalue().count("[stopped]") == 1
     assert len(steps) <= 3 + 30 and steps.count(0) == 2  # the first reply was cut short; the second one ran
+
+
+def test_interactive_refuses_trace_out(model_dir, capsys):
+    assert main(["generate", "--model", str(model_dir("tiny")), "--device", "cpu", "-i", "--policy", "gearbox",
+                 "--trace-out", "x.png"]) == 2
+    assert "--trace-out" in capsys.readouterr().err

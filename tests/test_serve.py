@@ -252,6 +252,10 @@ def test_serve_help_and_bad_options(model_dir):
                                       "--max-model-len", "100000"])
     with pytest.raises(GearshiftError, match="exceeds the model's context"):
         build_server(args)
+    args = build_parser().parse_args(["serve", "--model", str(model_dir("tiny")), "--device", "cpu",
+                                      "--policy", "gearbox", "--trace-out", "x.png"])
+    with pytest.raises(GearshiftError, match="--trace-out"):
+        build_server(args)
 
 
 def test_the_command_serves_over_http_and_stops_on_ctrl_c(model_dir, tmp_path):

@@ -147,6 +147,8 @@ def run(args) -> int:
     prompts = [] if args.interactive and not (args.prompt or args.prompt_file) else _prompts(args)
     if args.interactive and args.json:
         raise GearshiftError("--interactive writes text as it decodes; it cannot be combined with --json")
+    if args.interactive and getattr(args, "trace_out", None):
+        raise GearshiftError("--trace-out renders the requests of one run; it does not combine with --interactive")
     if args.batch_size < 1:
         raise GearshiftError("--batch-size must be >= 1")
     pol = policy_module(args.policy)

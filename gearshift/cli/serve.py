@@ -63,6 +63,8 @@ def build_server(args):
 
     if args.batch_size < 1:
         raise GearshiftError("--batch-size must be >= 1")
+    if getattr(args, "trace_out", None):
+        raise GearshiftError("--trace-out renders the requests of one generate run; a server keeps no traces")
     if args.max_model_len is not None and args.max_model_len < 2:
         raise GearshiftError("--max-model-len must be >= 2")
     pol = policy_module(args.policy)
