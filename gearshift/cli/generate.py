@@ -153,7 +153,6 @@ def run(args) -> int:
         raise GearshiftError("--batch-size must be >= 1")
     pol = policy_module(args.policy)
     loaded = load_for_policies(args, [pol])
-    engine = Engine(loaded, max_batch=args.batch_size)
 
     def sampling():
         return SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
@@ -166,6 +165,7 @@ def run(args) -> int:
         engine = Engine(loaded, max_batch=1,
                         max_seq_len=min(loaded.config.max_position_embeddings, DEFAULT_MAX_MODEL_LEN))
         return run_interactive(engine, pol.build(args, loaded), sampling, args.chat, args.system, prompts)
+    engine = Engine(loaded, max_batch=args.batch_size)
     requests = [Request(engine.encode_prompt(text, chat=args.chat, system=args.system), sampling())
                 for text in prompts]
     policy = pol.build(args, loaded)

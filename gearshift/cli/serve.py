@@ -99,7 +99,7 @@ def run(args) -> int:
     import uvicorn
 
     app, worker, name = build_server(args)
-    modes = ", ".join(getattr(worker.policy, "modes", (worker.policy.mode,)))
+    modes = ", ".join(worker.policy.modes)
     print(f"gearshift serve: {name} (policy {args.policy}, {modes}) on http://{args.host}:{args.port}/v1", flush=True)
     try:  # no ASGI lifespan: the engine thread is started and closed here, and Ctrl-C stays quiet
         uvicorn.run(app, host=args.host, port=args.port, log_level="info", lifespan="off")

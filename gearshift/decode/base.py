@@ -90,6 +90,11 @@ class DecodePolicy:
         self._host = [None, None]  # `_stage`'s two pinned buffers
         self._flip = 0
 
+    @property
+    def modes(self) -> tuple[str, ...]:
+        """The precision modes a request may ask this policy for (`Request.mode`)."""
+        return (self.mode,)
+
     def bind(self, cache: KVCache) -> None:
         self.cache = cache
 

@@ -22,8 +22,11 @@ class PerRequestModePolicy(DecodePolicy):
         if default not in modes:
             raise GearshiftError(f"the default mode {default!r} is not among the modes served ({', '.join(modes)})")
         super().__init__(model, default)
-        self.modes = tuple(dict.fromkeys(modes))
-        self.by_mode = {m: AutoregressivePolicy(model, m) for m in self.modes}
+        self.by_mode = {m: AutoregressivePolicy(model, m) for m in dict.fromkeys(modes)}
+
+    @property
+    def modes(self) -> tuple[str, ...]:
+        return tuple(self.by_mode)
 
     def mode_of(self, s: Sequence) -> str:
         mode = s.mode or self.mode

@@ -162,7 +162,7 @@ class Engine:
 
     @staticmethod
     def _check_mode(r: Request, policy: DecodePolicy) -> None:
-        served = getattr(policy, "modes", (policy.mode,))
+        served = policy.modes
         if r.mode is not None and r.mode not in served:
             raise GearshiftError(f"mode {r.mode!r} asked for, but the {policy.name} policy runs "
                                  f"{', '.join(served)}")

@@ -121,10 +121,9 @@ def build_transformer(config: ModelConfig, tensors: Mapping[str, object], dtype:
     from gearshift.quant.detect import prequant_report
 
     def store(x, name: str) -> WeightFormat:
-        if isinstance(x, DenseWeight):  # an unquantized checkpoint's
-            x = x.weight
-        if quantize and isinstance(x, torch.Tensor) and quantized is not None:
-            quantized.append((name, prequant_report(x)))
+        w = x.weight if isinstance(x, DenseWeight) else x  # (an unquantized checkpoint's; _as_store unwraps it too)
+        if quantize and isinstance(w, torch.Tensor) and quantized is not None:
+            quantized.append((name, prequant_report(w)))
         return _as_store(x, dtype, quantize, group_size, device)
 
     def get(name):

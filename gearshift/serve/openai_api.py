@@ -42,7 +42,7 @@ def create_app(worker: EngineWorker, model_name: str) -> FastAPI:
     engine = copy.copy(worker.engine)
     engine.tokenizer = copy.deepcopy(worker.engine.tokenizer)
     app = FastAPI(title="gearshift", description="OpenAI-compatible API over the gearshift engine")
-    served = getattr(worker.policy, "modes", ())
+    served = worker.policy.modes
     # model id -> the precision mode it asks for (None: the policy's own); NAME:MODE ids where a policy serves several
     model_ids = {model_name: None, **({f"{model_name}:{m}": m for m in served} if len(served) > 1 else {})}
 
@@ -176,10 +176,7 @@ def create_app(worker: EngineWorker, model_name: str) -> FastAPI:
                             "top_logprobs": [None if row is None else {names[t]: v for t, v in row} for row in tops]}
             choices.append({"index": i, "text": text, "logprobs": logprobs, "finish_reason": "length"})
             used += len(ids)
-        completion = n * len(prompts)
-        return {**head, "choices": choices, "usage": {"prompt_tokens": used, "completion_tokens": completion,
-                                                      "total_tokens": used + completion,
-                                                      "prompt_tokens_details": {"cached_tokens": 0}}}
+        return {**head, "choices": choices, "usage": _usage_of(used, n * len(prompts), 0)}
 
     @app.post("/v1/chat/completions")
     async def chat(body: ChatCompletionRequest):
@@ -263,11 +260,13 @@ async def _collect(worker: EngineWorker, reqs: list[Request]) -> list[tuple[str,
     return outs
 
 
-def _usage(reqs: list[Request], outs) -> dict:
-    prompt = sum(len(r.prompt_ids) for r in reqs)
-    completion = sum(len(o[1]) for o in outs)
+def _usage_of(prompt: int, completion: int, cached: int) -> dict:
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
-            "prompt_tokens_details": {"cached_tokens": sum(o[3] for o in outs)}}
+            "prompt_tokens_details": {"cached_tokens": cached}}
+
+
+def _usage(reqs: list[Request], outs) -> dict:
+    return _usage_of(sum(len(r.prompt_ids) for r in reqs), sum(len(o[1]) for o in outs), sum(o[3] for o in outs))
 
 
 def _include_usage(body: _Sampling) -> bool:
@@ -290,9 +289,7 @@ def _sse(events: AsyncIterator[tuple[int, StreamEvent]], chunk, reqs: list[Reque
             yield f"data: {json.dumps({'error': {'message': e.message, 'type': e.kind}})}\n\n"
             return
         if include_usage:
-            prompt = sum(len(r.prompt_ids) for r in reqs)
-            usage = {"prompt_tokens": prompt, "completion_tokens": sum(counts), "total_tokens": prompt + sum(counts),
-                     "prompt_tokens_details": {"cached_tokens": cached}}
+            usage = _usage_of(sum(len(r.prompt_ids) for r in reqs), sum(counts), cached)
             yield f"data: {json.dumps({**head, 'choices': [], 'usage': usage})}\n\n"
         yield "data: [DONE]\n\n"
 

@@ -72,7 +72,7 @@ class EngineWorker:
     def stats(self) -> dict:
         """What the loop holds and has done, for /stats (read from another thread: a snapshot, not a lock)."""
         return {"policy": self.policy.name, "mode": self.policy.mode,
-                "modes": list(getattr(self.policy, "modes", (self.policy.mode,))), "alive": self.alive,
+                "modes": list(self.policy.modes), "alive": self.alive,
                 "requests_in_engine": len(self._sinks), "requests_queued": self._inbox.qsize(),
                 "requests_finished": dict(self.finished), "generated_tokens": self.generated_tokens,
                 "prefix_reuse": self.prefix_reuse, "prompt_tokens_reused": self.prompt_tokens_reused,
