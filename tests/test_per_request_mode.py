@@ -1,6 +1,7 @@
 """PerRequestModePolicy: requests of different precision modes in one batch, each decoding as it would alone."""
 
 import pytest
+import torch
 
 from gearshift.decode.autoregressive import AutoregressivePolicy
 from gearshift.decode.per_request_mode import PerRequestModePolicy
@@ -10,9 +11,9 @@ from gearshift.errors import GearshiftError
 from gearshift.model.loader import load_model
 
 
-@pytest.fixture(scope="module")
-def loaded(model_dir):
-    return load_model(str(model_dir("tiny")), quantize="int4", device="cpu")
+@pytest.fixture(scope="module", params=["cpu"] + (["cuda"] if torch.cuda.is_available() else []))
+def loaded(model_dir, request):
+    return load_model(str(model_dir("tiny")), quantize="int4", device=request.param)
 
 
 def _params(n=7):

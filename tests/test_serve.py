@@ -6,6 +6,7 @@ import threading
 from pathlib import Path
 
 import pytest
+import torch
 
 pytest.importorskip("fastapi")
 pytest.importorskip("httpx")
@@ -20,11 +21,15 @@ from gearshift.engine.engine import Engine, Request  # noqa: E402
 from gearshift.errors import GearshiftError  # noqa: E402
 
 
+#: where the engine runs: the CPU always, the GPU too where there is one (CUDA graphs, Triton kernels, the
+#: engine thread's own launches)
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
 @contextlib.contextmanager
-def serving(model_dir, *options):
-    """`gearshift serve` on the tiny model on CPU with these options: (app, worker); the engine thread is closed
-    after."""
-    args = build_parser().parse_args(["serve", "--model", str(model_dir("tiny")), "--device", "cpu", *options])
+def serving(model_dir, *options, device="cpu"):
+    """`gearshift serve` on the tiny model with these options: (app, worker); the engine thread is closed after."""
+    args = build_parser().parse_args(["serve", "--model", str(model_dir("tiny")), "--device", device, *options])
     app, worker, _ = build_server(args)
     try:
         yield app, worker
@@ -32,10 +37,10 @@ def serving(model_dir, *options):
         worker.close(timeout=10)
 
 
-@pytest.fixture(scope="module")
-def server(model_dir):
+@pytest.fixture(scope="module", params=DEVICES)
+def server(model_dir, request):
     path = model_dir("tiny")
-    args = build_parser().parse_args(["serve", "--model", str(path), "--device", "cpu", "--batch-size", "3",
+    args = build_parser().parse_args(["serve", "--model", str(path), "--device", request.param, "--batch-size", "3",
                                       "--max-model-len", "96", "--served-model-name", "tiny"])
     app, worker, name = build_server(args)
     with TestClient(app) as client:
@@ -313,9 +318,10 @@ def test_the_command_serves_over_http_and_stops_on_ctrl_c(model_dir, tmp_path):
 
 @pytest.mark.parametrize("policy", [["--policy", "qspec", "--draft-mode", "w4a8", "--gamma", "3"],
                                     ["--policy", "gearbox", "--no-calibrate"]])
-def test_other_policies_serve_concurrent_requests(model_dir, policy):
+@pytest.mark.parametrize("device", DEVICES)
+def test_other_policies_serve_concurrent_requests(model_dir, policy, device):
     """QSPEC (greedy: exactly W4A16's tokens) and GEARBX behind the server, requests arriving together."""
-    with serving(model_dir, "--batch-size", "2", "--max-model-len", "96", *policy) as (app, worker):
+    with serving(model_dir, "--batch-size", "2", "--max-model-len", "96", *policy, device=device) as (app, worker):
         with TestClient(app) as client:
             prompts = [[3, 4, 5], [9, 8, 7, 6], [20, 21]]
             outs = _post_all(client, [{"prompt": p, "max_tokens": 9, "temperature": 0, "ignore_eos": True}
@@ -340,11 +346,12 @@ def _serve_one(worker, ids, n, mode=None):
 
 
 @pytest.mark.parametrize("reuse", [True, False])
-def test_prefix_reuse_prefills_only_the_new_tokens_and_gives_the_same_tokens(model_dir, reuse):
+@pytest.mark.parametrize("device", DEVICES)
+def test_prefix_reuse_prefills_only_the_new_tokens_and_gives_the_same_tokens(model_dir, reuse, device):
     """A second turn that resends the first one (prompt + reply + more) starts from the slot's K/V: it reports
     those tokens as cached and decodes what a fresh prefill decodes. A prompt that diverges reuses up to it."""
     with serving(model_dir, "--batch-size", "2",
-                 "--max-model-len", "128", *([] if reuse else ["--no-prefix-reuse"])) as (_, worker):
+                 "--max-model-len", "128", *([] if reuse else ["--no-prefix-reuse"]), device=device) as (_, worker):
         prefilled = []
         rows_of = worker.policy.prefill_rows
 
@@ -376,11 +383,12 @@ def test_policies_that_mix_modes_do_not_reuse_prefixes(model_dir):
         assert cached == 0 and worker.stats()["prefix_reuse"] is False
 
 
-def test_each_request_runs_the_mode_its_model_id_names(model_dir):
+@pytest.mark.parametrize("device", DEVICES)
+def test_each_request_runs_the_mode_its_model_id_names(model_dir, device):
     """--modes: NAME:MODE model ids; requests of three modes decode in one batch, and each one's greedy tokens are
     those of a single-mode run of its mode (the rows of the other modes' forwards are left alone)."""
     with serving(model_dir, "--batch-size", "3",
-                 "--max-model-len", "96", "--served-model-name", "tiny", "--modes", "w4a8,w4a4") as (app, worker):
+                 "--max-model-len", "96", "--served-model-name", "tiny", "--modes", "w4a8,w4a4", device=device) as (app, worker):
         mixed = []
         step = worker.policy.step
 
@@ -427,8 +435,6 @@ def test_modes_need_the_ar_policy(model_dir):
 def test_score_prompt_is_what_decoding_token_by_token_gives(server):
     """Each prompt token's logprob from the one scoring forward equals the logprob of that token after the
     prefix before it (a forward per prefix), and the greedy next token is generation's first token."""
-    import torch
-
     from gearshift.engine.scoring import score_prompt
 
     _, worker = server
@@ -438,9 +444,10 @@ def test_score_prompt_is_what_decoding_token_by_token_gives(server):
     assert got.token_logprobs[0] is None and got.top_logprobs[0] is None
     for p in range(1, len(ids)):
         cache = model.new_cache(1, p + 1)
-        logits = model(torch.tensor([ids[:p]]), cache, [0], [p], mode="w4a16", logits="last")[0, 0]
+        logits = model(torch.tensor([ids[:p]], device=model.device), cache, [0], [p], mode="w4a16", logits="last")[0, 0]
         lp = torch.log_softmax(logits.float(), -1)
-        assert abs(got.token_logprobs[p] - float(lp[ids[p]])) < 1e-4
+        # fp32 on the CPU; bf16 on the GPU, where the prompt-long forward and the prefix forwards run other tiles
+        assert abs(got.token_logprobs[p] - float(lp[ids[p]])) < (1e-4 if model.dtype == torch.float32 else 3e-2)
         assert [t for t, _ in got.top_logprobs[p]] == lp.topk(3).indices.tolist()
     assert got.next_token == _reference(worker, ids, 1).token_ids[0]
 
@@ -476,14 +483,15 @@ def test_scoring_requests_it_cannot_answer(server, body, words):
     assert r.status_code == 400 and words in r.json()["error"]["message"]
 
 
-def test_scoring_runs_between_the_steps_of_a_running_batch(model_dir):
+@pytest.mark.parametrize("device", DEVICES)
+def test_scoring_runs_between_the_steps_of_a_running_batch(model_dir, device):
     """A scoring job queued while a generation decodes runs on the engine thread between two of its steps; the
     generation's tokens stay its reference's, and the scores are those of a standalone scoring."""
     import queue as queue_mod
 
     from gearshift.engine.scoring import score_prompt
 
-    with serving(model_dir, "--batch-size", "1", "--max-model-len", "128") as (_, worker):
+    with serving(model_dir, "--batch-size", "1", "--max-model-len", "128", device=device) as (_, worker):
         events: queue_mod.Queue = queue_mod.Queue()
         worker.submit(Request([4, 8, 15], SamplingParams(max_new_tokens=60, ignore_eos=True)), events.put)
         first = events.get(timeout=60)
