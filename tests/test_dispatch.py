@@ -734,9 +734,10 @@ def test_the_triton_39_h100_map_differs_from_the_generic_one_only_where_it_was_r
                                                           if key.startswith("w4a16:")} | searched
 
 
-def test_gpu_reference_fallback_is_announced_once_per_shape(monkeypatch):
-    """Where no kernel serves a quantized store (W4A8 on group-32 int4: GGUF Q4_0 / Q4_1), the GPU path
-    runs the torch reference and warns once per mode and format, with what to do; dense stores never warn."""
+def test_gpu_slow_path_is_announced_once_per_mode_and_format(monkeypatch):
+    """Where no fused kernel serves a quantized store (W4A8 on group-32 int4: GGUF Q4_0 / Q4_1), the GPU path
+    dequantizes it per call (dequantize + cuBLAS, the same function as the reference) and warns once per mode
+    and format, with what to do; dense stores never warn (the reference is F.linear there)."""
     import warnings
 
     from gearshift.dispatch import dispatcher as dsp
@@ -748,13 +749,13 @@ def test_gpu_reference_fallback_is_announced_once_per_shape(monkeypatch):
     w4a8 = ActQuantSpec("int8")
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
-        assert d.kernel_for(g32, w4a8, 4) is None and d.kernel_for(g32, w4a8, 16) is None
-        assert d.kernel_for(quantize_int4(torch.randn(512, 1024), 32), w4a8, 4) is None  # another shape: no repeat
+        assert all(d.kernel_for(g32, w4a8, m)[1].strategy == "dequant_cublas" for m in (4, 16, 64, 512))
+        assert d.kernel_for(quantize_int4(torch.randn(512, 1024), 32), w4a8, 4)[1].strategy == "dequant_cublas"
         assert d.kernel_for(DenseWeight(torch.randn(256, 1024)), w4a8, 4) is None
         strat, choice = d.kernel_for(quantize_int4(torch.randn(256, 1024), 128), w4a8, 4)
     assert choice.strategy == strat.name
     msgs = [str(w.message) for w in seen if issubclass(w.category, dsp.ReferenceFallbackWarning)]
-    assert len(msgs) == 1 and "group 32" in msgs[0] and "--quantize int4" in msgs[0]
+    assert len(msgs) == 1 and "group 32" in msgs[0] and "dequantize + cuBLAS" in msgs[0] and "--quantize int4" in msgs[0]
 
 
 def test_policy_maps_save_and_load_gzipped(tmp_path):
@@ -773,3 +774,22 @@ def test_policy_maps_save_and_load_gzipped(tmp_path):
         PolicyMap.load(tmp_path / "bad.json.gz")
     with pytest.raises(OSError):
         PolicyMap.load(tmp_path / "missing.json")
+
+
+@pytest.mark.parametrize("k", [576, 128])
+def test_a_shape_the_rule_tile_cannot_run_gets_another_kernel_not_the_reference(k):
+    """SmolLM2's K = 576 (and the tiny model's 128) is no multiple of W8A16's rule K-tile of 256: the rules
+    then take a tile (or another kernel) of the mode that runs the shape, not the torch reference."""
+    from gearshift.dispatch.dispatcher import default_choice
+
+    d = AdaptiveDispatcher(None, autoload=False)
+    st = quantize_int8(torch.randn(256, k))
+    for act, mode in ((None, "w8a16"), (ActQuantSpec("int8"), "w8a8")):
+        for m in (1, 3, 16, 64, 512):
+            rule = default_choice(mode, m, 256)
+            c = d.choose(st, act, m)
+            s = STRATEGIES[c.strategy]
+            assert mode in s.modes and c.strategy != "reference" and s.supports(st, act, c.config), (mode, m, c)
+            if STRATEGIES[rule.strategy].supports(st, act, rule.config):
+                assert c == rule  # where the rule's tile runs, it is still the one taken
+            assert d.choose(st, act, m) == c

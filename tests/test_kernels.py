@@ -275,3 +275,27 @@ def test_split_k_is_bit_reproducible_on_gpu():
     act = ActQuantSpec("int8")
     zs = [w4a8_linear(x, st, act, TileConfig(64, 64, 128, 4, 4, 3)) for _ in range(5)]
     assert all(torch.equal(zs[0], z) for z in zs[1:])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_shapes_the_rule_tiles_cannot_run_still_run_kernels_on_gpu():
+    """SmolLM2's K = 576 under W8A16 / W8A8 (the rules' K-tile is 256) and W4A8 on group-32 int4 (GGUF Q4_1):
+    the dispatcher runs another tile or dequantize + cuBLAS there, which computes the reference's function."""
+    import warnings
+
+    from gearshift.dispatch import AdaptiveDispatcher
+    from gearshift.kernels.reference import linear_reference
+
+    d = AdaptiveDispatcher(None, autoload=False)
+    torch.manual_seed(0)
+    w = torch.randn(1536, 576, device="cuda")
+    cases = [(quantize_int8(w), None), (quantize_int8(w), ActQuantSpec("int8")),
+             (quantize_int4(w, 32), ActQuantSpec("int8")), (quantize_int4(w, 32), ActQuantSpec("int4"))]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for st, act in cases:
+            for m in (1, 3, 16, 40, 300):
+                x = torch.randn(m, 576, device="cuda", dtype=torch.bfloat16)
+                assert d.kernel_for(st, act, m) is not None
+                ref = linear_reference(x.float(), st, act)
+                assert rel(d.linear(x, st, act).float(), ref) < 2e-2, (st, act, m)

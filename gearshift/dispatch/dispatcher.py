@@ -20,7 +20,7 @@ import warnings
 import torch
 
 from gearshift.dispatch.policy import Choice, PolicyMap, load_policy_for_device, nearest_shape_keys, type_key
-from gearshift.dispatch.strategies import MAX_TOKENS, STRATEGIES, group_of, mode_key
+from gearshift.dispatch.strategies import MAX_TOKENS, STRATEGIES, group_of, mode_key, strategies_for
 from gearshift.errors import GearshiftError
 from gearshift.kernels._triton import HAS_TRITON
 from gearshift.kernels.act_quant import ActCodes, CodesSpec, codes_qmax
@@ -33,15 +33,16 @@ from gearshift.quant.int4 import Int4Weight
 
 
 class ReferenceFallbackWarning(UserWarning):
-    """A linear on the GPU ran the torch reference because no kernel serves its store and mode."""
+    """A quantized linear on the GPU runs a path that dequantizes its whole weight on every call (the torch
+    reference, or dequantize + cuBLAS) because no fused kernel serves its store and mode."""
 
 
 _WARNED_FALLBACKS: set = set()
 
 
-def warn_reference_fallback(store: WeightFormat, act, m: int) -> None:
-    """Warn once per (mode, format, group) that a quantized linear runs the torch reference on the GPU,
-    which dequantizes the whole weight on every call. (Dense weights run `F.linear` there: no warning.)"""
+def warn_reference_fallback(store: WeightFormat, act, m: int, runs: str = "the torch reference") -> None:
+    """Warn once per (mode, format, group) that a quantized linear runs `runs` on the GPU, which dequantizes
+    the whole weight on every call. (Dense weights run `F.linear` there: no warning.)"""
     if store.format_name == "dense":
         return
     mode, group = mode_key(store, act), group_of(store)
@@ -53,9 +54,9 @@ def warn_reference_fallback(store: WeightFormat, act, m: int) -> None:
     if act is not None and isinstance(store, Int4Weight) and store.group_size < 64:
         hint = ("; the W4A8 / W4A4 kernels need int4 groups of at least 64 (GGUF Q4_0 / Q4_1 hold 32): "
                 "load the model from a bf16 checkpoint with --quantize int4 for group 128")
-    warnings.warn(f"no GPU kernel runs {mode} on {store.format_name} weights{f' of group {group}' if group else ''} "
-                  f"(first: {store.out_features}x{store.in_features} at {m} tokens): those linears run the torch "
-                  f"reference, far slower{hint}", ReferenceFallbackWarning, stacklevel=4)
+    warnings.warn(f"no fused GPU kernel runs {mode} on {store.format_name} weights"
+                  f"{f' of group {group}' if group else ''} (first: {store.out_features}x{store.in_features} at "
+                  f"{m} tokens): those linears run {runs}, far slower{hint}", ReferenceFallbackWarning, stacklevel=4)
 
 
 class Dispatcher:
@@ -151,6 +152,7 @@ class AdaptiveDispatcher(Dispatcher):
         self.calls: dict[str, int] = {}
         self._served_memo: dict[tuple, Choice] = {}  # `_best_served`, per map, type key, bucket and store kind
         self._nearest_memo: dict[tuple, Choice | None] = {}  # `_nearest_shape`, the same plus the shape
+        self._any_memo: dict[tuple, Choice] = {}  # `_any_served`, per mode, M, shape and store kind
 
     def _policy(self) -> PolicyMap | None:
         if self._autoload:
@@ -200,7 +202,30 @@ class AdaptiveDispatcher(Dispatcher):
         for c in small_m_choices(mode, m, n, k):
             if self._serves(c, store, act, m):
                 return c
-        return default_choice(mode, m, n)
+        d = default_choice(mode, m, n)
+        if d is None or self._serves(d, store, act, m):
+            return d
+        return self._any_served(d, mode, store, act, m)
+
+    def _any_served(self, d: Choice, mode: str, store: WeightFormat, act: ActQuantSpec | None, m: int) -> Choice:
+        """Where the rule's tile cannot run this shape (W8A16's K-tile of 256 on SmolLM2's K = 576, say): the
+        first of that strategy's own tiles, then of the mode's other kernels, that can, before the torch
+        reference. Cached per shape and store kind; `d` itself where none can (`kernel_for` warns then)."""
+        kind = self._any_kind(mode, store, act, m)
+        hit = self._any_memo.get(kind)
+        if hit is None:
+            first = STRATEGIES.get(d.strategy)
+            order = ([first] if first is not None else []) + [s for s in strategies_for(mode) if s is not first]
+            hit = next((Choice(s.name, cfg) for s in order if s.name != "reference"
+                        for cfg in s.configs(m) if self._serves(Choice(s.name, cfg), store, act, m)), d)
+            self._any_memo[kind] = hit
+        return hit
+
+    @staticmethod
+    def _any_kind(mode: str, store: WeightFormat, act: ActQuantSpec | None, m: int) -> tuple:
+        return (mode, m, store.out_features, store.in_features, store.format_name, getattr(store, "layout", None),
+                getattr(store, "row_units", None) is None, None if act is None else (act.dtype, act.bits,
+                                                                                     act.group_size))
 
     @staticmethod
     def _serves(c: Choice, store: WeightFormat, act: ActQuantSpec | None, m: int) -> bool:
@@ -345,6 +370,9 @@ class AdaptiveDispatcher(Dispatcher):
         if strat is None or not strat.supports(store, act, c.config):
             warn_reference_fallback(store, act, m)
             return None
+        if c.strategy == "dequant_cublas" and c is self._any_memo.get(self._any_kind(mode_key(store, act), store,
+                                                                                      act, m)):
+            warn_reference_fallback(store, act, m, "dequantize + cuBLAS")  # the rules' fused tile could not
         return strat, c
 
     def linear_codes(self, codes: ActCodes, store: WeightFormat, act: ActQuantSpec | None,
