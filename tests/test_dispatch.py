@@ -735,7 +735,7 @@ def test_the_triton_39_h100_map_differs_from_the_generic_one_only_where_it_was_r
 
 
 def test_gpu_slow_path_is_announced_once_per_mode_and_format(monkeypatch):
-    """Where no fused kernel serves a quantized store (W4A8 on group-32 int4: GGUF Q4_0 / Q4_1), the GPU path
+    """Where no fused kernel serves a quantized store (W4A8 on group-16 int4), the GPU path
     dequantizes it per call (dequantize + cuBLAS, the same function as the reference) and warns once per mode
     and format, with what to do; dense stores never warn (the reference is F.linear there)."""
     import warnings
@@ -745,17 +745,18 @@ def test_gpu_slow_path_is_announced_once_per_mode_and_format(monkeypatch):
 
     monkeypatch.setattr(dsp, "_WARNED_FALLBACKS", set())
     d = AdaptiveDispatcher(None, autoload=False)
-    g32 = quantize_int4(torch.randn(256, 1024), 32)
+    g16 = quantize_int4(torch.randn(256, 1024), 16)
     w4a8 = ActQuantSpec("int8")
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
-        assert all(d.kernel_for(g32, w4a8, m)[1].strategy == "dequant_cublas" for m in (4, 16, 64, 512))
-        assert d.kernel_for(quantize_int4(torch.randn(512, 1024), 32), w4a8, 4)[1].strategy == "dequant_cublas"
+        assert all(d.kernel_for(g16, w4a8, m)[1].strategy == "dequant_cublas" for m in (4, 16, 64, 512))
+        assert d.kernel_for(quantize_int4(torch.randn(512, 1024), 16), w4a8, 4)[1].strategy == "dequant_cublas"
+        assert d.kernel_for(quantize_int4(torch.randn(256, 1024), 32), w4a8, 4)[1].strategy == "w4a8_pad"
         assert d.kernel_for(DenseWeight(torch.randn(256, 1024)), w4a8, 4) is None
         strat, choice = d.kernel_for(quantize_int4(torch.randn(256, 1024), 128), w4a8, 4)
     assert choice.strategy == strat.name
     msgs = [str(w.message) for w in seen if issubclass(w.category, dsp.ReferenceFallbackWarning)]
-    assert len(msgs) == 1 and "group 32" in msgs[0] and "dequantize + cuBLAS" in msgs[0] and "--quantize int4" in msgs[0]
+    assert len(msgs) == 1 and "group 16" in msgs[0] and "dequantize + cuBLAS" in msgs[0] and "--quantize int4" in msgs[0]
 
 
 def test_policy_maps_save_and_load_gzipped(tmp_path):

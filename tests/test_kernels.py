@@ -82,6 +82,20 @@ def test_w4a8_partitions(parts, join):
     assert torch.equal(y, y_pad), "DPR partitions are exact in int32: must equal Padding"
 
 
+@pytest.mark.parametrize("act", [ActQuantSpec("int8"), ActQuantSpec("int4")], ids=["w4a8", "w4a4"])
+@pytest.mark.parametrize("split", [1, 3])
+def test_w4a8_on_group_32_weights(act, split):
+    """GGUF Q4_0 / Q4_1 hold groups of 32: the joined-nibble tile runs them with K-tiles of 32 (int8 MMAs of
+    k = 32), at SmolLM2's K = 576; the strided form (two dots of k = 16) cannot, and says so."""
+    from gearshift.kernels.w4a8 import supports, w4a8_linear, w4a8_reference
+
+    st = _store(64, 576, 32, seed=5)
+    x = torch.randn(7, 576, device=DEV).half()
+    cfg = TileConfig(16, 32, 128, split, 4, 2, True, True)
+    assert supports(st, act, cfg) and not supports(st, act, TileConfig(16, 32, 128, split, 4, 2, True, False))
+    assert rel(w4a8_linear(x, st, act, cfg), w4a8_reference(x.float(), st, act)) < 2e-3
+
+
 @pytest.mark.parametrize("split", [1, 4])
 def test_w4a8_long_k_keeps_fp32_precision(split):
     """32 K tiles in one program: the int32 -> fp32 trick (1.5 * 2^23 + pi read as fp32) must not
@@ -279,8 +293,9 @@ def test_split_k_is_bit_reproducible_on_gpu():
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_shapes_the_rule_tiles_cannot_run_still_run_kernels_on_gpu():
-    """SmolLM2's K = 576 under W8A16 / W8A8 (the rules' K-tile is 256) and W4A8 on group-32 int4 (GGUF Q4_1):
-    the dispatcher runs another tile or dequantize + cuBLAS there, which computes the reference's function."""
+    """SmolLM2's K = 576 under W8A16 / W8A8 (the rules' K-tile is 256), W4A8 / W4A4 on group-32 int4 (GGUF Q4_1)
+    and on group 16: the dispatcher runs another tile or kernel there (dequantize + cuBLAS on group 16), which
+    computes the reference's function."""
     import warnings
 
     from gearshift.dispatch import AdaptiveDispatcher
@@ -290,7 +305,8 @@ def test_shapes_the_rule_tiles_cannot_run_still_run_kernels_on_gpu():
     torch.manual_seed(0)
     w = torch.randn(1536, 576, device="cuda")
     cases = [(quantize_int8(w), None), (quantize_int8(w), ActQuantSpec("int8")),
-             (quantize_int4(w, 32), ActQuantSpec("int8")), (quantize_int4(w, 32), ActQuantSpec("int4"))]
+             (quantize_int4(w, 32), ActQuantSpec("int8")), (quantize_int4(w, 32), ActQuantSpec("int4")),
+             (quantize_int4(w, 16), ActQuantSpec("int8"))]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for st, act in cases:

@@ -5,10 +5,10 @@ torch reference (the CPU path). `AdaptiveDispatcher` (the default) runs the refe
 for fp32 inputs, for activation quantizers that are not a plain per-token `ActQuantSpec`, and
 for modes without a kernel; on CUDA it looks (mode, group, N, K, M) up in the policy map, takes
 the nearest profiled shape's pick for a shape the map never saw, and falls back to a fixed rule
-where the map has nothing for the mode. Where no kernel serves a store on the GPU (e.g. W4A8 on
-group-32 int4 weights, which GGUF Q4_0 / Q4_1 checkpoints hold), it runs the reference too, and
-says so once per mode and weight format (`ReferenceFallbackWarning`): that path is one to two
-orders of magnitude slower.
+where the map has nothing for the mode. Where the rule's tile cannot run a shape, another tile or
+kernel of the mode runs (`_any_served`), dequantize + cuBLAS last; where not even that serves a store
+on the GPU, it runs the reference. Both dequantize the whole weight per call and are said once per
+mode and weight format (`ReferenceFallbackWarning`).
 """
 
 from __future__ import annotations
@@ -51,9 +51,9 @@ def warn_reference_fallback(store: WeightFormat, act, m: int, runs: str = "the t
         return
     _WARNED_FALLBACKS.add(key)
     hint = ""
-    if act is not None and isinstance(store, Int4Weight) and store.group_size < 64:
-        hint = ("; the W4A8 / W4A4 kernels need int4 groups of at least 64 (GGUF Q4_0 / Q4_1 hold 32): "
-                "load the model from a bf16 checkpoint with --quantize int4 for group 128")
+    if act is not None and isinstance(store, Int4Weight) and store.group_size < 32:
+        hint = ("; the W4A8 / W4A4 kernels need int4 groups of at least 32: load the model from a bf16 checkpoint "
+                "with --quantize int4 for group 128")
     warnings.warn(f"no fused GPU kernel runs {mode} on {store.format_name} weights"
                   f"{f' of group {group}' if group else ''} (first: {store.out_features}x{store.in_features} at "
                   f"{m} tokens): those linears run {runs}, far slower{hint}", ReferenceFallbackWarning, stacklevel=4)

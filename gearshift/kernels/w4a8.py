@@ -112,7 +112,7 @@ if HAS_TRITON:
 def supports(store: Int4Weight, act: ActQuantSpec, cfg: TileConfig) -> bool:
     bk = min(cfg.bk, store.group_size)
     return (act.group_size is None and bk <= 2048 and store.in_features % bk == 0 and store.group_size % bk == 0
-            and bk >= 64 and blocks_fit(store, bk))
+            and bk >= (32 if cfg.join else 64) and blocks_fit(store, bk))
 
 
 def w4a8_linear(x2: torch.Tensor, store: Int4Weight, act: ActQuantSpec, cfg: TileConfig,

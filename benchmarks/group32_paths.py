@@ -1,0 +1,81 @@
+"""W4A8 / W4A4 on group-32 int4 weights (GGUF Q4_0 / Q4_1, the default SmolLM2 model): what each path costs.
+
+Before stop 55 no fused kernel ran these modes on group 32, so the GPU ran the torch reference (dequantize
+every weight per call, then F.linear); QSPEC's drafts on the default model paid that. Now the joined-nibble
+`w4a8_pad` tile runs them with K-tiles of 32. This script times, on SmolLM2-135M's linear shapes summed over
+its 30 layers, per M: the dispatcher's pick, `w4a8_pad` at the rule's tile, dequantize + cuBLAS, the torch
+reference, and W4A16's pick (the baseline the drafts must beat), each as CUDA-graph replays in one run, and
+checks the fused result against the reference.
+
+Usage on the GPU: PYTHONPATH=. python benchmarks/group32_paths.py [--ms 1,4,16,64] [--out DIR]
+writes DIR/group32_paths_<device>.json, prints a table last.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from gearshift.dispatch.dispatcher import AdaptiveDispatcher  # noqa: E402
+from gearshift.dispatch.policy import device_slug  # noqa: E402
+from gearshift.dispatch.profiler import random_store, relative_error, time_us  # noqa: E402
+from gearshift.dispatch.strategies import STRATEGIES  # noqa: E402
+from gearshift.kernels.reference import linear_reference  # noqa: E402
+from gearshift.quant.activations import ActQuantSpec  # noqa: E402
+
+#: SmolLM2-135M: hidden 576, 9 query / 3 KV heads of 64, intermediate 1536; (name, N, K) with fused qkv, gate_up
+SHAPES = [("qkv", 960, 576), ("o", 576, 576), ("gate_up", 3072, 576), ("down", 576, 1536)]
+LAYERS = 30
+MODES = {"w4a16": None, "w4a8": ActQuantSpec("int8"), "w4a4": ActQuantSpec("int4")}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--ms", default="1,4,16,64", help="token counts (comma-separated)")
+    ap.add_argument("--out", default="benchmarks/results", help="folder for the JSON")
+    a = ap.parse_args()
+    dev = torch.device("cuda")
+    d = AdaptiveDispatcher(None, autoload=False)  # no map has group-32 shapes: the rules pick
+    stores = {name: random_store("int4", n, k, 32, dev) for name, n, k in SHAPES}
+    rows, worst = [], 0.0
+    for m in (int(v) for v in a.ms.split(",")):
+        xs = {name: torch.randn(m, k, device=dev, dtype=torch.bfloat16) for name, _, k in SHAPES}
+        for mode, act in MODES.items():
+            paths = {"pick": lambda st, x: d.linear(x, st, act),
+                     "dequant_cublas": lambda st, x: STRATEGIES["dequant_cublas"].run(x, st, act, None),
+                     "reference": lambda st, x: linear_reference(x, st, act)}
+            row = {"m": m, "mode": mode, "picks": {}}
+            for name, _, _ in SHAPES:
+                st, x = stores[name], xs[name]
+                c = d.choose(st, act, m)
+                row["picks"][name] = f"{c.strategy}:{c.config.key() if c.config else ''}"
+                if act is not None:
+                    err = relative_error(d.linear(x, st, act).float(), linear_reference(x.float(), st, act))
+                    worst = max(worst, err)
+                for path, f in paths.items():
+                    us = time_us([lambda f=f, st=st, x=x: f(st, x)])
+                    row[path] = row.get(path, 0.0) + us * LAYERS / 1000.0  # ms per 30-layer step
+            rows.append(row)
+    base = {r["m"]: r["pick"] for r in rows if r["mode"] == "w4a16"}
+    for r in rows:
+        r["pick_over_w4a16"] = r["pick"] / base[r["m"]]
+    name = torch.cuda.get_device_name()
+    out = Path(a.out) / f"group32_paths_{device_slug(name)}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"device": name, "torch": torch.__version__, "layers": LAYERS, "shapes": SHAPES,
+                               "worst_rel_err_vs_reference": worst, "rows": rows}, indent=1))
+    print(f"{name}; ms per {LAYERS}-layer step (linears only); fused vs reference worst rel err {worst:.2e}")
+    print(f"{'M':>4} {'mode':>6} {'pick':>8} {'dq+cuBLAS':>10} {'reference':>10} {'pick/w4a16':>10}  picks")
+    for r in rows:
+        picks = ",".join(sorted({p.split(':')[0] for p in r["picks"].values()}))
+        print(f"{r['m']:>4} {r['mode']:>6} {r['pick']:8.3f} {r['dequant_cublas']:10.3f} {r['reference']:10.3f} "
+              f"{r['pick_over_w4a16']:10.2f}  {picks}")
+
+
+if __name__ == "__main__":
+    main()
