@@ -171,7 +171,7 @@ def test_chat_without_a_template_is_a_clear_400(server, model_dir):
 
 @pytest.mark.parametrize("body, status, words", [
     ({"prompt": [1, 2], "n": 2}, 400, "n must be 1"),
-    ({"prompt": [1, 2], "logprobs": 3}, 400, "logprobs"),
+    ({"prompt": [1, 2], "logprobs": 21}, 400, "logprobs"),
     ({"prompt": [1, 2], "model": "other"}, 404, "does not exist"),
     ({"prompt": [1, 2], "max_tokens": 200}, 400, "context of 96"),
     ({"prompt": [1, 2], "temperature": -1}, 400, "temperature"),
@@ -219,6 +219,18 @@ def test_chat_template_conversation(model_dir, tmp_path):
             assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
             assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks) == ref.text
             assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+            r = client.post("/v1/chat/completions", json={"messages": msgs, "max_tokens": 5, "temperature": 0,
+                                                          "ignore_eos": True, "logprobs": True, "top_logprobs": 2})
+            assert r.status_code == 200, r.text
+            content = r.json()["choices"][0]["logprobs"]["content"]
+            tok = worker.engine.tokenizer
+            assert [c["token"] for c in content] == [tok.decode([t]) for t in ref.token_ids]
+            assert all(c["logprob"] <= 0 and len(c["top_logprobs"]) == 2 for c in content)
+            assert all(c["bytes"] == list(c["token"].encode()) for c in content)
+            for bad, words in (({"top_logprobs": 2}, "needs logprobs"), ({"logprobs": True, "stream": True},
+                                                                          "not streamed")):
+                r = client.post("/v1/chat/completions", json={"messages": msgs, "max_tokens": 2, **bad})
+                assert r.status_code == 400 and words in r.json()["error"]["message"]
     finally:
         worker.close(timeout=10)
 
@@ -471,10 +483,39 @@ def test_echo_and_logprobs_score_a_prompt_as_evaluation_harnesses_ask(server):
     assert r0["usage"]["completion_tokens"] == 0 and client.get("/stats").json()["prompts_scored"] >= 2
 
 
+def test_logprobs_of_generated_text_are_those_of_scoring_prompt_and_completion(server):
+    """logprobs with a completion: the tokens generated as without them, each with its logprob given the prompt
+    and the tokens before it (one scoring forward of prompt + completion); greedy tokens are their position's
+    likeliest. Sampled text and echo get them too."""
+    from gearshift.engine.scoring import score_prompt
+
+    client, worker = server
+    ids = [11, 5, 42, 7]
+    r = client.post("/v1/completions", json={"prompt": ids, "max_tokens": 6, "temperature": 0, "ignore_eos": True,
+                                             "logprobs": 3}).json()
+    ref = _reference(worker, ids, 6)
+    choice, tok = r["choices"][0], worker.engine.tokenizer
+    lp = choice["logprobs"]
+    assert choice["text"] == ref.text and lp["tokens"] == [tok.decode([t]) for t in ref.token_ids]
+    alone = score_prompt(worker.engine.model, ids + ref.token_ids, "w4a16", top=3)
+    assert lp["token_logprobs"] == pytest.approx(alone.token_logprobs[len(ids):], abs=1e-5)
+    assert all(len(row) == 3 and max(row, key=row.get) == t for row, t in zip(lp["top_logprobs"], lp["tokens"]))
+    assert lp["text_offset"][0] == 0 and r["usage"]["completion_tokens"] == 6
+    sampled = client.post("/v1/completions", json={"prompt": ids, "max_tokens": 5, "temperature": 0.9, "seed": 3,
+                                                   "ignore_eos": True, "logprobs": 0}).json()["choices"][0]
+    plain = client.post("/v1/completions", json={"prompt": ids, "max_tokens": 5, "temperature": 0.9, "seed": 3,
+                                                 "ignore_eos": True}).json()["choices"][0]
+    assert sampled["text"] == plain["text"] and len(sampled["logprobs"]["token_logprobs"]) == 5
+    assert all(v <= 0 for v in sampled["logprobs"]["token_logprobs"])
+    echoed = client.post("/v1/completions", json={"prompt": ids, "max_tokens": 2, "temperature": 0, "echo": True,
+                                                  "ignore_eos": True, "logprobs": 1}).json()["choices"][0]
+    assert len(echoed["logprobs"]["tokens"]) == len(ids) + 2 and echoed["logprobs"]["token_logprobs"][0] is None
+    assert echoed["text"] == "".join(tok.decode([t]) for t in ids) + _reference(worker, ids, 2).text
+
+
 @pytest.mark.parametrize("body, words", [
     ({"echo": True, "stream": True, "max_tokens": 0}, "not streamed"),
-    ({"logprobs": 1, "max_tokens": 5, "temperature": 0}, "max_tokens 0, or 1"),
-    ({"logprobs": 1, "max_tokens": 1, "temperature": 0.7}, "temperature 0"),
+    ({"logprobs": 1, "stream": True, "max_tokens": 3}, "not streamed"),
     ({"max_tokens": 0}, "needs echo"),
 ])
 def test_scoring_requests_it_cannot_answer(server, body, words):

@@ -118,7 +118,7 @@ def create_app(worker: EngineWorker, model_name: str) -> FastAPI:
         head = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
                 "model": body.model or model_name}
         if body.echo or body.logprobs is not None:
-            return await score(body, prompts, mode, head)
+            return await scored(body, prompts, mode, head)
         if body.max_tokens == 0:
             raise APIError(400, "max_tokens 0 needs echo (scoring the prompt)", param="max_tokens")
         reqs = [make_request(x if isinstance(x, list) else encode(x), body, body.max_tokens, mode) for x in prompts]
@@ -132,51 +132,54 @@ def create_app(worker: EngineWorker, model_name: str) -> FastAPI:
                                     for i, (text, _, reason, _) in enumerate(outs)],
                 "usage": _usage(reqs, outs)}
 
-    async def score(body: CompletionRequest, prompts: list, mode: str | None, head: dict):
-        """echo / logprobs: one scoring forward per prompt on the engine thread, between the batch's steps."""
-        n = body.max_tokens
+    async def scores_of(ids: list[int], mode: str | None, top: int):
+        """PromptScores of `ids` from one forward in `mode` on the engine thread, between the batch's steps."""
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future = loop.create_future()
+
+        def sink(out):
+            with contextlib.suppress(RuntimeError):  # the event loop has closed: nobody is listening
+                loop.call_soon_threadsafe(done.set_result, out)
+        try:
+            worker.score(ids, mode, top, sink)
+        except GearshiftError as e:
+            raise APIError(503, str(e), "server_error") from None
+        out = await done
+        if isinstance(out, BaseException):
+            raise APIError(500, f"scoring failed: {out}", "server_error")
+        return out
+
+    async def scored(body: CompletionRequest, prompts: list, mode: str | None, head: dict):
+        """echo / logprobs. max_tokens 0 scores the prompt (evaluation harnesses' loglikelihood); otherwise the
+        completions are generated as any other, then prompt + completion are scored by one forward each in the
+        request's mode, which gives the logprobs (the raw distribution, before temperature or top-k / top-p)."""
         if body.stream:
             raise APIError(400, "echo and logprobs are not streamed: send stream=false", param="stream")
-        if n not in (0, 1) or (n == 1 and body.temperature != 0):
-            raise APIError(400, "logprobs and echo score a prompt: max_tokens 0, or 1 at temperature 0 (the greedy "
-                                "next token); logprobs of sampled text are not supported", param="logprobs")
         tok = engine.tokenizer
-        loop = asyncio.get_running_loop()
-        choices, used = [], 0
-        for i, x in enumerate(prompts):
-            ids = x if isinstance(x, list) else encode(x)
-            make_request(ids, body, max(n, 1), mode)  # the same checks as a generation's
-            done: asyncio.Future = loop.create_future()
-
-            def sink(out, done=done):
-                with contextlib.suppress(RuntimeError):  # the event loop has closed: nobody is listening
-                    loop.call_soon_threadsafe(done.set_result, out)
-            try:
-                worker.score(ids, mode, body.logprobs or 0, sink)
-            except GearshiftError as e:
-                raise APIError(503, str(e), "server_error") from None
-            out = await done
-            if isinstance(out, BaseException):
-                raise APIError(500, f"scoring failed: {out}", "server_error")
-            kept = list(ids) if body.echo else []
-            lps = list(out.token_logprobs) if body.echo else []
-            tops = list(out.top_logprobs) if body.echo else []
-            if n == 1:
-                kept, lps, tops = kept + [out.next_token], lps + [out.next_logprob], tops + [out.next_top]
-            pieces = tok.batch_decode([[t] for t in kept]) if tok is not None else [str(t) for t in kept]
-            text = ((x if isinstance(x, str) else "".join(pieces[:len(ids)])) if body.echo else "") + \
-                ("".join(pieces[-1:]) if n == 1 else "")
+        ids_of = [x if isinstance(x, list) else encode(x) for x in prompts]
+        n = body.max_tokens
+        reqs = [make_request(ids, body, max(n, 1) if n is not None else None, mode) for ids in ids_of]
+        outs = await _collect(worker, reqs) if n != 0 else [("", [], "length", 0)] * len(reqs)
+        choices = []
+        for i, (x, ids, (text, out_ids, reason, _)) in enumerate(zip(prompts, ids_of, outs, strict=True)):
+            sc = await scores_of(ids + out_ids, mode, body.logprobs or 0) if body.logprobs is not None else None
+            first = 0 if body.echo else len(ids)  # the positions that come back
+            kept = (ids + out_ids)[first:]
+            pieces = _pieces(tok, kept)
+            if body.echo:
+                text = (x if isinstance(x, str) else "".join(pieces[:len(ids)])) + text
             logprobs = None
-            if body.logprobs is not None:
-                names = {t: tok.decode([t]) if tok is not None else str(t) for row in tops if row for t, _ in row}
+            if sc is not None:
                 offsets = [0]
                 for piece in pieces[:-1]:
                     offsets.append(offsets[-1] + len(piece))
-                logprobs = {"tokens": pieces, "token_logprobs": lps, "text_offset": offsets,
+                tops = sc.top_logprobs[first:]
+                alts = list(dict.fromkeys(t for row in tops if row for t, _ in row))
+                names = dict(zip(alts, _pieces(tok, alts), strict=True))
+                logprobs = {"tokens": pieces, "token_logprobs": sc.token_logprobs[first:], "text_offset": offsets,
                             "top_logprobs": [None if row is None else {names[t]: v for t, v in row} for row in tops]}
-            choices.append({"index": i, "text": text, "logprobs": logprobs, "finish_reason": "length"})
-            used += len(ids)
-        return {**head, "choices": choices, "usage": _usage_of(used, n * len(prompts), 0)}
+            choices.append({"index": i, "text": text, "logprobs": logprobs, "finish_reason": reason})
+        return {**head, "choices": choices, "usage": _usage(reqs, outs)}
 
     @app.post("/v1/chat/completions")
     async def chat(body: ChatCompletionRequest):
@@ -194,6 +197,10 @@ def create_app(worker: EngineWorker, model_name: str) -> FastAPI:
         reqs = [make_request(ids, body, limit, mode)]
         head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
                 "model": body.model or model_name}
+        if body.top_logprobs and not body.logprobs:
+            raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
+        if body.stream and body.logprobs:
+            raise APIError(400, "logprobs are not streamed: send stream=false", param="stream")
         if body.stream:
             started = set()
 
@@ -208,8 +215,22 @@ def create_app(worker: EngineWorker, model_name: str) -> FastAPI:
             return _sse(_events(worker, reqs), chunk, reqs, {**head, "object": "chat.completion.chunk"},
                         _include_usage(body))
         outs = await _collect(worker, reqs)
+        logprobs = [None] * len(outs)
+        if body.logprobs:  # as for completions: prompt + reply scored by one forward in the request's mode
+            for i, (_, out_ids, _, _) in enumerate(outs):
+                sc = await scores_of(ids + out_ids, mode, body.top_logprobs or 0)
+                tops = sc.top_logprobs[len(ids):]
+                alts = list(dict.fromkeys(t for row in tops for t, _ in row))
+                names = dict(zip(alts, _pieces(engine.tokenizer, alts), strict=True))
+
+                def entry(name: str, lp: float) -> dict:
+                    return {"token": name, "logprob": lp, "bytes": list(name.encode("utf-8"))}
+                logprobs[i] = {"content": [{**entry(piece, lp), "top_logprobs": [entry(names[t], v) for t, v in row]}
+                                           for piece, lp, row in zip(_pieces(engine.tokenizer, out_ids),
+                                                                     sc.token_logprobs[len(ids):], tops, strict=True)],
+                               "refusal": None}
         return {**head, "choices": [{"index": i, "message": {"role": "assistant", "content": text},
-                                     "logprobs": None, "finish_reason": reason}
+                                     "logprobs": logprobs[i], "finish_reason": reason}
                                     for i, (text, _, reason, _) in enumerate(outs)],
                 "usage": _usage(reqs, outs)}
 
@@ -244,6 +265,11 @@ async def _events(worker: EngineWorker, reqs: list[Request]) -> AsyncIterator[tu
     finally:
         for i in left:
             worker.cancel(rids[i])
+
+
+def _pieces(tok, ids: list[int]) -> list[str]:
+    """Each token's own text (a byte-level token that ends mid-character decodes to U+FFFD, as elsewhere)."""
+    return tok.batch_decode([[t] for t in ids]) if tok is not None else [str(t) for t in ids]
 
 
 async def _collect(worker: EngineWorker, reqs: list[Request]) -> list[tuple[str, list[int], str, int]]:

@@ -1,9 +1,9 @@
 """OpenAI API request bodies that the server accepts (pydantic), and the sampling they ask for.
 
-Fields the engine cannot honour (n > 1, best_of, penalties, logprobs of sampled text) are refused with
-a clear error rather than ignored, since ignoring them would change what the client gets back.
-Completions take echo and logprobs for scoring a prompt (max_tokens 0 or 1, greedy), as evaluation
-harnesses ask.
+Fields the engine cannot honour (n > 1, best_of, penalties, logit_bias, tools) are refused with a clear
+error rather than ignored, since ignoring them would change what the client gets back. Completions take
+echo and logprobs (max_tokens 0 scores the prompt alone, as evaluation harnesses ask), chat takes
+logprobs / top_logprobs; neither is streamed.
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ class CompletionRequest(_Sampling):
     prompt: str | list[int] | list[str] | list[list[int]]
     max_tokens: int | None = Field(16, ge=0)  # the OpenAI default; None = up to the context; 0 only with echo
     echo: bool = False  # scoring: the prompt comes back, with its tokens' logprobs where asked
-    logprobs: int | None = Field(None, ge=0, le=20)  # how many top alternatives per token (scoring only)
+    logprobs: int | None = Field(None, ge=0, le=20)  # how many top alternatives per token
 
 
 class ChatMessage(BaseModel):
@@ -77,3 +77,5 @@ class ChatCompletionRequest(_Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = Field(None, ge=1)  # None = up to the context, as OpenAI's chat endpoint does
     max_completion_tokens: int | None = Field(None, ge=1)  # its newer name; wins where both are given
+    logprobs: bool = False  # each reply token's logprob
+    top_logprobs: int | None = Field(None, ge=0, le=20)  # and the likeliest alternatives at each, with logprobs
