@@ -343,6 +343,10 @@ def test_other_policies_serve_concurrent_requests(model_dir, policy, device):
                 if policy[1] == "qspec":
                     assert outs[i]["choices"][0]["text"] == _reference(worker, prompts[i], 9).text
             assert getattr(worker.policy, "sequences", []) == []  # nothing kept per finished request
+            r = client.post("/v1/completions", json={"prompt": prompts[0], "max_tokens": 4, "temperature": 0,
+                                                     "ignore_eos": True, "logprobs": 1}).json()["choices"][0]
+            assert r["text"] == outs[0]["choices"][0]["text"][:len(r["text"])]  # generated as without logprobs
+            assert len(r["logprobs"]["token_logprobs"]) == 4 and all(v <= 0 for v in r["logprobs"]["token_logprobs"])
 
 
 def _serve_one(worker, ids, n, mode=None):
