@@ -174,8 +174,7 @@ def create_app(worker: EngineWorker, model_name: str) -> FastAPI:
                 for piece in pieces[:-1]:
                     offsets.append(offsets[-1] + len(piece))
                 tops = sc.top_logprobs[first:]
-                alts = list(dict.fromkeys(t for row in tops if row for t, _ in row))
-                names = dict(zip(alts, _pieces(tok, alts), strict=True))
+                names = _alternatives(tok, tops)
                 logprobs = {"tokens": pieces, "token_logprobs": sc.token_logprobs[first:], "text_offset": offsets,
                             "top_logprobs": [None if row is None else {names[t]: v for t, v in row} for row in tops]}
             choices.append({"index": i, "text": text, "logprobs": logprobs, "finish_reason": reason})
@@ -220,12 +219,9 @@ def create_app(worker: EngineWorker, model_name: str) -> FastAPI:
             for i, (_, out_ids, _, _) in enumerate(outs):
                 sc = await scores_of(ids + out_ids, mode, body.top_logprobs or 0)
                 tops = sc.top_logprobs[len(ids):]
-                alts = list(dict.fromkeys(t for row in tops for t, _ in row))
-                names = dict(zip(alts, _pieces(engine.tokenizer, alts), strict=True))
-
-                def entry(name: str, lp: float) -> dict:
-                    return {"token": name, "logprob": lp, "bytes": list(name.encode("utf-8"))}
-                logprobs[i] = {"content": [{**entry(piece, lp), "top_logprobs": [entry(names[t], v) for t, v in row]}
+                names = _alternatives(engine.tokenizer, tops)
+                logprobs[i] = {"content": [{**_chat_logprob(piece, lp),
+                                            "top_logprobs": [_chat_logprob(names[t], v) for t, v in row]}
                                            for piece, lp, row in zip(_pieces(engine.tokenizer, out_ids),
                                                                      sc.token_logprobs[len(ids):], tops, strict=True)],
                                "refusal": None}
@@ -270,6 +266,16 @@ async def _events(worker: EngineWorker, reqs: list[Request]) -> AsyncIterator[tu
 def _pieces(tok, ids: list[int]) -> list[str]:
     """Each token's own text (a byte-level token that ends mid-character decodes to U+FFFD, as elsewhere)."""
     return tok.batch_decode([[t] for t in ids]) if tok is not None else [str(t) for t in ids]
+
+
+def _alternatives(tok, tops: list) -> dict[int, str]:
+    """The text of every token id among the rows of top alternatives (rows may be None or empty)."""
+    alts = list(dict.fromkeys(t for row in tops if row for t, _ in row))
+    return dict(zip(alts, _pieces(tok, alts), strict=True))
+
+
+def _chat_logprob(token: str, logprob: float) -> dict:
+    return {"token": token, "logprob": logprob, "bytes": list(token.encode("utf-8"))}
 
 
 async def _collect(worker: EngineWorker, reqs: list[Request]) -> list[tuple[str, list[int], str, int]]:
