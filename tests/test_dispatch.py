@@ -794,3 +794,12 @@ def test_a_shape_the_rule_tile_cannot_run_gets_another_kernel_not_the_reference(
             if STRATEGIES[rule.strategy].supports(st, act, rule.config):
                 assert c == rule  # where the rule's tile runs, it is still the one taken
             assert d.choose(st, act, m) == c
+
+
+def test_w4a16_on_group_32_runs_dequantize_cublas_above_16_tokens():
+    """No map holds group-32 shapes; the rules' tl.dot tile took 1.9x dequantize + cuBLAS at 64 tokens there."""
+    d = AdaptiveDispatcher(None, autoload=False)
+    g32, g128 = quantize_int4(torch.randn(1536, 576), 32), quantize_int4(torch.randn(1536, 512), 128)
+    assert all(d.choose(g32, None, m).strategy == "dequant_cublas" for m in (17, 64, 256, 4096))
+    assert all(d.choose(g32, None, m).strategy != "dequant_cublas" for m in (1, 4, 16))
+    assert d.choose(g128, None, 64).strategy == "w4a16_tc"  # other groups keep the rule's tile
