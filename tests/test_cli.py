@@ -117,6 +117,21 @@ def test_quantize_on_a_quantized_source_says_it_does_nothing(model_dir, tmp_path
     assert code == 0 and "--quantize int4-prog leaves" in err and "quantized already (4-bit)" in err
 
 
+def test_profile_times_the_group_the_model_holds(model_dir, tmp_path, capsys):
+    """`gearshift profile --model`: a quantized checkpoint's int4 group is the one timed (the engine looks its
+    linears up by that group); an HF folder of dense weights and a preset keep 128."""
+    from gearshift.cli.profile import read_target
+    from gearshift.dispatch.profiler import model_shapes
+
+    assert cli(capsys, "quantize", str(model_dir("tiny")), str(tmp_path / "q"), "--group-size", "32")[0] == 0
+    shapes, layers = model_shapes(str(model_dir("tiny")))
+    assert read_target(str(tmp_path / "q")) == (shapes, layers, 32)
+    assert read_target(str(model_dir("tiny"))) == (shapes, layers, None)
+    assert read_target("llama3-8b")[2] is None
+    code, _, err = cli(capsys, "profile", "--model", str(tmp_path / "q"), "--m", "1")
+    assert code == 2 and "CUDA" in err and "group 32" in err
+
+
 def test_checkpoint_dense_weights_take_the_compute_dtype(model_dir, tmp_path, capsys):
     from gearshift.model.loader import load_model
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 
 import numpy as np
 import pytest
@@ -167,6 +168,23 @@ def tiny(tmp_path_factory):
     path = tmp_path_factory.mktemp("gguf") / "tiny.gguf"
     written = write_gguf(path)
     return path, written, load_gguf(path)
+
+
+def test_gguf_config_reads_the_metadata_alone(tiny, tmp_path, monkeypatch):
+    """`gearshift profile --model FILE.gguf`: the config load_gguf builds, and group 32 where most linears are
+    Q4_0 / Q4_1 (kept as int4 of group 32), else None (7 of the tiny file's 15 are; the rest are quantized at
+    load), without reading the weights."""
+    from gearshift.cli.profile import read_target
+    from gearshift.dispatch.profiler import shapes_from_config
+    from gearshift.model.gguf_loader import gguf_config
+
+    path, _, g = tiny
+    cfg, group = gguf_config(path)
+    assert cfg == g.config and group is None
+    all_q4 = [{part: T.Q4_1 for part in types} for types in LAYER_TYPES]
+    monkeypatch.setattr(sys.modules[__name__], "LAYER_TYPES", all_q4)
+    write_gguf(tmp_path / "q4.gguf")
+    assert read_target(str(tmp_path / "q4.gguf")) == (shapes_from_config(g.config), 2, 32)
 
 
 # ---------------------------------------------------------------- name mapping / permutation

@@ -26,7 +26,9 @@ def register(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser("profile", help="profile GEMM strategies on this GPU and write the policy map",
                               description=__doc__.split("\n", 2)[2].strip(),
                               formatter_class=HelpFormatter)
-    p.add_argument("--model", default=None, help="model directory (config.json) or a preset: llama3-8b")
+    p.add_argument("--model", default=None,
+                   help="model directory (config.json; a gearshift checkpoint too), a .gguf file, or a preset: "
+                        "llama3-8b")
     p.add_argument("--out", default=None,
                    help="policy JSON path (default: ~/.cache/gearshift/policy/<device>.json). A map of this GPU "
                         "already there (at the default path: else the one shipped for this GPU and Triton release) is "
@@ -37,7 +39,10 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--modes", default="w4a16,w4a8,w4a8fp8,w4a4",
                    help="comma-separated precision modes (default: w4a16,w4a8,w4a8fp8,w4a4; w4a4 is QSPEC's "
                         "default draft mode)")
-    p.add_argument("--group-size", type=int, default=128, help="int4 group size of the stores (-1: per row)")
+    p.add_argument("--group-size", type=int, default=None,
+                   help="int4 group size of the stores (-1: per row). Default: the group the model's int4 weights "
+                        "hold (32 for a GGUF of Q4_0 / Q4_1, a quantized checkpoint's own), else 128; the engine "
+                        "looks a linear up by its store's group, so a map of another group does not serve it")
     p.add_argument("--int4-layout", default="blocks16", choices=("rows", "blocks16"),
                    help="int4 byte order to time (the engine loads int4 weights as blocks16 on GPU unless "
                         "told --int4-layout rows)")
@@ -268,17 +273,52 @@ def sustain_kwargs(args) -> dict:
     return out
 
 
+def read_target(model: str) -> tuple[list[tuple[str, int, int]], int, int | None]:
+    """(linear shapes, layers, the group its int4 weights hold or None) of --model: a preset, an HF folder or
+    gearshift checkpoint (config.json), or a GGUF file (its metadata; the weights are not read)."""
+    import json
+
+    from gearshift.dispatch.profiler import model_shapes, shapes_from_config
+
+    p = Path(model)
+    if p.is_file() and p.suffix.lower() == ".gguf":
+        from gearshift.model.gguf_loader import gguf_config
+
+        cfg, group = gguf_config(p)
+        return shapes_from_config(cfg), int(cfg["num_hidden_layers"]), group
+    shapes, layers = model_shapes(model)
+    manifest = p / "gearshift.json" if p.is_dir() else None
+    groups = []
+    if manifest is not None and manifest.is_file():
+        layers_meta = json.loads(manifest.read_text()).get("layers", {})
+        groups = [int(v["meta"]["group_size"]) for v in layers_meta.values()
+                  if v.get("format") == "int4g" and "group_size" in v.get("meta", {})]
+    return shapes, layers, (max(set(groups), key=groups.count) if groups else None)
+
+
 def run(args) -> int:
     import torch
     from tqdm import tqdm
 
     from gearshift.dispatch.policy import M_BUCKETS, cache_dir, device_slug
-    from gearshift.dispatch.profiler import ablations, model_shapes, profile, unseen_pairs
+    from gearshift.dispatch.profiler import ablations, profile, unseen_pairs
     from gearshift.errors import GearshiftError
 
     if not args.model and not args.shapes:
-        raise GearshiftError("say what to profile: --model (a model directory or a preset such as llama3-8b) "
-                             "or --shapes NxK,...")
+        raise GearshiftError("say what to profile: --model (a model directory, a .gguf file or a preset such as "
+                             "llama3-8b) or --shapes NxK,...")
+    target = None
+    if args.model:
+        try:
+            target = read_target(args.model)
+        except (OSError, KeyError, ValueError) as e:
+            raise GearshiftError(f"cannot read model shapes from {args.model!r}: {e}") from None
+    if args.group_size is None:
+        held = target[2] if target is not None else None
+        args.group_size = held or 128
+        if held:
+            print(f"gearshift: timing int4 stores of group {held}, as {args.model} holds (--group-size overrides)",
+                  file=sys.stderr)
     refine_m = refine_buckets(args)
     m_arg, modes, shape_arg = parse_lists(args)
     sustain = sustain_kwargs(args)
@@ -314,10 +354,7 @@ def run(args) -> int:
         shapes = shape_arg
         layers = 1
     else:
-        try:
-            shapes, layers = model_shapes(args.model)
-        except (OSError, KeyError, ValueError) as e:
-            raise GearshiftError(f"cannot read model shapes from {args.model!r}: {e}") from None
+        shapes, layers, _ = target
     if args.seed == "auto":
         seed = load_policy_for_device()
         if seed is None:

@@ -16,8 +16,18 @@ from pathlib import Path
 
 
 def model_config_path(model: str) -> str:
-    """What `build_random_model` reads for --model: a preset name, or the config.json of a directory."""
+    """What `build_random_model` reads for --model: a preset name, the config.json of a directory, or for a
+    GGUF file its config written to a temporary config.json."""
     p = Path(model)
+    if p.is_file() and p.suffix.lower() == ".gguf":
+        import json
+        import tempfile
+
+        from gearshift.model.gguf_loader import gguf_config
+
+        out = Path(tempfile.mkdtemp(prefix="gearshift-refine-")) / "config.json"
+        out.write_text(json.dumps(gguf_config(p)[0]))
+        return str(out)
     return str(p / "config.json") if p.is_dir() else model
 
 
