@@ -551,3 +551,24 @@ def test_scoring_runs_between_the_steps_of_a_running_batch(model_dir, device):
         alone = score_prompt(worker.engine.model, [16, 23, 42, 5], "w4a16", top=2)
         assert got.token_logprobs[1:] == pytest.approx(alone.token_logprobs[1:], abs=1e-5)
         assert got.next_token == alone.next_token
+
+
+def test_load_benchmark_runs_against_a_started_server(model_dir, tmp_path):
+    """benchmarks/serve_load.py starts `gearshift serve`, keeps N streamed requests in flight per level and
+    writes what each level measured; every request got its tokens."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from bench_scripts import load_script
+
+    mod = load_script("serve_load.py")
+    assert mod.main(["--model", str(model_dir("tiny")), "--concurrency", "1,3", "--requests", "3", "--gen-len", "5",
+                     "--prompt-words", "12", "--warmup", "1", "--out", str(tmp_path), "--", "--device", "cpu",
+                     "--batch-size", "2", "--max-model-len", "128"]) == 0
+    (out,) = tmp_path.glob("serve_load_*.json")
+    d = json.loads(out.read_text())
+    assert d["device"] == "cpu" and d["server"]["batch_size"] == 2
+    assert [lv["concurrency"] for lv in d["levels"]] == [1, 3]
+    for lv in d["levels"]:
+        assert [r["completion_tokens"] for r in lv["per_request"]] == [5] * 3
+        assert 0 < lv["ttft_median_ms"] <= lv["latency_median_ms"] and lv["output_tokens_per_s"] > 0

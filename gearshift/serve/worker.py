@@ -71,7 +71,9 @@ class EngineWorker:
 
     def stats(self) -> dict:
         """What the loop holds and has done, for /stats (read from another thread: a snapshot, not a lock)."""
-        return {"policy": self.policy.name, "mode": self.policy.mode,
+        device = self.engine.model.device
+        return {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else str(device),
+                "policy": self.policy.name, "mode": self.policy.mode,
                 "modes": list(self.policy.modes), "alive": self.alive,
                 "requests_in_engine": len(self._sinks), "requests_queued": self._inbox.qsize(),
                 "requests_finished": dict(self.finished), "generated_tokens": self.generated_tokens,
