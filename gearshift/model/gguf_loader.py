@@ -570,16 +570,21 @@ class GGUFModel:
     metadata: dict = field(default_factory=dict, repr=False)  # the GGUF key/values, tokenizer arrays dropped
 
 
+def _architecture(meta: dict, path: str) -> str:
+    arch = meta.get("general.architecture")
+    if arch not in SUPPORTED_ARCHITECTURES:
+        raise GearshiftError(f"GGUF architecture {arch!r} is not supported "
+                             f"(supported: {', '.join(SUPPORTED_ARCHITECTURES)}): {path}")
+    return arch
+
+
 def gguf_config(path: str | os.PathLike) -> tuple[dict, int | None]:
     """(HF config, int4 group of its linears: 32 where they are Q4_0 / Q4_1, which load as int4 as they are,
     else None) from the metadata and tensor table alone, without reading the weights (`gearshift profile`).
     The config lacks what only the weights give (a Llama-3 rope scaling read from rope_freqs)."""
     path = os.fspath(path)
     meta, info_list, _ = read_gguf(path)
-    arch = meta.get("general.architecture")
-    if arch not in SUPPORTED_ARCHITECTURES:
-        raise GearshiftError(f"GGUF architecture {arch!r} is not supported "
-                             f"(supported: {', '.join(SUPPORTED_ARCHITECTURES)}): {path}")
+    arch = _architecture(meta, path)
     infos = {i.name: i for i in info_list}
     linear = [i for i in info_list if len(i.shape) == 2 and is_linear_name(gguf_to_hf_name(i.name) or "")]
     q4 = sum(i.ggml_type in (GGML_Q4_0, GGML_Q4_1) for i in linear)
@@ -590,10 +595,7 @@ def load_gguf(path: str | os.PathLike) -> GGUFModel:
     """Load a llama-family GGUF file (llama, qwen2, qwen3) as HF-named tensors, config and tokenizer."""
     path = os.fspath(path)
     meta, info_list, blob = read_gguf(path)
-    arch = meta.get("general.architecture")
-    if arch not in SUPPORTED_ARCHITECTURES:
-        raise GearshiftError(f"GGUF architecture {arch!r} is not supported "
-                             f"(supported: {', '.join(SUPPORTED_ARCHITECTURES)}): {path}")
+    arch = _architecture(meta, path)
     infos = {i.name: i for i in info_list}
     config = _build_config(meta, arch, infos, path)
     permuted = SUPPORTED_ARCHITECTURES[arch][2]
