@@ -430,3 +430,20 @@ def test_help_wraps_long_description_lines_and_keeps_examples(monkeypatch):
             build_parser().parse_args([verb.replace("_", "-"), "--help"])
         long = [line for line in out.getvalue().splitlines() if len(line) > 90 and not line.startswith("  ")]
         assert not long, (verb, long)
+
+
+def test_qspec_on_small_int4_groups_says_it_will_not_pay(capsys):
+    """No map estimates QSPEC on group-32 shapes, so on a GPU the CLI says what group 32 drafts on; not on CPU."""
+    import types
+
+    from gearshift.cli.policy_qspec import group_note
+    from gearshift.model.quant_linear import QuantLinear
+    from gearshift.quant.int4 import quantize_int4
+
+    lins = [("a", QuantLinear(quantize_int4(torch.randn(64, 128), 32))),
+            ("b", QuantLinear(quantize_int4(torch.randn(64, 128), 128)))]
+    for dev, said in (("cuda", True), ("cpu", False)):
+        model = types.SimpleNamespace(device=torch.device(dev), linear_layers=lambda: iter(lins))
+        group_note(model, "w4a8")
+        err = capsys.readouterr().err
+        assert ("1 of the 2 int4 linears hold groups under 128" in err and "expect no speed-up" in err) == said

@@ -33,9 +33,25 @@ def build(args, loaded):
              "models (SmolLM2: 7%); output is still exact, but for speed calibrate it (--act-quant g16+o64,down:a8) "
              "or draft with --draft-mode w4a8")
 
-    advise(loaded.model, args.draft_mode, args.verify_mode, args.gamma)
+    if advise(loaded.model, args.draft_mode, args.verify_mode, args.gamma) is None:
+        group_note(loaded.model, args.draft_mode)
     return QSpecPolicy(loaded.model, draft_mode=args.draft_mode, verify_mode=args.verify_mode, gamma=args.gamma,
                        kv_overwrite=getattr(args, "kv_overwrite", True), acceptance=args.acceptance)
+
+
+def group_note(model, draft_mode: str) -> None:
+    """Where no map can estimate the speed-up: on the GPU, int4 groups under 128 (GGUF Q4_0 / Q4_1) draft on the
+    `tl.dot` kernel only, whose steps took 1.3-1.5x W4A16's on SmolLM2 (results/group32_paths.md)."""
+    from gearshift.model.loader import note
+    from gearshift.quant.int4 import Int4Weight
+
+    groups = [lin.store.group_size for _, lin in model.linear_layers() if isinstance(lin.store, Int4Weight)]
+    small = sum(g < 128 for g in groups)
+    if model.device.type == "cuda" and groups and 2 * small >= len(groups):
+        note(f"{small} of the {len(groups)} int4 linears hold groups under 128 (GGUF Q4_0 / Q4_1: 32), on which "
+             f"{draft_mode} runs the tl.dot kernel, not the fragment / wgmma kernels: on SmolLM2 its step took "
+             "1.3-1.5x W4A16's (benchmarks/results/group32_paths.md), so expect no speed-up; quantize a bf16 "
+             "checkpoint with --quantize int4 (group 128) for QSPEC")
 
 
 def advise(model, draft_mode: str, verify_mode: str, gamma: int, alpha: float = 0.9) -> dict | None:
