@@ -142,6 +142,26 @@ def test_a_list_of_prompts_gets_one_choice_each(server):
     assert [c["index"] for c in r["choices"]] == [0, 1] and r["usage"]["prompt_tokens"] == 5
 
 
+def test_n_completions_per_prompt(server):
+    """n: choice i * n + j is prompt i's j-th completion, sampled with seed + j (so the first is n=1's); greedy
+    ones agree; usage counts each prompt once; a stream interleaves the n choices by index."""
+    client, _ = server
+    body = {"prompt": [[4, 5, 6], [7, 8]], "max_tokens": 8, "temperature": 1.0, "seed": 11, "ignore_eos": True}
+    r = client.post("/v1/completions", json={**body, "n": 3}).json()
+    assert [c["index"] for c in r["choices"]] == list(range(6))
+    texts = [c["text"] for c in r["choices"]]
+    assert len(set(texts[:3])) > 1 and len(set(texts[3:])) > 1
+    one = client.post("/v1/completions", json=body).json()["choices"]
+    assert [texts[0], texts[3]] == [c["text"] for c in one]
+    assert r["usage"]["prompt_tokens"] == 5 and r["usage"]["completion_tokens"] == 6 * 8
+    greedy = client.post("/v1/completions", json={**body, "temperature": 0, "n": 2}).json()["choices"]
+    assert greedy[0]["text"] == greedy[1]["text"] and greedy[2]["text"] == greedy[3]["text"]
+    with client.stream("POST", "/v1/completions", json={**body, "n": 2, "stream": True}) as s:
+        chunks = _sse(s.read().decode())
+    streamed = ["".join(c["choices"][0]["text"] for c in chunks if c["choices"][0]["index"] == i) for i in range(4)]
+    assert streamed == [texts[0], texts[1], texts[3], texts[4]]
+
+
 def test_seeded_sampling_repeats(server):
     client, _ = server
     body = {"prompt": [9, 10, 11], "max_tokens": 8, "temperature": 0.9, "seed": 1234, "ignore_eos": True}
@@ -170,7 +190,7 @@ def test_chat_without_a_template_is_a_clear_400(server, model_dir):
 
 
 @pytest.mark.parametrize("body, status, words", [
-    ({"prompt": [1, 2], "n": 2}, 400, "n must be 1"),
+    ({"prompt": [1, 2], "n": 65}, 400, "n"),
     ({"prompt": [1, 2], "logprobs": 21}, 400, "logprobs"),
     ({"prompt": [1, 2], "model": "other"}, 404, "does not exist"),
     ({"prompt": [1, 2], "max_tokens": 200}, 400, "context of 96"),
@@ -227,6 +247,10 @@ def test_chat_template_conversation(model_dir, tmp_path):
             assert [c["token"] for c in content] == [tok.decode([t]) for t in ref.token_ids]
             assert all(c["logprob"] <= 0 and len(c["top_logprobs"]) == 2 for c in content)
             assert all(c["bytes"] == list(c["token"].encode()) for c in content)
+            two = client.post("/v1/chat/completions", json={"messages": msgs, "max_tokens": 5, "temperature": 0,
+                                                            "ignore_eos": True, "n": 2}).json()
+            assert [c["message"]["content"] for c in two["choices"]] == [ref.text] * 2
+            assert [c["index"] for c in two["choices"]] == [0, 1] and two["usage"]["prompt_tokens"] == len(ids)
             for bad, words in (({"top_logprobs": 2}, "needs logprobs"), ({"logprobs": True, "stream": True},
                                                                           "not streamed")):
                 r = client.post("/v1/chat/completions", json={"messages": msgs, "max_tokens": 2, **bad})

@@ -88,7 +88,8 @@ def create_app(worker: EngineWorker, model_name: str) -> FastAPI:
             raise APIError(400, why)
         return model_ids.get(body.model) if body.model is not None else None
 
-    def make_request(ids: list[int], body: _Sampling, max_tokens: int | None, mode: str | None) -> Request:
+    def make_request(ids: list[int], body: _Sampling, max_tokens: int | None, mode: str | None,
+                     copy: int = 0) -> Request:
         if not ids:
             raise APIError(400, "the prompt is empty", param="prompt")
         vocab = engine.loaded.config.vocab_size
@@ -99,7 +100,7 @@ def create_app(worker: EngineWorker, model_name: str) -> FastAPI:
             if n < 1:
                 raise GearshiftError(f"the prompt's {len(ids)} tokens fill the context of {engine.max_seq_len}")
             engine.check_fits(ids, n)
-            return Request(ids, body.sampling(n), mode=mode)
+            return Request(ids, body.sampling(n, copy), mode=mode)
         except GearshiftError as e:
             raise APIError(400, str(e)) from None
 
@@ -121,16 +122,17 @@ def create_app(worker: EngineWorker, model_name: str) -> FastAPI:
             return await scored(body, prompts, mode, head)
         if body.max_tokens == 0:
             raise APIError(400, "max_tokens 0 needs echo (scoring the prompt)", param="max_tokens")
-        reqs = [make_request(x if isinstance(x, list) else encode(x), body, body.max_tokens, mode) for x in prompts]
+        reqs = [make_request(ids, body, body.max_tokens, mode, j)
+                for ids in (x if isinstance(x, list) else encode(x) for x in prompts) for j in range(body.n)]
         if body.stream:
             def chunk(i, ev: StreamEvent):
                 return {**head, "choices": [{"index": i, "text": ev.text, "logprobs": None,
                                              "finish_reason": ev.finish_reason if ev.finished else None}]}
-            return _sse(_events(worker, reqs), chunk, reqs, head, _include_usage(body))
+            return _sse(_events(worker, reqs), chunk, reqs, head, _include_usage(body), body.n)
         outs = await _collect(worker, reqs)
         return {**head, "choices": [{"index": i, "text": text, "logprobs": None, "finish_reason": reason}
                                     for i, (text, _, reason, _) in enumerate(outs)],
-                "usage": _usage(reqs, outs)}
+                "usage": _usage(reqs, outs, body.n)}
 
     async def scores_of(ids: list[int], mode: str | None, top: int):
         """PromptScores of `ids` from one forward in `mode` on the engine thread, between the batch's steps."""
@@ -156,9 +158,11 @@ def create_app(worker: EngineWorker, model_name: str) -> FastAPI:
         if body.stream:
             raise APIError(400, "echo and logprobs are not streamed: send stream=false", param="stream")
         tok = engine.tokenizer
+        prompts = [x for x in prompts for _ in range(body.n)]  # choice i * n + j: prompt i's j-th completion
         ids_of = [x if isinstance(x, list) else encode(x) for x in prompts]
         n = body.max_tokens
-        reqs = [make_request(ids, body, max(n, 1) if n is not None else None, mode) for ids in ids_of]
+        reqs = [make_request(ids, body, max(n, 1) if n is not None else None, mode, i % body.n)
+                for i, ids in enumerate(ids_of)]
         outs = await _collect(worker, reqs) if n != 0 else [("", [], "length", 0)] * len(reqs)
         choices = []
         for i, (x, ids, (text, out_ids, reason, _)) in enumerate(zip(prompts, ids_of, outs, strict=True)):
@@ -178,7 +182,7 @@ def create_app(worker: EngineWorker, model_name: str) -> FastAPI:
                 logprobs = {"tokens": pieces, "token_logprobs": sc.token_logprobs[first:], "text_offset": offsets,
                             "top_logprobs": [None if row is None else {names[t]: v for t, v in row} for row in tops]}
             choices.append({"index": i, "text": text, "logprobs": logprobs, "finish_reason": reason})
-        return {**head, "choices": choices, "usage": _usage(reqs, outs)}
+        return {**head, "choices": choices, "usage": _usage(reqs, outs, body.n)}
 
     @app.post("/v1/chat/completions")
     async def chat(body: ChatCompletionRequest):
@@ -193,7 +197,7 @@ def create_app(worker: EngineWorker, model_name: str) -> FastAPI:
         except Exception as e:  # a template that rejects the conversation (e.g. roles out of order)
             raise APIError(400, f"the chat template rejected the messages: {e}", param="messages") from None
         limit = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
-        reqs = [make_request(ids, body, limit, mode)]
+        reqs = [make_request(ids, body, limit, mode, j) for j in range(body.n)]
         head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
                 "model": body.model or model_name}
         if body.top_logprobs and not body.logprobs:
@@ -212,7 +216,7 @@ def create_app(worker: EngineWorker, model_name: str) -> FastAPI:
                         "choices": [{"index": i, "delta": delta, "logprobs": None,
                                      "finish_reason": ev.finish_reason if ev.finished else None}]}
             return _sse(_events(worker, reqs), chunk, reqs, {**head, "object": "chat.completion.chunk"},
-                        _include_usage(body))
+                        _include_usage(body), body.n)
         outs = await _collect(worker, reqs)
         logprobs = [None] * len(outs)
         if body.logprobs:  # as for completions: prompt + reply scored by one forward in the request's mode
@@ -228,7 +232,7 @@ def create_app(worker: EngineWorker, model_name: str) -> FastAPI:
         return {**head, "choices": [{"index": i, "message": {"role": "assistant", "content": text},
                                      "logprobs": logprobs[i], "finish_reason": reason}
                                     for i, (text, _, reason, _) in enumerate(outs)],
-                "usage": _usage(reqs, outs)}
+                "usage": _usage(reqs, outs, body.n)}
 
     return app
 
@@ -297,8 +301,10 @@ def _usage_of(prompt: int, completion: int, cached: int) -> dict:
             "prompt_tokens_details": {"cached_tokens": cached}}
 
 
-def _usage(reqs: list[Request], outs) -> dict:
-    return _usage_of(sum(len(r.prompt_ids) for r in reqs), sum(len(o[1]) for o in outs), sum(o[3] for o in outs))
+def _usage(reqs: list[Request], outs, n: int = 1) -> dict:
+    """n: completions per prompt, whose prompt counts once (as OpenAI's usage does)."""
+    return _usage_of(sum(len(r.prompt_ids) for r in reqs) // n, sum(len(o[1]) for o in outs),
+                     sum(o[3] for o in outs))
 
 
 def _include_usage(body: _Sampling) -> bool:
@@ -307,7 +313,7 @@ def _include_usage(body: _Sampling) -> bool:
 
 
 def _sse(events: AsyncIterator[tuple[int, StreamEvent]], chunk, reqs: list[Request], head: dict,
-         include_usage: bool) -> StreamingResponse:
+         include_usage: bool, n: int = 1) -> StreamingResponse:
     async def body():
         counts = [0] * len(reqs)
         cached = 0
@@ -321,7 +327,7 @@ def _sse(events: AsyncIterator[tuple[int, StreamEvent]], chunk, reqs: list[Reque
             yield f"data: {json.dumps({'error': {'message': e.message, 'type': e.kind}})}\n\n"
             return
         if include_usage:
-            usage = _usage_of(sum(len(r.prompt_ids) for r in reqs), sum(counts), cached)
+            usage = _usage_of(sum(len(r.prompt_ids) for r in reqs) // n, sum(counts), cached)
             yield f"data: {json.dumps({**head, 'choices': [], 'usage': usage})}\n\n"
         yield "data: [DONE]\n\n"
 

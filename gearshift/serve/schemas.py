@@ -1,6 +1,6 @@
 """OpenAI API request bodies that the server accepts (pydantic), and the sampling they ask for.
 
-Fields the engine cannot honour (n > 1, best_of, penalties, logit_bias, tools) are refused with a clear
+Fields the engine cannot honour (best_of, penalties, logit_bias, tools) are refused with a clear
 error rather than ignored, since ignoring them would change what the client gets back. Completions take
 echo and logprobs (max_tokens 0 scores the prompt alone, as evaluation harnesses ask), chat takes
 logprobs / top_logprobs; neither is streamed.
@@ -26,14 +26,12 @@ class _Sampling(BaseModel):
     seed: int | None = None
     stop: str | list[str] | None = None
     stream: bool = False
-    n: int = 1
+    n: int = Field(1, ge=1, le=64)  # completions per prompt (each its own KV slot; seed + j seeds the j-th)
     ignore_eos: bool = False  # vLLM's extension
     stop_token_ids: list[int] | None = None  # vLLM's extension
 
     def unsupported(self) -> str | None:
         """Why this request cannot be served as asked, or None."""
-        if self.n != 1:
-            return "n must be 1: each request gets one completion"
         extra = self.model_extra or {}
         for name, off in (("logprobs", (None, False, 0)), ("top_logprobs", (None, 0)), ("echo", (None, False)),
                           ("best_of", (None, 1)), ("presence_penalty", (None, 0, 0.0)),
@@ -46,9 +44,11 @@ class _Sampling(BaseModel):
     def stops(self) -> list[str]:
         return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
 
-    def sampling(self, max_new_tokens: int) -> SamplingParams:
+    def sampling(self, max_new_tokens: int, copy: int = 0) -> SamplingParams:
+        """The `copy`-th of the request's n completions (seed + copy, so they differ and the first is n=1's)."""
+        seed = None if self.seed is None else self.seed + copy
         return SamplingParams(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p, min_p=self.min_p,
-                              seed=self.seed, max_new_tokens=max_new_tokens, stop=self.stops(),
+                              seed=seed, max_new_tokens=max_new_tokens, stop=self.stops(),
                               stop_token_ids=self.stop_token_ids, ignore_eos=self.ignore_eos)
 
 
