@@ -15,7 +15,9 @@ def register(sub) -> None:
                                    "/v1/models, /health and /stats. Every request joins the running batch as a KV\n"
                                    "slot frees up; the decode policy and precision modes are fixed at launch.\n"
                                    "Sampling follows the OpenAI defaults (temperature 1): send temperature 0 for\n"
-                                   "greedy output. Needs fastapi and uvicorn (pip install 'gearshift[serve]').",
+                                   "greedy output. n completions per prompt, logprobs (of prompts with echo and\n"
+                                   "max_tokens 0, of generated text otherwise; not streamed). Needs fastapi and\n"
+                                   "uvicorn (pip install 'gearshift[serve]').",
                        epilog="example:\n  gearshift serve --model PATH --policy qspec --draft-mode w4a8\n"
                               "  curl localhost:8000/v1/completions -H 'Content-Type: application/json' \\\n"
                               "       -d '{\"prompt\": \"The capital of France is\", \"max_tokens\": 16, "
