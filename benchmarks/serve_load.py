@@ -7,7 +7,8 @@ tokens, streamed) until `--requests` have finished, and reports per level: reque
 first token (median, p90), time per output token after the first (median), and end-to-end latency (median).
 
 Either start a server yourself and pass `--url`, or let the script start `gearshift serve` on a free port with
-`--model PATH` and the serve options after `--` (e.g. `-- --policy qspec --draft-mode w4a8`).
+`--model PATH` and the serve options after `--` (e.g. `-- --policy qspec --draft-mode w4a8`). A server that
+wants an API key gets $GEARSHIFT_API_KEY.
 
 Usage: python benchmarks/serve_load.py --model PATH [--concurrency 1,4,16] [--requests N] [--gen-len 128]
        [--prompt-words 100] [--out DIR] [-- SERVE OPTIONS...]
@@ -93,7 +94,10 @@ async def run_level(url: str, concurrency: int, requests: int, gen_len: int, wor
     rng = random.Random(seed)
     prompts = [" ".join(rng.choice(WORDS) for _ in range(words)) for _ in range(requests)]
     sem = asyncio.Semaphore(concurrency)
-    async with httpx.AsyncClient(timeout=None, limits=httpx.Limits(max_connections=concurrency + 4)) as client:
+    key = os.environ.get("GEARSHIFT_API_KEY")
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    async with httpx.AsyncClient(timeout=None, headers=headers,
+                                 limits=httpx.Limits(max_connections=concurrency + 4)) as client:
         async def limited(p):
             async with sem:
                 return await one_request(client, url, p, gen_len)

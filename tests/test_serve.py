@@ -596,3 +596,17 @@ def test_load_benchmark_runs_against_a_started_server(model_dir, tmp_path):
     for lv in d["levels"]:
         assert [r["completion_tokens"] for r in lv["per_request"]] == [5] * 3
         assert 0 < lv["ttft_median_ms"] <= lv["latency_median_ms"] and lv["output_tokens_per_s"] > 0
+
+
+def test_api_key_guards_the_v1_endpoints(model_dir, monkeypatch):
+    """--api-key (or $GEARSHIFT_API_KEY): /v1 answers 401 without 'Authorization: Bearer KEY'; /health stays open."""
+    monkeypatch.setenv("GEARSHIFT_API_KEY", "s3cret")
+    with serving(model_dir, "--max-model-len", "64") as (app, _):
+        with TestClient(app) as client:
+            assert client.get("/health").status_code == 200
+            for headers in ({}, {"Authorization": "Bearer wrong"}):
+                r = client.get("/v1/models", headers=headers)
+                assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+            ok = client.post("/v1/completions", headers={"Authorization": "Bearer s3cret"},
+                             json={"prompt": [1, 2], "max_tokens": 2, "ignore_eos": True})
+            assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 2

@@ -36,7 +36,7 @@ class APIError(Exception):
                                        "code": self.code}}, status_code=self.status)
 
 
-def create_app(worker: EngineWorker, model_name: str) -> FastAPI:
+def create_app(worker: EngineWorker, model_name: str, api_key: str | None = None) -> FastAPI:
     # the handlers tokenize with a copy of their own: an HF fast tokenizer used from two threads at once (here
     # and the engine thread's detokenizer) can fail with "Already borrowed"
     engine = copy.copy(worker.engine)
@@ -49,6 +49,18 @@ def create_app(worker: EngineWorker, model_name: str) -> FastAPI:
     @app.exception_handler(APIError)
     async def _api_error(_, e: APIError):
         return e.response()
+
+    if api_key:
+        import hmac
+
+        @app.middleware("http")
+        async def _authorized(request, call_next):
+            if request.url.path.startswith("/v1"):
+                given = request.headers.get("authorization", "")
+                if not hmac.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
+                    return APIError(401, "a valid API key is needed: send 'Authorization: Bearer KEY'",
+                                    code="invalid_api_key").response()
+            return await call_next(request)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_, e: RequestValidationError):
