@@ -610,3 +610,41 @@ def test_api_key_guards_the_v1_endpoints(model_dir, monkeypatch):
             ok = client.post("/v1/completions", headers={"Authorization": "Bearer s3cret"},
                              json={"prompt": [1, 2], "max_tokens": 2, "ignore_eos": True})
             assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 2
+
+
+def test_a_non_streamed_request_whose_client_left_is_aborted(model_dir):
+    """A non-streamed completion's client that disconnects (`gone`, asked every half second while tokens keep
+    coming, says so) ends its request: finish reason 'abort', the slot freed for the next request."""
+    import asyncio
+    import time
+
+    from gearshift.serve.openai_api import APIError, _collect
+
+    with serving(model_dir, "--batch-size", "1", "--max-model-len", "500") as (_, worker):
+        step = worker.policy.step
+
+        def slow_step(active, sample):  # on the engine thread: a long request, slowly
+            time.sleep(0.05)
+            return step(active, sample)
+
+        worker.policy.step = slow_step
+        asked = []
+
+        async def gone():
+            asked.append(time.monotonic())
+            return len(asked) >= 2
+
+        async def main():
+            events = _collect(worker, [Request([1, 2, 3], SamplingParams(max_new_tokens=480, ignore_eos=True))], gone)
+            with pytest.raises(APIError) as e:
+                await events
+            return e.value.status
+
+        assert asyncio.run(main()) == 499
+        del worker.policy.step
+        for _ in range(200):
+            if worker.stats()["requests_finished"].get("abort"):
+                break
+            time.sleep(0.05)
+        assert worker.stats()["requests_finished"] == {"abort": 1} and worker.stats()["generated_tokens"] < 100
+        assert _serve_one(worker, [4, 5], 3)[0] and worker.stats()["requests_finished"]["length"] == 1

@@ -13,9 +13,10 @@ import copy
 import json
 import time
 import uuid
-from typing import AsyncIterator
+from typing import AsyncIterator, Awaitable, Callable
 
 from fastapi import FastAPI
+from fastapi import Request as HTTPRequest
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 
@@ -122,7 +123,7 @@ def create_app(worker: EngineWorker, model_name: str, api_key: str | None = None
         return engine.encode_prompt(text, chat=False)
 
     @app.post("/v1/completions")
-    async def completions(body: CompletionRequest):
+    async def completions(body: CompletionRequest, http: HTTPRequest):
         mode = check(body)
         p = body.prompt
         prompts = [p] if isinstance(p, str) or (p and isinstance(p[0], int)) else list(p)
@@ -131,7 +132,7 @@ def create_app(worker: EngineWorker, model_name: str, api_key: str | None = None
         head = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
                 "model": body.model or model_name}
         if body.echo or body.logprobs is not None:
-            return await scored(body, prompts, mode, head)
+            return await scored(body, prompts, mode, head, http.is_disconnected)
         if body.max_tokens == 0:
             raise APIError(400, "max_tokens 0 needs echo (scoring the prompt)", param="max_tokens")
         reqs = [make_request(ids, body, body.max_tokens, mode, j)
@@ -141,7 +142,7 @@ def create_app(worker: EngineWorker, model_name: str, api_key: str | None = None
                 return {**head, "choices": [{"index": i, "text": ev.text, "logprobs": None,
                                              "finish_reason": ev.finish_reason if ev.finished else None}]}
             return _sse(_events(worker, reqs), chunk, reqs, head, _include_usage(body), body.n)
-        outs = await _collect(worker, reqs)
+        outs = await _collect(worker, reqs, http.is_disconnected)
         return {**head, "choices": [{"index": i, "text": text, "logprobs": None, "finish_reason": reason}
                                     for i, (text, _, reason, _) in enumerate(outs)],
                 "usage": _usage(reqs, outs, body.n)}
@@ -163,7 +164,7 @@ def create_app(worker: EngineWorker, model_name: str, api_key: str | None = None
             raise APIError(500, f"scoring failed: {out}", "server_error")
         return out
 
-    async def scored(body: CompletionRequest, prompts: list, mode: str | None, head: dict):
+    async def scored(body: CompletionRequest, prompts: list, mode: str | None, head: dict, gone):
         """echo / logprobs. max_tokens 0 scores the prompt (evaluation harnesses' loglikelihood); otherwise the
         completions are generated as any other, then prompt + completion are scored by one forward each in the
         request's mode, which gives the logprobs (the raw distribution, before temperature or top-k / top-p)."""
@@ -175,7 +176,7 @@ def create_app(worker: EngineWorker, model_name: str, api_key: str | None = None
         n = body.max_tokens
         reqs = [make_request(ids, body, max(n, 1) if n is not None else None, mode, i % body.n)
                 for i, ids in enumerate(ids_of)]
-        outs = await _collect(worker, reqs) if n != 0 else [("", [], "length", 0)] * len(reqs)
+        outs = await _collect(worker, reqs, gone) if n != 0 else [("", [], "length", 0)] * len(reqs)
         choices = []
         for i, (x, ids, (text, out_ids, reason, _)) in enumerate(zip(prompts, ids_of, outs, strict=True)):
             sc = await scores_of(ids + out_ids, mode, body.logprobs or 0) if body.logprobs is not None else None
@@ -197,7 +198,7 @@ def create_app(worker: EngineWorker, model_name: str, api_key: str | None = None
         return {**head, "choices": choices, "usage": _usage(reqs, outs, body.n)}
 
     @app.post("/v1/chat/completions")
-    async def chat(body: ChatCompletionRequest):
+    async def chat(body: ChatCompletionRequest, http: HTTPRequest):
         mode = check(body)
         if engine.tokenizer is None or not getattr(engine.tokenizer, "chat_template", None):
             raise APIError(400, "this model's tokenizer has no chat template: use /v1/completions")
@@ -229,7 +230,7 @@ def create_app(worker: EngineWorker, model_name: str, api_key: str | None = None
                                      "finish_reason": ev.finish_reason if ev.finished else None}]}
             return _sse(_events(worker, reqs), chunk, reqs, {**head, "object": "chat.completion.chunk"},
                         _include_usage(body), body.n)
-        outs = await _collect(worker, reqs)
+        outs = await _collect(worker, reqs, http.is_disconnected)
         logprobs = [None] * len(outs)
         if body.logprobs:  # as for completions: prompt + reply scored by one forward in the request's mode
             for i, (_, out_ids, _, _) in enumerate(outs):
@@ -249,9 +250,11 @@ def create_app(worker: EngineWorker, model_name: str, api_key: str | None = None
     return app
 
 
-async def _events(worker: EngineWorker, reqs: list[Request]) -> AsyncIterator[tuple[int, StreamEvent]]:
+async def _events(worker: EngineWorker, reqs: list[Request],
+                  gone: Callable[[], Awaitable[bool]] | None = None) -> AsyncIterator[tuple[int, StreamEvent]]:
     """Submit the requests and yield (which, event) as the engine thread produces them; a consumer that
-    stops early (the client went away) cancels what is still running."""
+    stops early (a stream's client went away) cancels what is still running, and so does `gone` (asked every
+    half second) saying the client left (a non-streamed request's client timing out)."""
     loop = asyncio.get_running_loop()
     q: asyncio.Queue = asyncio.Queue()
 
@@ -267,8 +270,21 @@ async def _events(worker: EngineWorker, reqs: list[Request]) -> AsyncIterator[tu
         raise APIError(503, str(e), "server_error") from None
     left = set(range(len(reqs)))
     try:
+        check_at = loop.time() + 0.5
         while left:
-            i, ev = await q.get()
+            if gone is None:
+                i, ev = await q.get()
+            else:  # asked every half second, whether or not tokens keep arriving
+                try:
+                    i, ev = await asyncio.wait_for(q.get(), max(0.0, check_at - loop.time()))
+                except asyncio.TimeoutError:
+                    i = None
+                if loop.time() >= check_at:
+                    if await gone():
+                        raise APIError(499, "the client closed the request")
+                    check_at = loop.time() + 0.5
+                if i is None:
+                    continue
             if isinstance(ev, BaseException):
                 raise APIError(503, f"the engine has stopped: {ev}", "server_error")
             if ev.finished:
@@ -294,12 +310,14 @@ def _chat_logprob(token: str, logprob: float) -> dict:
     return {"token": token, "logprob": logprob, "bytes": list(token.encode("utf-8"))}
 
 
-async def _collect(worker: EngineWorker, reqs: list[Request]) -> list[tuple[str, list[int], str, int]]:
-    """(text, token ids, finish reason, prompt tokens reused) per request, once all have finished."""
+async def _collect(worker: EngineWorker, reqs: list[Request],
+                   gone: Callable[[], Awaitable[bool]] | None = None) -> list[tuple[str, list[int], str, int]]:
+    """(text, token ids, finish reason, prompt tokens reused) per request, once all have finished; `gone`: see
+    `_events`."""
     ids: list[list[int]] = [[] for _ in reqs]
     texts: list[list[str]] = [[] for _ in reqs]
     outs: list = [None] * len(reqs)
-    async for i, ev in _events(worker, reqs):
+    async for i, ev in _events(worker, reqs, gone):
         ids[i] += ev.token_ids
         texts[i].append(ev.text)
         if ev.finished:
