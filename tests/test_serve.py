@@ -648,3 +648,22 @@ def test_a_non_streamed_request_whose_client_left_is_aborted(model_dir):
             time.sleep(0.05)
         assert worker.stats()["requests_finished"] == {"abort": 1} and worker.stats()["generated_tokens"] < 100
         assert _serve_one(worker, [4, 5], 3)[0] and worker.stats()["requests_finished"]["length"] == 1
+
+
+def test_metrics_are_the_stats_for_prometheus(server):
+    pytest.importorskip("prometheus_client")
+    from prometheus_client.parser import text_string_to_metric_families
+
+    client, worker = server
+    client.post("/v1/completions", json={"prompt": [3, 4], "max_tokens": 3, "temperature": 0, "ignore_eos": True})
+    r = client.get("/metrics")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for fam in text_string_to_metric_families(r.text) for s in fam.samples}
+    stats = worker.stats()
+    assert samples[("gearshift_generated_tokens_total", ())] == stats["generated_tokens"] >= 3
+    finished = samples[("gearshift_requests_finished_total", (("reason", "length"),))]
+    assert finished == stats["requests_finished"]["length"]
+    assert samples[("gearshift_kv_slots", ())] == 3 and samples[("gearshift_up", ())] == 1
+    info = next(k for k in samples if k[0] == "gearshift_server_info")
+    assert ("policy", "ar") in info[1]

@@ -44,8 +44,8 @@ def register(sub) -> None:
                         "them. Reused entries were written a token at a time while decoding, which can round "
                         "differently from a prefill of the same tokens")
     p.add_argument("--api-key", default=os.environ.get("GEARSHIFT_API_KEY"),
-                   help="require 'Authorization: Bearer KEY' on the /v1 endpoints (401 otherwise; /health and "
-                        "/stats stay open). Default: $GEARSHIFT_API_KEY, else none")
+                   help="require 'Authorization: Bearer KEY' on the /v1 endpoints (401 otherwise; /health, "
+                        "/stats and /metrics stay open). Default: $GEARSHIFT_API_KEY, else none")
     add_decode_args(p)
     p.set_defaults(handler=run)
 

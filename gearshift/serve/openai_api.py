@@ -1,5 +1,6 @@
 """The OpenAI-compatible endpoints: /v1/completions, /v1/chat/completions (both with SSE streaming),
-/v1/models, /health and /stats (requests held and finished, by reason), over one `EngineWorker`.
+/v1/models, /health, /stats (requests held and finished, by reason) and /metrics (the same for Prometheus),
+over one `EngineWorker`.
 
 Every request joins the engine's running batch; errors come back as OpenAI error objects
 ({"error": {"message", "type", "param", "code"}}) with a 4xx status, never as a traceback.
@@ -82,6 +83,19 @@ def create_app(worker: EngineWorker, model_name: str, api_key: str | None = None
     @app.get("/stats")
     async def stats():
         return worker.stats()
+
+    @app.get("/metrics")
+    async def metrics():
+        """/stats in Prometheus' text format, for a scraper."""
+        try:
+            from prometheus_client import generate_latest
+        except ModuleNotFoundError:
+            raise APIError(404, "/metrics needs prometheus-client: pip install 'gearshift[serve]'") from None
+        from fastapi.responses import Response
+
+        from gearshift.serve.metrics import registry_for
+
+        return Response(generate_latest(registry_for(worker)), media_type="text/plain; version=0.0.4")
 
     @app.get("/v1/models")
     async def models():
