@@ -667,3 +667,8 @@ def test_metrics_are_the_stats_for_prometheus(server):
     assert samples[("gearshift_kv_slots", ())] == 3 and samples[("gearshift_up", ())] == 1
     info = next(k for k in samples if k[0] == "gearshift_server_info")
     assert ("policy", "ar") in info[1]
+    ttft, latency = stats["time_to_first_token"], stats["request_latency"]
+    assert ttft["count"] >= 1 and latency["count"] >= 1 and ttft["mean_s"] > 0 and latency["mean_s"] > 0
+    assert samples[("gearshift_time_to_first_token_seconds_count", ())] == ttft["count"]
+    assert samples[("gearshift_request_latency_seconds_bucket", (("le", "+Inf"),))] == latency["count"]
+    assert samples[("gearshift_request_latency_seconds_sum", ())] == pytest.approx(latency["sum_s"])

@@ -4,7 +4,7 @@ set of counters to keep in step)."""
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, InfoMetricFamily
 
 
 class WorkerCollector:
@@ -36,6 +36,15 @@ class WorkerCollector:
                  s["prompt_tokens_reused"]),
                 ("gearshift_prompts_scored", "scoring forwards (echo / logprobs)", s["prompts_scored"])):
             yield CounterMetricFamily(name, doc, value=value)
+        for name, doc, hist in (
+                ("gearshift_time_to_first_token_seconds", "submit to first token", s["time_to_first_token"]),
+                ("gearshift_request_latency_seconds", "submit to the last token of a finished request",
+                 s["request_latency"])):
+            cumulative, buckets = 0, []
+            for bound, n in hist["buckets"].items():
+                cumulative += n
+                buckets.append((bound, cumulative))
+            yield HistogramMetricFamily(name, doc, buckets=buckets, sum_value=hist["sum_s"])
 
 
 def registry_for(worker) -> CollectorRegistry:

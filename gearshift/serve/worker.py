@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 import queue
 import threading
+import time
 from collections import Counter
 from dataclasses import dataclass
 from typing import Callable
@@ -23,6 +24,27 @@ from gearshift.engine.engine import Engine, Request, StreamEvent
 from gearshift.errors import GearshiftError
 
 Sink = Callable[[StreamEvent | BaseException], None]
+
+
+#: upper bounds (s) of the latency histograms' buckets, as Prometheus histograms take them
+LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 25.0, 50.0, 100.0)
+
+
+class LatencyHistogram:
+    """Counts per bucket and the sum of the observed seconds: what /stats and /metrics report of a latency."""
+
+    def __init__(self):
+        self.counts = [0] * (len(LATENCY_BUCKETS) + 1)  # the last bucket: above every bound
+        self.sum = 0.0
+
+    def observe(self, seconds: float) -> None:
+        self.counts[next((i for i, b in enumerate(LATENCY_BUCKETS) if seconds <= b), len(LATENCY_BUCKETS))] += 1
+        self.sum += seconds
+
+    def summary(self) -> dict:
+        n = sum(self.counts)
+        return {"count": n, "sum_s": self.sum, "mean_s": self.sum / n if n else None,
+                "buckets": dict(zip([*map(str, LATENCY_BUCKETS), "+Inf"], self.counts, strict=True))}
 
 
 @dataclass
@@ -47,6 +69,10 @@ class EngineWorker:
         self.generated_tokens = 0
         self.prompt_tokens_reused = 0
         self.scored = 0  # scoring requests (echo + logprobs) run
+        self._submitted: dict[int, float] = {}  # request id -> when it was submitted (perf_counter)
+        self._first: set[int] = set()  # requests whose first token went out
+        self.ttft = LatencyHistogram()  # submit -> first token, as the engine thread hands it over
+        self.latency = LatencyHistogram()  # submit -> last event, for requests that finished (not aborted)
         self._closed = False  # the loop has seen close(): it takes nothing more from the inbox
         self._stopped = False  # the loop has ended: submit refuses
         self._thread = threading.Thread(target=self._main, name="gearshift-engine", daemon=True)
@@ -66,6 +92,7 @@ class EngineWorker:
                 raise GearshiftError(f"the engine has stopped: {self.error!r}" if self.error
                                      else "the engine is not running")
             rid = next(self._ids)
+            self._submitted[rid] = time.perf_counter()
             self._inbox.put((rid, request, sink))
         return rid
 
@@ -79,7 +106,8 @@ class EngineWorker:
                 "requests_finished": dict(self.finished), "generated_tokens": self.generated_tokens,
                 "prefix_reuse": self.prefix_reuse, "prompt_tokens_reused": self.prompt_tokens_reused,
                 "prompts_scored": self.scored,
-                "batch_size": self.engine.max_batch, "max_model_len": self.engine.max_seq_len}
+                "batch_size": self.engine.max_batch, "max_model_len": self.engine.max_seq_len,
+                "time_to_first_token": self.ttft.summary(), "request_latency": self.latency.summary()}
 
     def cancel(self, rid: int) -> None:
         """The client went away: end the request at the next step and free its KV slot."""
@@ -145,7 +173,15 @@ class EngineWorker:
             for ev in self.engine.serve(self._pull, self.policy, self._aborted, prefix_reuse=self.prefix_reuse):
                 sink = self._sinks[ev.index]
                 self.generated_tokens += len(ev.token_ids)
+                now = time.perf_counter()
+                if ev.token_ids and ev.index not in self._first:
+                    self._first.add(ev.index)
+                    self.ttft.observe(now - self._submitted[ev.index])
                 if ev.finished:
+                    if ev.finish_reason != "abort":
+                        self.latency.observe(now - self._submitted[ev.index])
+                    self._submitted.pop(ev.index, None)
+                    self._first.discard(ev.index)
                     del self._sinks[ev.index]
                     self.finished[ev.finish_reason or "length"] += 1
                     self.prompt_tokens_reused += ev.cached_tokens
