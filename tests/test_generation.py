@@ -250,3 +250,60 @@ def test_cache_slots_share_storage():
     assert cache.k[0, 2, 0, 3].eq(7.0).all()
     with pytest.raises(ValueError):
         cache.slots(3, 2)
+
+
+def test_repetition_penalty_matches_transformers_generate(model_dir):
+    """HF's RepetitionPenaltyLogitsProcessor is the definition (prompt + output tokens, logit / r above 0, * r
+    below): greedy tokens equal transformers' generate with the same penalty, and differ from no penalty."""
+    transformers = pytest.importorskip("transformers")
+    path = model_dir("tiny-qwen2")
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
+    lm = load_model(path, progress=False)
+    prompt = [7, 8, 9, 10, 11, 12]
+    with torch.no_grad():
+        ref = hf.generate(torch.tensor([prompt]), max_new_tokens=16, do_sample=False, eos_token_id=None,
+                          pad_token_id=0, repetition_penalty=3.0)[0, len(prompt):].tolist()
+    out, _ = run(lm, [prompt], lambda: SamplingParams(max_new_tokens=16, ignore_eos=True, repetition_penalty=3.0),
+                 mode="w16a16")
+    plain, _ = run(lm, [prompt], lambda: SamplingParams(max_new_tokens=16, ignore_eos=True), mode="w16a16")
+    assert out[0].token_ids == ref and ref != plain[0].token_ids
+
+
+def test_frequency_and_presence_penalties_follow_their_definition(int4_model):
+    """Greedy decoding with OpenAI's penalties equals a loop that re-runs the whole sequence and penalizes
+    the raw logits by hand (f * count + p * [count > 0] over the output); in a batch, a plain request next to
+    a penalized one keeps its own tokens."""
+    from gearshift.decode.sampling import apply_penalties
+
+    x = torch.tensor([2.0, -1.0, 0.5, 3.0])
+    got = apply_penalties(x, SamplingParams(repetition_penalty=2.0, frequency_penalty=0.5, presence_penalty=0.25),
+                          prompt=[1], output=[3, 3, 0])
+    assert torch.allclose(got, torch.tensor([1.0 - 0.75, -2.0, 0.5, 1.5 - 1.25]))
+
+    model = int4_model.model
+    prompt = PROMPTS[0]
+    params = SamplingParams(max_new_tokens=10, ignore_eos=True, frequency_penalty=1.5, presence_penalty=0.5)
+    ids, out = list(prompt), []
+    for _ in range(10):
+        cache = model.new_cache(1, len(ids) + 1)
+        logits = model.forward_lists(torch.tensor([ids]), cache, [0], [len(ids)], len(ids), "w4a16", "all")[0, -1]
+        tok = int(apply_penalties(logits.float(), params, prompt, out).argmax())
+        out.append(tok)
+        ids.append(tok)
+    eng = Engine(int4_model, max_batch=2)
+    penalized, plain = eng.generate([Request(prompt, params), Request(PROMPTS[1], SamplingParams(
+        max_new_tokens=10, ignore_eos=True))], AutoregressivePolicy(int4_model.model, "w4a16"))
+    assert penalized.token_ids == out
+    alone, _ = run(int4_model, [PROMPTS[1]], lambda: SamplingParams(max_new_tokens=10, ignore_eos=True))
+    assert plain.token_ids == alone[0].token_ids
+
+
+def test_policies_that_sample_their_own_way_refuse_penalties(int4_model):
+    from gearshift.decode.gearbox import GearboxPolicy
+    from gearshift.decode.qspec import QSpecPolicy
+    from gearshift.errors import GearshiftError
+
+    params = SamplingParams(max_new_tokens=4, ignore_eos=True, repetition_penalty=1.2)
+    for policy in (QSpecPolicy(int4_model.model, draft_mode="w4a8"), GearboxPolicy(int4_model.model)):
+        with pytest.raises(GearshiftError, match="penalties need the ar policy"):
+            Engine(int4_model, max_batch=1).generate([Request(PROMPTS[0], params)], policy)

@@ -162,6 +162,17 @@ def test_n_completions_per_prompt(server):
     assert streamed == [texts[0], texts[1], texts[3], texts[4]]
 
 
+def test_penalties_are_those_of_the_engine(server):
+    client, worker = server
+    ids = [5, 17, 42, 7]
+    for pen in ({"repetition_penalty": 1.8}, {"frequency_penalty": 1.2, "presence_penalty": 0.6}):
+        r = client.post("/v1/completions", json={"prompt": ids, "max_tokens": 12, "temperature": 0,
+                                                 "ignore_eos": True, **pen}).json()
+        assert r["choices"][0]["text"] == _reference(worker, ids, 12, **pen).text, pen
+    r = client.post("/v1/completions", json={"prompt": ids, "frequency_penalty": 3})
+    assert r.status_code == 400 and "frequency_penalty" in r.json()["error"]["message"]
+
+
 def test_seeded_sampling_repeats(server):
     client, _ = server
     body = {"prompt": [9, 10, 11], "max_tokens": 8, "temperature": 0.9, "seed": 1234, "ignore_eos": True}
@@ -367,6 +378,8 @@ def test_other_policies_serve_concurrent_requests(model_dir, policy, device):
                 if policy[1] == "qspec":
                     assert outs[i]["choices"][0]["text"] == _reference(worker, prompts[i], 9).text
             assert getattr(worker.policy, "sequences", []) == []  # nothing kept per finished request
+            r = client.post("/v1/completions", json={"prompt": prompts[0], "max_tokens": 4, "repetition_penalty": 1.2})
+            assert r.status_code == 400 and "penalties need the ar policy" in r.json()["error"]["message"]
             r = client.post("/v1/completions", json={"prompt": prompts[0], "max_tokens": 4, "temperature": 0,
                                                      "ignore_eos": True, "logprobs": 1}).json()["choices"][0]
             assert r["text"] == outs[0]["choices"][0]["text"][:len(r["text"])]  # generated as without logprobs

@@ -67,6 +67,14 @@ def register(sub) -> None:
     p.add_argument("--top-p", type=float, default=1.0, help="1 = off")
     p.add_argument("--min-p", type=float, default=0.0, help="0 = off")
     p.add_argument("--seed", type=int, default=None, help="seed for sampling (each prompt gets this seed; default: random)")
+    p.add_argument("--repetition-penalty", type=float, default=1.0,
+                   help="> 1 discourages every token already in the prompt or output (llama.cpp's --repeat-penalty, "
+                        "HF's repetition_penalty); 1 = off. Penalties need --policy ar")
+    p.add_argument("--frequency-penalty", type=float, default=0.0,
+                   help="subtracted from a token's logit per earlier occurrence in the output, -2..2 (OpenAI's); "
+                        "0 = off")
+    p.add_argument("--presence-penalty", type=float, default=0.0,
+                   help="subtracted once from the logit of a token the output holds, -2..2 (OpenAI's); 0 = off")
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--ignore-eos", action="store_true", help="keep generating past end-of-sequence tokens")
     chat = p.add_mutually_exclusive_group()
@@ -157,7 +165,8 @@ def run(args) -> int:
     def sampling():
         return SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
                               seed=args.seed, max_new_tokens=args.max_new_tokens, stop=list(args.stop),
-                              ignore_eos=args.ignore_eos)
+                              ignore_eos=args.ignore_eos, repetition_penalty=args.repetition_penalty,
+                              frequency_penalty=args.frequency_penalty, presence_penalty=args.presence_penalty)
 
     if args.interactive:  # one conversation: one slot, its K/V kept from turn to turn
         from gearshift.cli.interactive import run_interactive

@@ -31,6 +31,7 @@ class _Launched:
 class AutoregressivePolicy(DecodePolicy):
     name = "ar"
     reuses_prefix = True  # one mode for prefill and every step
+    penalties = True
 
     def __init__(self, model, mode: str = "w4a16", pipelined: bool | None = None):
         """pipelined: run greedy batches one step ahead (None: on a CUDA model, where it pays)."""
@@ -40,7 +41,7 @@ class AutoregressivePolicy(DecodePolicy):
         self.counters.update(forwards=0, discarded_forwards=0)
 
     def step(self, seqs: list[Sequence], sample) -> None:
-        if self.pipelined and all(s.params.greedy for s in seqs):
+        if self.pipelined and all(s.params.greedy and not s.params.penalized for s in seqs):
             return self._step_ahead(seqs)
         self._drop(seqs)
         tokens, start, n_new = self.batch_tokens(seqs, {s.slot: [s.last_token] for s in seqs})

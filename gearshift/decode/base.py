@@ -81,6 +81,9 @@ class DecodePolicy:
     #: later prompt sharing those tokens may start from them (entries a decode step wrote a token at a time can
     #: round differently from a prefill of the same tokens: reuse is a server's choice, `Engine.serve`)
     reuses_prefix = False
+    #: samples every token through the engine's `sample` (`sample_rows`), so repetition / frequency / presence
+    #: penalties apply as asked; QSPEC's acceptance and GEARBX's device sampler do not, and refuse them
+    penalties = False
 
     def __init__(self, model: Transformer, mode: str = "w4a16"):
         self.model = model

@@ -17,6 +17,7 @@ from gearshift.errors import GearshiftError
 class PerRequestModePolicy(DecodePolicy):
     name = "ar"
     reuses_prefix = True  # the engine matches a slot's mode as well as its tokens
+    penalties = True  # each mode's rows run an AutoregressivePolicy
 
     def __init__(self, model, modes: list[str], default: str):
         if default not in modes:

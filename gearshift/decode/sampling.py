@@ -26,6 +26,9 @@ class SamplingParams:
     stop: list[str] = field(default_factory=list)
     stop_token_ids: list[int] | None = None  # None = the model's EOS tokens
     ignore_eos: bool = False
+    repetition_penalty: float = 1.0  # > 1 discourages every token of prompt + output (HF / vLLM); 1 = off
+    frequency_penalty: float = 0.0  # subtracted per earlier occurrence in the output (OpenAI); 0 = off
+    presence_penalty: float = 0.0  # subtracted once for a token the output holds (OpenAI); 0 = off
 
     def __post_init__(self):
         if self.temperature < 0:
@@ -40,6 +43,15 @@ class SamplingParams:
             raise GearshiftError("max-new-tokens must be >= 1")
         if any(not x for x in self.stop):
             raise GearshiftError("stop strings must not be empty")
+        if not self.repetition_penalty > 0:
+            raise GearshiftError("repetition penalty must be > 0 (1 = off)")
+        if not (-2 <= self.frequency_penalty <= 2 and -2 <= self.presence_penalty <= 2):
+            raise GearshiftError("frequency and presence penalties must be in [-2, 2] (0 = off)")
+
+    @property
+    def penalized(self) -> bool:
+        """Whether a token's logit depends on the tokens before it (so the device argmax alone will not do)."""
+        return self.repetition_penalty != 1 or self.frequency_penalty != 0 or self.presence_penalty != 0
 
     @property
     def greedy(self) -> bool:
@@ -72,14 +84,42 @@ def filtered_logprobs(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
     return torch.log_softmax(lp, dim=-1)
 
 
+def apply_penalties(logits: torch.Tensor, p: SamplingParams, prompt: list[int], output: list[int]) -> torch.Tensor:
+    """logits [V] (fp32) with the request's penalties, as vLLM applies them: the repetition penalty divides the
+    positive logits (multiplies the negative ones) of every token in prompt + output, the frequency penalty
+    subtracts f * count and the presence penalty p once, for each token in the output."""
+    x = logits.clone()
+    v = x.shape[-1]
+    if p.repetition_penalty != 1:
+        seen = torch.tensor(sorted({t for t in (*prompt, *output) if 0 <= t < v}), dtype=torch.long)
+        if len(seen):
+            vals = x[seen]
+            x[seen] = torch.where(vals > 0, vals / p.repetition_penalty, vals * p.repetition_penalty)
+    if output and (p.frequency_penalty or p.presence_penalty):
+        counts = torch.bincount(torch.tensor([t for t in output if 0 <= t < v], dtype=torch.long),
+                                minlength=v)[:v].float()
+        x -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).float()
+    return x
+
+
 def sample_rows(logits: torch.Tensor, params: list[SamplingParams],
-                generators: list[torch.Generator | None]) -> list[int]:
-    """One token per row of logits [B, V]; greedy rows take the first argmax."""
+                generators: list[torch.Generator | None], histories: list[tuple[list[int], list[int]]] | None = None
+                ) -> list[int]:
+    """One token per row of logits [B, V]; greedy rows take the first argmax. histories: each row's (prompt,
+    output) tokens, which rows with penalties need."""
     out = logits.argmax(-1).tolist()
-    rows = [i for i, p in enumerate(params) if not p.greedy]
+    rows = [i for i, p in enumerate(params) if not p.greedy or p.penalized]
     if rows:
         host = logits[rows].float().cpu()
         for j, i in enumerate(rows):
-            probs = filtered_logprobs(host[j], params[i]).exp()
+            z = host[j]
+            if params[i].penalized:
+                if histories is None:
+                    raise GearshiftError("penalties need each row's prompt and output tokens")
+                z = apply_penalties(z, params[i], *histories[i])
+            if params[i].greedy:
+                out[i] = int(z.argmax())
+                continue
+            probs = filtered_logprobs(z, params[i]).exp()
             out[i] = int(torch.multinomial(probs, 1, generator=generators[i]).item())
     return out

@@ -114,7 +114,7 @@ class Engine:
         batch = min(self.max_batch, len(requests))
         capacity = max(len(r.prompt_ids) + r.params.max_new_tokens for r in requests) + policy.lookahead + 1
         for r in requests:
-            self._check_mode(r, policy)
+            self.check_request(r, policy)
         queue = deque(Sequence(i, list(r.prompt_ids), r.params, mode=r.mode) for i, r in enumerate(requests))
         self.sequences: list[Sequence] = []
         timing = yield from self._run(queue, policy, batch, capacity, events, admitted=self.sequences.extend)
@@ -153,7 +153,7 @@ class Engine:
                 return False
             for rid, r in new:
                 self._validate([r], clamp=False)
-                self._check_mode(r, policy)
+                self.check_request(r, policy)
                 queue.append(Sequence(rid, list(r.prompt_ids), r.params, mode=r.mode))
             return True
 
@@ -161,11 +161,15 @@ class Engine:
                              refill=refill, aborted=aborted, reuse=prefix_reuse and policy.reuses_prefix)
 
     @staticmethod
-    def _check_mode(r: Request, policy: DecodePolicy) -> None:
+    def check_request(r: Request, policy: DecodePolicy) -> None:
+        """What a request asks of the policy (a mode, penalties) that the policy must run as asked."""
         served = policy.modes
         if r.mode is not None and r.mode not in served:
             raise GearshiftError(f"mode {r.mode!r} asked for, but the {policy.name} policy runs "
                                  f"{', '.join(served)}")
+        if r.params.penalized and not policy.penalties:
+            raise GearshiftError(f"repetition / frequency / presence penalties need the ar policy; the "
+                                 f"{policy.name} policy samples without them")
 
     def check_fits(self, prompt_ids: list[int], max_new_tokens: int) -> None:
         """A server's requests must fit the context as asked: it refuses them rather than cut them short."""
@@ -216,7 +220,8 @@ class Engine:
             return best
 
         def sample(logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:
-            return sample_rows(logits, [s.params for s in seqs], [s.generator for s in seqs])
+            return sample_rows(logits, [s.params for s in seqs], [s.generator for s in seqs],
+                               [(s.prompt, s.output) for s in seqs])
 
         def done(s: Sequence) -> None:  # what a finished request leaves behind (a server runs for days)
             emitted_text.pop(s.index, None)

@@ -127,7 +127,9 @@ def create_app(worker: EngineWorker, model_name: str, api_key: str | None = None
             if n < 1:
                 raise GearshiftError(f"the prompt's {len(ids)} tokens fill the context of {engine.max_seq_len}")
             engine.check_fits(ids, n)
-            return Request(ids, body.sampling(n, copy), mode=mode)
+            r = Request(ids, body.sampling(n, copy), mode=mode)
+            engine.check_request(r, worker.policy)  # what the policy cannot run as asked is a 400, not a dead loop
+            return r
         except GearshiftError as e:
             raise APIError(400, str(e)) from None
 

@@ -1,6 +1,6 @@
 """OpenAI API request bodies that the server accepts (pydantic), and the sampling they ask for.
 
-Fields the engine cannot honour (best_of, penalties, logit_bias, tools) are refused with a clear
+Fields the engine cannot honour (best_of, logit_bias, tools; penalties under QSPEC / GEARBX) are refused with a clear
 error rather than ignored, since ignoring them would change what the client gets back. Completions take
 echo and logprobs (max_tokens 0 scores the prompt alone, as evaluation harnesses ask), chat takes
 logprobs / top_logprobs; neither is streamed.
@@ -28,15 +28,17 @@ class _Sampling(BaseModel):
     stream: bool = False
     n: int = Field(1, ge=1, le=64)  # completions per prompt (each its own KV slot; seed + j seeds the j-th)
     ignore_eos: bool = False  # vLLM's extension
+    frequency_penalty: float = Field(0.0, ge=-2, le=2)
+    presence_penalty: float = Field(0.0, ge=-2, le=2)
+    repetition_penalty: float = Field(1.0, gt=0)  # vLLM's extension
     stop_token_ids: list[int] | None = None  # vLLM's extension
 
     def unsupported(self) -> str | None:
         """Why this request cannot be served as asked, or None."""
         extra = self.model_extra or {}
         for name, off in (("logprobs", (None, False, 0)), ("top_logprobs", (None, 0)), ("echo", (None, False)),
-                          ("best_of", (None, 1)), ("presence_penalty", (None, 0, 0.0)),
-                          ("frequency_penalty", (None, 0, 0.0)), ("repetition_penalty", (None, 1, 1.0)),
-                          ("logit_bias", (None, {})), ("tools", (None, [])), ("suffix", (None, ""))):
+                          ("best_of", (None, 1)), ("logit_bias", (None, {})), ("tools", (None, [])),
+                          ("suffix", (None, ""))):
             if name in extra and extra[name] not in off:
                 return f"{name} is not supported by gearshift serve"
         return None
@@ -49,7 +51,9 @@ class _Sampling(BaseModel):
         seed = None if self.seed is None else self.seed + copy
         return SamplingParams(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p, min_p=self.min_p,
                               seed=seed, max_new_tokens=max_new_tokens, stop=self.stops(),
-                              stop_token_ids=self.stop_token_ids, ignore_eos=self.ignore_eos)
+                              stop_token_ids=self.stop_token_ids, ignore_eos=self.ignore_eos,
+                              repetition_penalty=self.repetition_penalty,
+                              frequency_penalty=self.frequency_penalty, presence_penalty=self.presence_penalty)
 
 
 class CompletionRequest(_Sampling):
