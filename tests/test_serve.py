@@ -171,6 +171,14 @@ def test_penalties_are_those_of_the_engine(server):
         assert r["choices"][0]["text"] == _reference(worker, ids, 12, **pen).text, pen
     r = client.post("/v1/completions", json={"prompt": ids, "frequency_penalty": 3})
     assert r.status_code == 400 and "frequency_penalty" in r.json()["error"]["message"]
+    plain = _reference(worker, ids, 6).token_ids
+    banned = client.post("/v1/completions", json={"prompt": ids, "max_tokens": 6, "temperature": 0, "ignore_eos": True,
+                                                  "logit_bias": {str(plain[0]): -100}}).json()["choices"][0]["text"]
+    biased = _reference(worker, ids, 6, logit_bias={plain[0]: -100.0})
+    assert banned == biased.text and biased.token_ids[0] != plain[0]
+    for bad in ({"999999": 1}, {"x": 1}, {"3": 101}):
+        r = client.post("/v1/completions", json={"prompt": ids, "logit_bias": bad})
+        assert r.status_code == 400 and "logit_bias" in r.json()["error"]["message"], bad
 
 
 def test_seeded_sampling_repeats(server):
@@ -379,7 +387,7 @@ def test_other_policies_serve_concurrent_requests(model_dir, policy, device):
                     assert outs[i]["choices"][0]["text"] == _reference(worker, prompts[i], 9).text
             assert getattr(worker.policy, "sequences", []) == []  # nothing kept per finished request
             r = client.post("/v1/completions", json={"prompt": prompts[0], "max_tokens": 4, "repetition_penalty": 1.2})
-            assert r.status_code == 400 and "penalties need the ar policy" in r.json()["error"]["message"]
+            assert r.status_code == 400 and "need the ar policy" in r.json()["error"]["message"]
             r = client.post("/v1/completions", json={"prompt": prompts[0], "max_tokens": 4, "temperature": 0,
                                                      "ignore_eos": True, "logprobs": 1}).json()["choices"][0]
             assert r["text"] == outs[0]["choices"][0]["text"][:len(r["text"])]  # generated as without logprobs
@@ -440,8 +448,8 @@ def test_policies_that_mix_modes_do_not_reuse_prefixes(model_dir):
 def test_each_request_runs_the_mode_its_model_id_names(model_dir, device):
     """--modes: NAME:MODE model ids; requests of three modes decode in one batch, and each one's greedy tokens are
     those of a single-mode run of its mode (the rows of the other modes' forwards are left alone)."""
-    with serving(model_dir, "--batch-size", "3",
-                 "--max-model-len", "96", "--served-model-name", "tiny", "--modes", "w4a8,w4a4", device=device) as (app, worker):
+    with serving(model_dir, "--batch-size", "3", "--max-model-len", "96", "--served-model-name", "tiny",
+                 "--modes", "w4a8,w4a4", device=device) as (app, worker):
         mixed = []
         step = worker.policy.step
 

@@ -29,6 +29,7 @@ class SamplingParams:
     repetition_penalty: float = 1.0  # > 1 discourages every token of prompt + output (HF / vLLM); 1 = off
     frequency_penalty: float = 0.0  # subtracted per earlier occurrence in the output (OpenAI); 0 = off
     presence_penalty: float = 0.0  # subtracted once for a token the output holds (OpenAI); 0 = off
+    logit_bias: dict[int, float] | None = None  # token id -> added to its logit, -100..100 (OpenAI)
 
     def __post_init__(self):
         if self.temperature < 0:
@@ -47,11 +48,16 @@ class SamplingParams:
             raise GearshiftError("repetition penalty must be > 0 (1 = off)")
         if not (-2 <= self.frequency_penalty <= 2 and -2 <= self.presence_penalty <= 2):
             raise GearshiftError("frequency and presence penalties must be in [-2, 2] (0 = off)")
+        if self.logit_bias and any(not (isinstance(t, int) and t >= 0 and -100 <= b <= 100)
+                                   for t, b in self.logit_bias.items()):
+            raise GearshiftError("logit_bias maps token ids (>= 0) to biases in [-100, 100]")
 
     @property
     def penalized(self) -> bool:
-        """Whether a token's logit depends on the tokens before it (so the device argmax alone will not do)."""
-        return self.repetition_penalty != 1 or self.frequency_penalty != 0 or self.presence_penalty != 0
+        """Whether the logits are changed before sampling (penalties that depend on the tokens before, a logit
+        bias), so the device argmax alone will not do."""
+        return (self.repetition_penalty != 1 or self.frequency_penalty != 0 or self.presence_penalty != 0
+                or bool(self.logit_bias))
 
     @property
     def greedy(self) -> bool:
@@ -87,7 +93,7 @@ def filtered_logprobs(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
 def apply_penalties(logits: torch.Tensor, p: SamplingParams, prompt: list[int], output: list[int]) -> torch.Tensor:
     """logits [V] (fp32) with the request's penalties, as vLLM applies them: the repetition penalty divides the
     positive logits (multiplies the negative ones) of every token in prompt + output, the frequency penalty
-    subtracts f * count and the presence penalty p once, for each token in the output."""
+    subtracts f * count and the presence penalty p once, for each token in the output; then the logit bias."""
     x = logits.clone()
     v = x.shape[-1]
     if p.repetition_penalty != 1:
@@ -99,6 +105,9 @@ def apply_penalties(logits: torch.Tensor, p: SamplingParams, prompt: list[int], 
         counts = torch.bincount(torch.tensor([t for t in output if 0 <= t < v], dtype=torch.long),
                                 minlength=v)[:v].float()
         x -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).float()
+    for t, b in (p.logit_bias or {}).items():
+        if t < v:
+            x[t] += b
     return x
 
 

@@ -168,8 +168,8 @@ class Engine:
             raise GearshiftError(f"mode {r.mode!r} asked for, but the {policy.name} policy runs "
                                  f"{', '.join(served)}")
         if r.params.penalized and not policy.penalties:
-            raise GearshiftError(f"repetition / frequency / presence penalties need the ar policy; the "
-                                 f"{policy.name} policy samples without them")
+            raise GearshiftError(f"repetition / frequency / presence penalties and logit_bias need the ar policy; "
+                                 f"the {policy.name} policy samples without them")
 
     def check_fits(self, prompt_ids: list[int], max_new_tokens: int) -> None:
         """A server's requests must fit the context as asked: it refuses them rather than cut them short."""

@@ -128,6 +128,8 @@ def create_app(worker: EngineWorker, model_name: str, api_key: str | None = None
                 raise GearshiftError(f"the prompt's {len(ids)} tokens fill the context of {engine.max_seq_len}")
             engine.check_fits(ids, n)
             r = Request(ids, body.sampling(n, copy), mode=mode)
+            if r.params.logit_bias and max(r.params.logit_bias) >= vocab:
+                raise GearshiftError(f"logit_bias token ids must be in 0..{vocab - 1}")
             engine.check_request(r, worker.policy)  # what the policy cannot run as asked is a 400, not a dead loop
             return r
         except GearshiftError as e:

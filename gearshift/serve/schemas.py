@@ -1,6 +1,6 @@
 """OpenAI API request bodies that the server accepts (pydantic), and the sampling they ask for.
 
-Fields the engine cannot honour (best_of, logit_bias, tools; penalties under QSPEC / GEARBX) are refused with a clear
+Fields the engine cannot honour (best_of, tools; penalties and logit_bias under QSPEC / GEARBX) are refused with a clear
 error rather than ignored, since ignoring them would change what the client gets back. Completions take
 echo and logprobs (max_tokens 0 scores the prompt alone, as evaluation harnesses ask), chat takes
 logprobs / top_logprobs; neither is streamed.
@@ -13,6 +13,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from gearshift.decode.sampling import SamplingParams
+from gearshift.errors import GearshiftError
 
 
 class _Sampling(BaseModel):
@@ -31,14 +32,14 @@ class _Sampling(BaseModel):
     frequency_penalty: float = Field(0.0, ge=-2, le=2)
     presence_penalty: float = Field(0.0, ge=-2, le=2)
     repetition_penalty: float = Field(1.0, gt=0)  # vLLM's extension
+    logit_bias: dict[str, float] | None = None  # token id (as a string, as OpenAI sends it) -> bias, -100..100
     stop_token_ids: list[int] | None = None  # vLLM's extension
 
     def unsupported(self) -> str | None:
         """Why this request cannot be served as asked, or None."""
         extra = self.model_extra or {}
         for name, off in (("logprobs", (None, False, 0)), ("top_logprobs", (None, 0)), ("echo", (None, False)),
-                          ("best_of", (None, 1)), ("logit_bias", (None, {})), ("tools", (None, [])),
-                          ("suffix", (None, ""))):
+                          ("best_of", (None, 1)), ("tools", (None, [])), ("suffix", (None, ""))):
             if name in extra and extra[name] not in off:
                 return f"{name} is not supported by gearshift serve"
         return None
@@ -53,7 +54,14 @@ class _Sampling(BaseModel):
                               seed=seed, max_new_tokens=max_new_tokens, stop=self.stops(),
                               stop_token_ids=self.stop_token_ids, ignore_eos=self.ignore_eos,
                               repetition_penalty=self.repetition_penalty,
-                              frequency_penalty=self.frequency_penalty, presence_penalty=self.presence_penalty)
+                              frequency_penalty=self.frequency_penalty, presence_penalty=self.presence_penalty,
+                              logit_bias=self.bias())
+
+    def bias(self) -> dict[int, float] | None:
+        try:
+            return {int(t): float(b) for t, b in self.logit_bias.items()} if self.logit_bias else None
+        except ValueError:
+            raise GearshiftError("logit_bias keys must be token ids") from None
 
 
 class CompletionRequest(_Sampling):
