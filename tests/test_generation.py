@@ -40,17 +40,24 @@ def test_continuous_batching_refills_slots(int4_model):
     assert [r.token_ids for r in small] == [r.token_ids for r in full]
 
 
-def test_greedy_matches_transformers_generate(model_dir):
+@pytest.mark.parametrize("penalty", [1.0, 3.0], ids=["plain", "repetition_penalty"])
+def test_greedy_matches_transformers_generate(model_dir, penalty):
+    """Greedy tokens equal transformers' generate, with its repetition penalty too (HF's
+    RepetitionPenaltyLogitsProcessor is the definition: prompt + output tokens, logit / r above 0, * r below)."""
     transformers = pytest.importorskip("transformers")
     path = model_dir("tiny-qwen2")
     hf = transformers.AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
     lm = load_model(path, progress=False)
     prompt = [7, 8, 9, 10, 11, 12]
     with torch.no_grad():
-        ref = hf.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False, eos_token_id=None,
-                          pad_token_id=0)[0, len(prompt):].tolist()
-    out, _ = run(lm, [prompt], lambda: SamplingParams(max_new_tokens=12, ignore_eos=True), mode="w16a16")
+        ref = hf.generate(torch.tensor([prompt]), max_new_tokens=16, do_sample=False, eos_token_id=None,
+                          pad_token_id=0, repetition_penalty=penalty)[0, len(prompt):].tolist()
+    out, _ = run(lm, [prompt], lambda: SamplingParams(max_new_tokens=16, ignore_eos=True, repetition_penalty=penalty),
+                 mode="w16a16")
     assert out[0].token_ids == ref
+    if penalty != 1.0:
+        plain, _ = run(lm, [prompt], lambda: SamplingParams(max_new_tokens=16, ignore_eos=True), mode="w16a16")
+        assert ref != plain[0].token_ids
 
 
 def test_stop_token_and_length(int4_model):
@@ -250,23 +257,6 @@ def test_cache_slots_share_storage():
     assert cache.k[0, 2, 0, 3].eq(7.0).all()
     with pytest.raises(ValueError):
         cache.slots(3, 2)
-
-
-def test_repetition_penalty_matches_transformers_generate(model_dir):
-    """HF's RepetitionPenaltyLogitsProcessor is the definition (prompt + output tokens, logit / r above 0, * r
-    below): greedy tokens equal transformers' generate with the same penalty, and differ from no penalty."""
-    transformers = pytest.importorskip("transformers")
-    path = model_dir("tiny-qwen2")
-    hf = transformers.AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
-    lm = load_model(path, progress=False)
-    prompt = [7, 8, 9, 10, 11, 12]
-    with torch.no_grad():
-        ref = hf.generate(torch.tensor([prompt]), max_new_tokens=16, do_sample=False, eos_token_id=None,
-                          pad_token_id=0, repetition_penalty=3.0)[0, len(prompt):].tolist()
-    out, _ = run(lm, [prompt], lambda: SamplingParams(max_new_tokens=16, ignore_eos=True, repetition_penalty=3.0),
-                 mode="w16a16")
-    plain, _ = run(lm, [prompt], lambda: SamplingParams(max_new_tokens=16, ignore_eos=True), mode="w16a16")
-    assert out[0].token_ids == ref and ref != plain[0].token_ids
 
 
 def test_frequency_and_presence_penalties_follow_their_definition(int4_model):
