@@ -447,3 +447,10 @@ def test_qspec_on_small_int4_groups_says_it_will_not_pay(capsys):
         group_note(model, "w4a8")
         err = capsys.readouterr().err
         assert ("1 of the 2 int4 linears hold groups under 128" in err and "expect no speed-up" in err) == said
+
+
+def test_penalties_are_checked_before_the_model_loads(capsys):
+    for argv, words in ((["--policy", "qspec", "--repetition-penalty", "1.2"], "need --policy ar"),
+                        (["--frequency-penalty", "5"], "[-2, 2]"), (["--repetition-penalty", "0"], "> 0")):
+        code, _, err = cli(capsys, "generate", "--model", "/nonexistent/model", "--prompt", "hi", *argv)
+        assert code == 2 and words in err and "nonexistent" not in err, err

@@ -160,13 +160,17 @@ def run(args) -> int:
     if args.batch_size < 1:
         raise GearshiftError("--batch-size must be >= 1")
     pol = policy_module(args.policy)
-    loaded = load_for_policies(args, [pol])
 
     def sampling():
         return SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
                               seed=args.seed, max_new_tokens=args.max_new_tokens, stop=list(args.stop),
                               ignore_eos=args.ignore_eos, repetition_penalty=args.repetition_penalty,
                               frequency_penalty=args.frequency_penalty, presence_penalty=args.presence_penalty)
+
+    if sampling().penalized and args.policy != "ar":  # (and the ranges checked) before a model loads
+        raise GearshiftError(f"repetition / frequency / presence penalties need --policy ar; {args.policy} samples "
+                             "without them")
+    loaded = load_for_policies(args, [pol])
 
     if args.interactive:  # one conversation: one slot, its K/V kept from turn to turn
         from gearshift.cli.interactive import run_interactive
