@@ -693,3 +693,17 @@ def test_metrics_are_the_stats_for_prometheus(server):
     assert samples[("gearshift_time_to_first_token_seconds_count", ())] == ttft["count"]
     assert samples[("gearshift_request_latency_seconds_bucket", (("le", "+Inf"),))] == latency["count"]
     assert samples[("gearshift_request_latency_seconds_sum", ())] == pytest.approx(latency["sum_s"])
+
+
+def test_a_taken_port_is_refused_before_the_model_loads(capsys):
+    import socket
+
+    from gearshift.cli import main
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        assert main(["serve", "--model", "/nonexistent/model", "--port", str(port)]) == 2
+    err = capsys.readouterr().err
+    assert f"cannot listen on 127.0.0.1:{port}" in err and "nonexistent" not in err

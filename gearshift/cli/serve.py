@@ -100,9 +100,27 @@ def build_server(args):
     return create_app(worker, name, api_key=getattr(args, "api_key", None)), worker, name
 
 
+def check_port(host: str, port: int) -> None:
+    """Refuse a port that is taken before the model loads (minutes, for a large one), in one line."""
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as e:
+        raise GearshiftError(f"--host {host!r} does not resolve: {e.strerror}") from None
+    family, _, _, _, addr = infos[0]
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds: a TIME_WAIT port is free
+        try:
+            s.bind(addr)
+        except OSError as e:
+            raise GearshiftError(f"cannot listen on {host}:{port}: {e.strerror} (--port picks another)") from None
+
+
 def run(args) -> int:
     import uvicorn
 
+    check_port(args.host, args.port)
     app, worker, name = build_server(args)
     modes = ", ".join(worker.policy.modes)
     print(f"gearshift serve: {name} (policy {args.policy}, {modes}) on http://{args.host}:{args.port}/v1", flush=True)
