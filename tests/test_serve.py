@@ -622,6 +622,8 @@ def test_load_benchmark_runs_against_a_started_server(model_dir, tmp_path):
 def test_api_key_guards_the_v1_endpoints(model_dir, monkeypatch):
     """--api-key (or $GEARSHIFT_API_KEY): /v1 answers 401 without 'Authorization: Bearer KEY'; /health stays open."""
     monkeypatch.setenv("GEARSHIFT_API_KEY", "s3cret")
+    sub = next(a for a in build_parser()._actions if getattr(a, "choices", None) and "serve" in a.choices)
+    assert "s3cret" not in sub.choices["serve"].format_help()  # a secret never shows as a default
     with serving(model_dir, "--max-model-len", "64") as (app, _):
         with TestClient(app) as client:
             assert client.get("/health").status_code == 200

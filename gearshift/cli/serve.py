@@ -43,9 +43,9 @@ def register(sub) -> None:
                         "conversation) prefills only the rest; usage.prompt_tokens_details.cached_tokens counts "
                         "them. Reused entries were written a token at a time while decoding, which can round "
                         "differently from a prefill of the same tokens")
-    p.add_argument("--api-key", default=os.environ.get("GEARSHIFT_API_KEY"),
+    p.add_argument("--api-key", default=None,
                    help="require 'Authorization: Bearer KEY' on the /v1 endpoints (401 otherwise; /health, "
-                        "/stats and /metrics stay open). Default: $GEARSHIFT_API_KEY, else none")
+                        "/stats and /metrics stay open); default: $GEARSHIFT_API_KEY, else none")
     add_decode_args(p)
     p.set_defaults(handler=run)
 
@@ -97,7 +97,8 @@ def build_server(args):
     note(f"KV cache: {args.batch_size} sequences x {max_len} tokens ({gib:.2f} GiB)")
     name = args.served_model_name or os.path.basename(os.path.normpath(str(loaded.source)))
     worker = EngineWorker(engine, policy, prefix_reuse=args.prefix_reuse).start()
-    return create_app(worker, name, api_key=getattr(args, "api_key", None)), worker, name
+    api_key = getattr(args, "api_key", None) or os.environ.get("GEARSHIFT_API_KEY")  # (not in --help's text)
+    return create_app(worker, name, api_key=api_key), worker, name
 
 
 def check_port(host: str, port: int) -> None:
