@@ -113,12 +113,18 @@ def small_m_choices(mode: str, m: int, n: int, k: int) -> tuple[Choice, ...]:
     return tuple(out)
 
 
-def default_choice(mode: str, m: int, n: int, group: int | None = None) -> Choice | None:
+#: weights up to this many elements count as small in `default_choice` (SmolLM2's largest linear: 1.8 M)
+SMALL_WEIGHT = 1 << 21
+
+
+def default_choice(mode: str, m: int, n: int, group: int | None = None, k: int | None = None) -> Choice | None:
     """Un-profiled fallback: a sensible tile per M regime (replaced by the measured map). Above 16 tokens,
-    W4A16 on groups under 64 (GGUF Q4_0 / Q4_1) runs dequantize + cuBLAS: the `tl.dot` tile's K-tiles of 32
-    took 1.9x its time at 64 tokens on SmolLM2's shapes (H200, `benchmarks/results/group32_paths.md`)."""
+    W4A16 on small weights (`SMALL_WEIGHT`) in groups under 64 (GGUF Q4_0 / Q4_1) runs dequantize + cuBLAS:
+    the `tl.dot` tile's K-tiles of 32 took 1.9x its time at 64 tokens on SmolLM2's shapes (H200,
+    `benchmarks/results/group32_paths.md`). Larger weights were not measured, and there dequantizing the whole
+    weight per call costs more, so they keep the tile."""
     if mode == "w4a16":
-        if m > 16 and group is not None and 0 < group < 64:
+        if m > 16 and group is not None and 0 < group < 64 and k is not None and n * k <= SMALL_WEIGHT:
             return Choice("dequant_cublas", None)
         if m <= 16:
             return Choice("w4a16_tc", TileConfig(16, 64, 256, 4, 4, 4, True, True))
@@ -206,7 +212,7 @@ class AdaptiveDispatcher(Dispatcher):
         for c in small_m_choices(mode, m, n, k):
             if self._serves(c, store, act, m):
                 return c
-        d = default_choice(mode, m, n, group_of(store))
+        d = default_choice(mode, m, n, group_of(store), k)
         if d is None or self._serves(d, store, act, m):
             return d
         return self._any_served(d, mode, store, act, m)
@@ -369,7 +375,8 @@ class AdaptiveDispatcher(Dispatcher):
         c = self.choose(store, act, m)
         strat = None if c is None else STRATEGIES.get(c.strategy)
         if strat is not None and c.strategy == "w4a16_gemv" and m > c.config.bm:
-            c = default_choice(mode_key(store, act), m, store.out_features, group_of(store))  # bucket rounded down
+            c = default_choice(mode_key(store, act), m, store.out_features, group_of(store),
+                               store.in_features)  # bucket rounded down
             strat = STRATEGIES.get(c.strategy)
         if strat is None or not strat.supports(store, act, c.config):
             warn_reference_fallback(store, act, m)
