@@ -560,6 +560,9 @@ def test_logprobs_of_generated_text_are_those_of_scoring_prompt_and_completion(s
                                                   "ignore_eos": True, "logprobs": 1}).json()["choices"][0]
     assert len(echoed["logprobs"]["tokens"]) == len(ids) + 2 and echoed["logprobs"]["token_logprobs"][0] is None
     assert echoed["text"] == "".join(tok.decode([t]) for t in ids) + _reference(worker, ids, 2).text
+    two = client.post("/v1/completions", json={"prompt": ids, "max_tokens": 3, "temperature": 0.9, "seed": 5, "n": 2,
+                                               "ignore_eos": True, "logprobs": 0}).json()["choices"]
+    assert [c["index"] for c in two] == [0, 1] and all(len(c["logprobs"]["tokens"]) == 3 for c in two)
 
 
 @pytest.mark.parametrize("body, words", [
