@@ -3,11 +3,11 @@
 Before stop 55 no fused kernel ran these modes on group 32, so the GPU ran the torch reference (dequantize
 every weight per call, then F.linear); QSPEC's drafts on the default model paid that. Now the joined-nibble
 `w4a8_pad` tile runs them with K-tiles of 32. This script times, on SmolLM2-135M's linear shapes summed over
-its 30 layers, per M: the dispatcher's pick, `w4a8_pad` at the rule's tile, dequantize + cuBLAS, the torch
+its 30 layers (or Llama-3-8B's over 32 with `--shapes llama3-8b`), per M: the dispatcher's pick, `w4a8_pad` at the rule's tile, dequantize + cuBLAS, the torch
 reference, and W4A16's pick (the baseline the drafts must beat), each as CUDA-graph replays in one run, and
 checks the fused result against the reference.
 
-Usage on the GPU: PYTHONPATH=. python benchmarks/group32_paths.py [--ms 1,4,16,64] [--out DIR]
+Usage on the GPU: PYTHONPATH=. python benchmarks/group32_paths.py [--ms 1,4,16,64] [--shapes llama3-8b] [--out DIR]
 writes DIR/group32_paths_<device>.json, prints a table last.
 """
 from __future__ import annotations
@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gearshift.dispatch.dispatcher import AdaptiveDispatcher  # noqa: E402
 from gearshift.dispatch.policy import device_slug  # noqa: E402
-from gearshift.dispatch.profiler import random_store, relative_error, time_us  # noqa: E402
+from gearshift.dispatch.profiler import PRESETS, random_store, relative_error, time_us  # noqa: E402
 from gearshift.dispatch.strategies import STRATEGIES  # noqa: E402
 from gearshift.kernels.reference import linear_reference  # noqa: E402
 from gearshift.quant.activations import ActQuantSpec  # noqa: E402
@@ -37,20 +37,24 @@ MODES = {"w4a16": None, "w4a8": ActQuantSpec("int8"), "w4a4": ActQuantSpec("int4
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ms", default="1,4,16,64", help="token counts (comma-separated)")
+    ap.add_argument("--shapes", default="smollm2", choices=["smollm2", *PRESETS],
+                    help="whose linear shapes: SmolLM2-135M's (default) or a profiler preset's (llama3-8b)")
     ap.add_argument("--out", default="benchmarks/results", help="folder for the JSON")
     a = ap.parse_args()
     dev = torch.device("cuda")
     d = AdaptiveDispatcher(None, autoload=False)  # no map has group-32 shapes: the rules pick
-    stores = {name: random_store("int4", n, k, 32, dev) for name, n, k in SHAPES}
+    shapes, layers = (SHAPES, LAYERS) if a.shapes == "smollm2" else (PRESETS[a.shapes]["shapes"],
+                                                                      PRESETS[a.shapes]["layers"])
+    stores = {name: random_store("int4", n, k, 32, dev) for name, n, k in shapes}
     rows, worst = [], 0.0
     for m in (int(v) for v in a.ms.split(",")):
-        xs = {name: torch.randn(m, k, device=dev, dtype=torch.bfloat16) for name, _, k in SHAPES}
+        xs = {name: torch.randn(m, k, device=dev, dtype=torch.bfloat16) for name, _, k in shapes}
         for mode, act in MODES.items():
             paths = {"pick": lambda st, x: d.linear(x, st, act),
                      "dequant_cublas": lambda st, x: STRATEGIES["dequant_cublas"].run(x, st, act, None),
                      "reference": lambda st, x: linear_reference(x, st, act)}
             row = {"m": m, "mode": mode, "picks": {}}
-            for name, _, _ in SHAPES:
+            for name, _, _ in shapes:
                 st, x = stores[name], xs[name]
                 c = d.choose(st, act, m)
                 row["picks"][name] = f"{c.strategy}:{c.config.key() if c.config else ''}"
@@ -59,17 +63,19 @@ def main() -> None:
                     worst = max(worst, err)
                 for path, f in paths.items():
                     us = time_us([lambda f=f, st=st, x=x: f(st, x)])
-                    row[path] = row.get(path, 0.0) + us * LAYERS / 1000.0  # ms per 30-layer step
+                    row[path] = row.get(path, 0.0) + us * layers / 1000.0  # ms per step of all layers
             rows.append(row)
     base = {r["m"]: r["pick"] for r in rows if r["mode"] == "w4a16"}
     for r in rows:
         r["pick_over_w4a16"] = r["pick"] / base[r["m"]]
     name = torch.cuda.get_device_name()
-    out = Path(a.out) / f"group32_paths_{device_slug(name)}.json"
+    tag = "" if a.shapes == "smollm2" else f"_{a.shapes}"
+    out = Path(a.out) / f"group32_paths{tag}_{device_slug(name)}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"device": name, "torch": torch.__version__, "layers": LAYERS, "shapes": SHAPES,
+    out.write_text(json.dumps({"device": name, "torch": torch.__version__, "layers": layers, "shapes": shapes,
                                "worst_rel_err_vs_reference": worst, "rows": rows}, indent=1))
-    print(f"{name}; ms per {LAYERS}-layer step (linears only); fused vs reference worst rel err {worst:.2e}")
+    print(f"{name}; {a.shapes}: ms per {layers}-layer step (linears only); fused vs reference worst rel err "
+          f"{worst:.2e}")
     print(f"{'M':>4} {'mode':>6} {'pick':>8} {'dq+cuBLAS':>10} {'reference':>10} {'pick/w4a16':>10}  picks")
     for r in rows:
         picks = ",".join(sorted({p.split(':')[0] for p in r["picks"].values()}))
