@@ -221,7 +221,9 @@ class AdaptiveDispatcher(Dispatcher):
         """Where the rule's tile cannot run this shape (W8A16's K-tile of 256 on SmolLM2's K = 576, say): the
         first of that strategy's own tiles, then of the mode's other kernels, that can, before the torch
         reference. Cached per shape and store kind; `d` itself where none can (`kernel_for` warns then)."""
-        kind = self._any_kind(mode, store, act, m)
+        kind = (mode, m, store.out_features, store.in_features, store.format_name, getattr(store, "layout", None),
+                getattr(store, "row_units", None) is None, None if act is None else (act.dtype, act.bits,
+                                                                                     act.group_size))
         hit = self._any_memo.get(kind)
         if hit is None:
             first = STRATEGIES.get(d.strategy)
@@ -229,13 +231,9 @@ class AdaptiveDispatcher(Dispatcher):
             hit = next((Choice(s.name, cfg) for s in order if s.name != "reference"
                         for cfg in s.configs(m) if self._serves(Choice(s.name, cfg), store, act, m)), d)
             self._any_memo[kind] = hit
+            if hit.strategy == "dequant_cublas":  # no fused tile could: said once per mode and format
+                warn_reference_fallback(store, act, m, "dequantize + cuBLAS")
         return hit
-
-    @staticmethod
-    def _any_kind(mode: str, store: WeightFormat, act: ActQuantSpec | None, m: int) -> tuple:
-        return (mode, m, store.out_features, store.in_features, store.format_name, getattr(store, "layout", None),
-                getattr(store, "row_units", None) is None, None if act is None else (act.dtype, act.bits,
-                                                                                     act.group_size))
 
     @staticmethod
     def _serves(c: Choice, store: WeightFormat, act: ActQuantSpec | None, m: int) -> bool:
@@ -381,9 +379,6 @@ class AdaptiveDispatcher(Dispatcher):
         if strat is None or not strat.supports(store, act, c.config):
             warn_reference_fallback(store, act, m)
             return None
-        if c.strategy == "dequant_cublas" and c is self._any_memo.get(self._any_kind(mode_key(store, act), store,
-                                                                                      act, m)):
-            warn_reference_fallback(store, act, m, "dequantize + cuBLAS")  # the rules' fused tile could not
         return strat, c
 
     def linear_codes(self, codes: ActCodes, store: WeightFormat, act: ActQuantSpec | None,

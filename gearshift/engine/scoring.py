@@ -18,8 +18,6 @@ class PromptScores:
     token_logprobs: list[float | None]  # per prompt token (None for the first)
     top_logprobs: list[list[tuple[int, float]] | None]  # per prompt token, the `top` likeliest ids there
     next_token: int  # the greedy continuation of the prompt
-    next_logprob: float
-    next_top: list[tuple[int, float]]
 
 
 @torch.inference_mode()
@@ -35,5 +33,4 @@ def score_prompt(model, ids: list[int], mode: str, top: int = 0) -> PromptScores
     if top > 0:
         values, indices = lp.topk(min(top, lp.shape[-1]), dim=-1)
         tops = [list(zip(i, v, strict=True)) for i, v in zip(indices.tolist(), values.tolist(), strict=True)]
-    nxt = int(lp[-1].argmax())
-    return PromptScores([None] + picked, [None] + tops[:-1], nxt, float(lp[-1, nxt]), tops[-1])
+    return PromptScores([None] + picked, [None] + tops[:-1], int(lp[-1].argmax()))

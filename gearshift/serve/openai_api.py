@@ -149,12 +149,12 @@ def create_app(worker: EngineWorker, model_name: str, api_key: str | None = None
             raise APIError(400, "the prompt list is empty", param="prompt")
         head = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
                 "model": body.model or model_name}
+        ids_of = [x if isinstance(x, list) else encode(x) for x in prompts]
         if body.echo or body.logprobs is not None:
-            return await scored(body, prompts, mode, head, http.is_disconnected)
+            return await scored(body, prompts, ids_of, mode, head, http.is_disconnected)
         if body.max_tokens == 0:
             raise APIError(400, "max_tokens 0 needs echo (scoring the prompt)", param="max_tokens")
-        reqs = [make_request(ids, body, body.max_tokens, mode, j)
-                for ids in (x if isinstance(x, list) else encode(x) for x in prompts) for j in range(body.n)]
+        reqs = [make_request(ids, body, body.max_tokens, mode, j) for ids in ids_of for j in range(body.n)]
         if body.stream:
             def chunk(i, ev: StreamEvent):
                 return {**head, "choices": [{"index": i, "text": ev.text, "logprobs": None,
@@ -182,7 +182,8 @@ def create_app(worker: EngineWorker, model_name: str, api_key: str | None = None
             raise APIError(500, f"scoring failed: {out}", "server_error")
         return out
 
-    async def scored(body: CompletionRequest, prompts: list, mode: str | None, head: dict, gone):
+    async def scored(body: CompletionRequest, prompts: list, ids_of: list[list[int]], mode: str | None, head: dict,
+                     gone):
         """echo / logprobs. max_tokens 0 scores the prompt (evaluation harnesses' loglikelihood); otherwise the
         completions are generated as any other, then prompt + completion are scored by one forward each in the
         request's mode, which gives the logprobs (the raw distribution, before temperature or top-k / top-p)."""
@@ -190,14 +191,19 @@ def create_app(worker: EngineWorker, model_name: str, api_key: str | None = None
             raise APIError(400, "echo and logprobs are not streamed: send stream=false", param="stream")
         tok = engine.tokenizer
         prompts = [x for x in prompts for _ in range(body.n)]  # choice i * n + j: prompt i's j-th completion
-        ids_of = [x if isinstance(x, list) else encode(x) for x in prompts]
+        ids_of = [ids for ids in ids_of for _ in range(body.n)]
         n = body.max_tokens
         reqs = [make_request(ids, body, max(n, 1) if n is not None else None, mode, i % body.n)
                 for i, ids in enumerate(ids_of)]
         outs = await _collect(worker, reqs, gone) if n != 0 else [("", [], "length", 0)] * len(reqs)
-        choices = []
+        choices, scores = [], {}  # (one forward per distinct sequence: n greedy copies, or n echoes, share it)
         for i, (x, ids, (text, out_ids, reason, _)) in enumerate(zip(prompts, ids_of, outs, strict=True)):
-            sc = await scores_of(ids + out_ids, mode, body.logprobs or 0) if body.logprobs is not None else None
+            sc = None
+            if body.logprobs is not None:
+                key = tuple(ids + out_ids)
+                if key not in scores:
+                    scores[key] = await scores_of(ids + out_ids, mode, body.logprobs)
+                sc = scores[key]
             first = 0 if body.echo else len(ids)  # the positions that come back
             kept = (ids + out_ids)[first:]
             pieces = _pieces(tok, kept)

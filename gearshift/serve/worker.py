@@ -76,6 +76,8 @@ class EngineWorker:
         self._closed = False  # the loop has seen close(): it takes nothing more from the inbox
         self._stopped = False  # the loop has ended: submit refuses
         self._thread = threading.Thread(target=self._main, name="gearshift-engine", daemon=True)
+        device = engine.model.device
+        self.device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else str(device)
 
     def start(self) -> "EngineWorker":
         self._thread.start()
@@ -98,9 +100,7 @@ class EngineWorker:
 
     def stats(self) -> dict:
         """What the loop holds and has done, for /stats (read from another thread: a snapshot, not a lock)."""
-        device = self.engine.model.device
-        return {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else str(device),
-                "policy": self.policy.name, "mode": self.policy.mode,
+        return {"device": self.device_name, "policy": self.policy.name, "mode": self.policy.mode,
                 "modes": list(self.policy.modes), "alive": self.alive,
                 "requests_in_engine": len(self._sinks), "requests_queued": self._inbox.qsize(),
                 "requests_finished": dict(self.finished), "generated_tokens": self.generated_tokens,
