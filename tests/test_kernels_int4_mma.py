@@ -95,7 +95,9 @@ def test_supports_and_config():
     assert not mma_gemv_supports(st, TileConfig(16, 0, 128, 8, 4, 1))  # 512 columns do not split 8 ways
     assert not mma_gemv_supports(st, TileConfig(16, 0, 128, 1, 4, 1), 65)
     assert not mma_gemv_supports(st, TileConfig(16, 0, 128, 1, 4, 2), 1)  # the bulk ring is a patch now
-    assert not mma_gemv_supports(quantize_int4(torch.randn(64, 512), 64), TileConfig(16, 0, 128, 1, 4, 1))
+    assert not mma_gemv_supports(quantize_int4(torch.randn(64, 512), 64), TileConfig(16, 0, 128, 1, 4, 1), 1,
+                                 torch.int8)  # 16-bit inputs run groups of 32 / 64 (test_dequant_supports)
+    assert not mma_gemv_supports(quantize_int4(torch.randn(64, 512), 16), TileConfig(16, 0, 128, 1, 4, 1))
     assert [(c.bm, c.kwarps, c.prefetch) for c in (mma_config(28672, 4096, 16), mma_config(4096, 14336, 9))] == \
         [(32, 4, True)] * 2
     assert (mma_config(64, 512, 16).bm, mma_config(64, 512, 16).split_k) == (16, 2)  # 4 blocks: no 4 x 2-block slices
@@ -790,3 +792,164 @@ def test_gpu_fragment_order_inputs_give_the_same_bits(cfg):
             x = torch.randn(m, 2048, device="cuda", dtype=dt)
             assert torch.equal(mma_gemv(to_fragment_order(x), store, cfg, fragment_order=True),
                                mma_gemv(x, store, cfg)), (m, dt)
+
+
+# --- groups of 32 / 64 columns (GGUF Q4_0 / Q4_1): weights dequantized before the MMA ---------------------
+
+def dequantized_weights(store, dtype) -> torch.Tensor:
+    """What a dequantize-first block feeds its MMAs: q * s + m with the scale and min in the activation
+    dtype, rounded once to it (the products and sums are exact in fp32 for 4-bit q and 8/11-bit s, m)."""
+    q = store.unpacked().float()
+    g = store.group_size
+    s = store.scales.to(dtype).float().repeat_interleave(g, dim=1)
+    mn = store.mins.to(dtype).float().repeat_interleave(g, dim=1)
+    return (q * s + mn).to(dtype)
+
+
+def emulate_dequant(x: torch.Tensor, store, dtype) -> torch.Tensor:
+    """fp64 model of the dequantize-first plan, lane by lane: lane t of each 128-column block holds words
+    4t..4t+3 and takes the scale and min of group (block start + 32 t) / G for all of them."""
+    q = store.unpacked().long()
+    n, k = q.shape
+    g = store.group_size
+    y = torch.zeros(x.shape[0], n, dtype=torch.float64)
+    for c0 in range(0, k, BLOCK_COLS):
+        for lane_t in range(4):
+            grp = (c0 + 32 * lane_t) // g
+            s = store.scales[:, grp].to(dtype).float()[:, None]
+            mn = store.mins[:, grp].to(dtype).float()[:, None]
+            cols = slice(c0 + 32 * lane_t, c0 + 32 * lane_t + 32)
+            w = (q[:, cols].float() * s + mn).to(dtype).double()
+            y += x[:, cols].double() @ w.T
+    return y
+
+
+@pytest.mark.parametrize("group", [32, 64])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_dequant_plan_matches_dequantized_weights_and_reference(group, dtype):
+    """Every lane's 32 columns of a block lie in one group, so the per-lane scale pick is the whole
+    dequantization; its only departures from the reference are the scale's and min's rounding to the input dtype
+    (bf16 keeps 8 of an fp16 scale's 11 significant bits) and each weight's."""
+    g = torch.Generator().manual_seed(group)
+    store = quantize_int4(torch.randn(24, 512, generator=g), group)
+    x = torch.randn(3, 512, generator=g).to(dtype).float()
+    model = emulate_dequant(x, store, dtype)
+    whole = x.double() @ dequantized_weights(store, dtype).double().T
+    assert ((model - whole).norm() / whole.norm()).item() < 1e-12
+    ref = linear_reference(x, store, None).double()
+    assert ((model - ref).norm() / ref.norm()).item() < (8e-3 if dtype == torch.bfloat16 else 1e-3)
+
+
+def test_dequant_ptx():
+    """Two `fma.rn` per nibble pair (the exact - 128, then s * q + m with the row's packed operands, which
+    follow the pointers), and no token-sum MMA."""
+    from gearshift.kernels.int4_mma_gemv import MMA_ASM_DQ, block_asm, block_constraints
+
+    for rows, per in ((8, 1), (16, 2), (32, 4)):
+        for tiles in (1, 2):
+            asm = MMA_ASM_DQ[("bf16", rows, tiles, False)]
+            plain = MMA_ASM[("bf16", rows, tiles)]
+            pairs = 16 * per  # 4 words x 4 nibble pairs per lane row
+            assert asm.count("fma.rn.bf16x2") == 2 * pairs and "fma.rn" not in plain
+            sums = 0 if per == 1 else 8 * tiles  # plain: one token-sum MMA per k-step and tile
+            assert asm.count("mma.sync") == plain.count("mma.sync") - sums
+            n_out = {1: 4, 2: 6, 4: 10}[per] * tiles
+            sp0 = n_out + 4 * per + tiles
+            for r in range(per):
+                assert f"${sp0 + 2 * r}, ${sp0 + 2 * r + 1};" in asm
+            cons = block_constraints("bf16", rows, tiles, dequant=True)
+            assert cons == CONSTRAINTS[(rows, tiles)] + ",r" * (2 * per)
+            assert cons.count(",") + 1 == max(int(v[1:]) for v in __import__("re").findall(r"\$\d+", asm)) + 1
+    assert "fma.rn.f16x2" in MMA_ASM_DQ[("f16", 16, 1, True)] and "0xE400E400" in MMA_ASM_DQ[("f16", 16, 1, True)]
+    shared = MMA_ASM_DQ[("bf16", 16, 1, True)]
+    assert "$18, $19;" in shared and "$20, $21;" in shared  # 6 outputs, 8 words, 4 shared addresses, then the pairs
+    with pytest.raises(ValueError):
+        block_asm("s8", 16, 1, dequant=True)
+
+
+def test_dequant_supports():
+    from gearshift.kernels.int4_mma_gemv import DEQUANT_GROUPS
+
+    cfg = TileConfig(16, 0, 128, 1, 4, 1)
+    for group in DEQUANT_GROUPS:
+        st = quantize_int4(torch.randn(64, 512), group)
+        assert mma_gemv_supports(st, cfg, 4, torch.bfloat16) and mma_gemv_supports(st, cfg, 4, torch.float16)
+        assert not mma_gemv_supports(st, cfg, 4, torch.int8)  # codes keep the scale-after fold
+    assert not mma_gemv_supports(quantize_int4(torch.randn(64, 512), 16), cfg, 4)
+
+
+def test_dequant_kernel_compiles_for_sm90(compile_sm90):
+    """The dequantize-first kernel compiles for sm_90 (ptxas) at 8 / 16 / 32 rows per warp, one or two token
+    tiles, in-CTA K slices, shared-memory inputs and the SwiGLU epilogue, with the lane's group offset."""
+    out = compile_sm90(r"""
+from gearshift.kernels import int4_mma_gemv as mg
+sig = {"x_ptr": "*bf16", "qw_ptr": "*u8", "s_ptr": "*fp16", "mn_ptr": "*fp16", "y_ptr": "*bf16", "ws_ptr": "*fp32",
+       "cnt_ptr": "*i32", "xs_ptr": "*bf16", "M": "i32", "N": "i32", "K": "i32", "stride_xm": "i32", "stride_ym": "i32"}
+for rows, tiles, kw, g, extra in ((8, 1, 1, 32, {}), (16, 2, 2, 64, {}), (32, 1, 4, 32, {"GLU": 1}),
+                                  (16, 1, 2, 32, {"xs": 1}), (32, 2, 1, 32, {})):
+    xs = extra.pop("xs", 0)
+    ce = dict(G=g, WARPS=4, SPLIT_K=1, ASM=mg.block_asm("bf16", rows, tiles, bool(xs), dequant=True),
+              CONSTRAINTS=mg.block_constraints("bf16", rows, tiles, bool(xs), dequant=True), ROWS=rows, TILES=tiles,
+              TG=1, ZPID=True, OFFSET=128.0, U=1, HAS_XS=False, PDL=False, L2_PREFETCH=False,
+              LOAD=mg.WEIGHT_LOADS["plain"], SHINT=0, TILED=True, TRIGGER=1, TAIL=0, KWARPS=kw, DQ=1, **extra)
+    if xs:
+        ce.update(mg.xshare_args(tiles, kw, __import__("torch").bfloat16))
+    out[f"{rows}_{tiles}_{kw}_{g}_{xs}"] = ptx(mg._mma_gemv_kernel, sig, ce, num_warps=4, ints16=("K",))
+""")
+    for key, p in out.items():
+        rows, tiles = int(key.split("_")[0]), int(key.split("_")[1])
+        per = rows // 8
+        assert p.count("fma.rn.bf16x2") == 32 * per, key
+        assert p.count("mma.sync") == 8 * tiles * {1: 1, 2: 1, 4: 2}[per], key  # no token-sum MMAs
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the PTX needs a CUDA GPU")
+@pytest.mark.parametrize("group", [32, 64])
+@pytest.mark.parametrize("cfg", [
+    TileConfig(16, 0, 128, 1, 4, 1), TileConfig(8, 0, 128, 2, 2, 1, prefetch=True),
+    TileConfig(16, 0, 128, 1, 8, 1, kwarps=8, preload=True, ksum=True),
+    TileConfig(32, 0, 128, 1, 4, 1, kwarps=4, prefetch=True), TileConfig(32, 0, 128, 1, 4, 1, kwarps=2, xshare=True),
+    TileConfig(16, 0, 128, 1, 16, 1, kwarps=8, pairs=True, xshare=True, ksum=True)])
+@pytest.mark.parametrize("layout", ["rows", "blocks16"])
+def test_gpu_dequant_kernel_matches_the_dequantized_weights(group, cfg, layout):
+    """Groups of 32 / 64 on the GPU: the kernel computes x @ dequantized_weights(store).T up to fp32 summation
+    order, within the bf16 weight rounding of the reference, and reproducibly."""
+    from gearshift.kernels.int4_mma_gemv import mma_gemv
+
+    g = torch.Generator().manual_seed(group + cfg.warps + cfg.bm)
+    n, k = (200 if layout == "rows" else 208), 2048  # (blocks16 needs whole 16-row chunks)
+    host = quantize_int4(torch.randn(n, k, generator=g), group)
+    store = host.cuda().to_layout(layout)
+    ran = 0
+    for m in (1, 3, 8, 9, 16, 40):
+        for dt in (torch.bfloat16, torch.float16):
+            if not mma_gemv_supports(store, cfg, m, dt):
+                continue
+            x = torch.randn(m, k, generator=g).to("cuda", dt)
+            y = mma_gemv(x, store, cfg)
+            w = dequantized_weights(host, dt).to("cuda")
+            want = x.double() @ w.double().T
+            assert ((y.double() - want).norm() / want.norm()).item() < (8e-3 if dt == torch.bfloat16 else 1e-3), (m, dt)
+            exact = (x.float() @ w.float().T).to(dt)
+            assert ((y.float() - exact.float()).norm() / exact.float().norm()).item() < 2e-3, (m, dt)
+            ref = linear_reference(x.float(), store, None)
+            assert ((y.float() - ref).norm() / ref.norm()).item() < 8e-3, (m, dt)
+            assert torch.equal(mma_gemv(x, store, cfg), y)
+            ran += 1
+    assert ran >= 4
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the PTX needs a CUDA GPU")
+@pytest.mark.parametrize("group", [32, 64])
+def test_gpu_dequant_glu_epilogue_is_gate_up_then_swiglu(group):
+    from gearshift.kernels.int4_mma_gemv import mma_gemv, mma_glu_supports
+    from gearshift.kernels.silu_mul import silu_mul_triton
+
+    g = torch.Generator().manual_seed(group)
+    inter, k = 104, 512
+    store = quantize_int4(torch.randn(2 * inter, k, generator=g) * 0.05, group).cuda().to_layout("blocks16")
+    cfg = TileConfig(bm=32, warps=4, kwarps=2, stages=1)
+    for m in (1, 9, 16):
+        assert mma_glu_supports(store, cfg, m, torch.bfloat16)
+        x = torch.randn(m, k, generator=g).to("cuda", torch.bfloat16)
+        assert torch.equal(mma_gemv(x, store, cfg, glu=True), silu_mul_triton(mma_gemv(x, store, cfg))), m

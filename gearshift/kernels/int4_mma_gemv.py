@@ -55,19 +55,22 @@ BLOCK_COLS = 128  # columns per fragment call: 4 lanes x 4 words x 8 nibbles
 MAX_TOKENS = 64
 
 
-def _kstep_mmas(mma: str, per_lane: int, d: str, e: str, f: str) -> list[str]:
+def _kstep_mmas(mma: str, per_lane: int, d: str, e: str, f: str, sums: bool = True) -> list[str]:
     """One k-step's MMAs for one token tile (B in b0, b1): the weight rows into d (and f at 32
     rows), the token sums into e (16 and 32 rows: A = ones; 8 rows: A rows 8..15 are ones, so d
-    carries them)."""
+    carries them). sums=False: no token-sum MMA (dequantized weights need none)."""
     if per_lane == 1:
         return [f"{mma} {{{d}}}, {{a0, one, a2, one}}, {{b0, b1}}, {{{d}}};"]
     out = [f"{mma} {{{d}}}, {{a0, a1, a2, a3}}, {{b0, b1}}, {{{d}}};"]
     if per_lane == 4:
         out.append(f"{mma} {{{f}}}, {{c0, c1, c2, c3}}, {{b0, b1}}, {{{f}}};")
+    if not sums:
+        return out
     return out + [f"{mma} {{{e}}}, {{one, one, one, one}}, {{b0, b1}}, {{{e}}};"]
 
 
-def _tile_ksteps(mma: str, per_lane: int, tiles: int, bank: int, x_pair, selectors: tuple[str, str] | None) -> list[str]:
+def _tile_ksteps(mma: str, per_lane: int, tiles: int, bank: int, x_pair, selectors: tuple[str, str] | None,
+                 sums: bool = True) -> list[str]:
     """One k-step for every token tile: B gathered from the tile's two input registers x_pair(tile)
     by two PRMTs with `selectors` (None: the two registers are B as they are), then `_kstep_mmas`
     into the accumulators from `bank` on."""
@@ -79,7 +82,7 @@ def _tile_ksteps(mma: str, per_lane: int, tiles: int, bank: int, x_pair, selecto
             lines += [f"mov.b32 b0, {lo};", f"mov.b32 b1, {hi};"]  # (register renames: ptxas emits nothing)
         else:
             lines += [f"prmt.b32 b0, {lo}, {hi}, {selectors[0]};", f"prmt.b32 b1, {lo}, {hi}, {selectors[1]};"]
-        lines += _kstep_mmas(mma, per_lane, d, e, f)
+        lines += _kstep_mmas(mma, per_lane, d, e, f, sums)
     return lines
 
 
@@ -97,7 +100,8 @@ def _block_outputs(per_lane: int, tiles: int) -> list[str]:
 
 
 def _mma_asm(dt: str, magic: int, rows: int, tiles: int = 1, chains: int = 1, fused: bool = True,
-             shared: bool = False, x_ahead: int | None = None, fragment_order: bool = False) -> str:
+             shared: bool = False, x_ahead: int | None = None, fragment_order: bool = False,
+             dequant: bool = False) -> str:
     """PTX for one 128-column block of one warp, run once per lane (pack 1).
 
     rows: weight rows per warp (8, 16 or 32), i.e. 1, 2 or 4 rows per lane (g, g+8, g+16, g+24).
@@ -117,6 +121,13 @@ def _mma_asm(dt: str, magic: int, rows: int, tiles: int = 1, chains: int = 1, fu
     fragment_order: the inputs are stored in fragment order (`to_fragment_order`: columns 0, 4, 1, 5, 2, 6,
     3, 7 of every 8), so each input register already is a B operand and the 16 PRMTs per token tile and
     block go; the same MMAs on the same operands, so the same bits (stop 52; not used by the engine yet).
+    dequant: groups of 32 or 64 columns (GGUF Q4_0 / Q4_1), which the scale-after fold cannot serve, since
+    every k-step mixes the 32-column runs of the four lanes t (one group each at group 32). Each pair is
+    dequantized before its MMA instead: (128 + q) - 128 = q exactly, then one `fma.rn` with the row's scale
+    and min of the lane's group (bf16x2 / f16x2 operands after the pointers, scale then min per row), so
+    each weight is rounded once to the activation dtype, and no token-sum MMA is needed (two more
+    instructions per weight pair, one fewer MMA per k-step at 16 and 32 rows); the outputs' X values are 0
+    (8 rows: rows 8..15 are still sums, unused).
     """
     per_lane = rows // 8
     mm = f"0x{magic:04X}{magic:04X}"
@@ -127,13 +138,16 @@ def _mma_asm(dt: str, magic: int, rows: int, tiles: int = 1, chains: int = 1, fu
     xp0 = n_out + 4 * per_lane
     banks = "def" if per_lane == 4 else "de"
     n_acc = 4 * tiles * chains
-    lines = ["{", ".reg .b32 a0, a1, a2, a3, one, mg, b0, b1, t;" + (" .reg .b32 c0, c1, c2, c3;" if per_lane == 4 else ""),
+    sp0 = xp0 + (4 * tiles if shared else tiles)  # dequant: the rows' (scale, min) pairs
+    neg = "0xC300C300" if dt == "bf16" else "0xE400E400"  # -128 / -1024: the magic's offset
+    lines = ["{", ".reg .b32 a0, a1, a2, a3, one, mg, b0, b1, t;" + (" .reg .b32 c0, c1, c2, c3;" if per_lane == 4 else "")
+             + (" .reg .b32 nm;" if dequant else ""),
              f".reg .b32 x<{16 * tiles}>;",
              ".reg .f32 " + ", ".join(f"{r}<{n_acc}>" for r in banks) + ";",
-             f"mov.b32 one, {one};", f"mov.b32 mg, {mm};"]
+             f"mov.b32 one, {one};", f"mov.b32 mg, {mm};"] + ([f"mov.b32 nm, {neg};"] if dequant else [])
     lines += [f"mov.f32 {r}{i}, 0f00000000;" for r in banks for i in range(n_acc)]
 
-    def pair(reg: str, word: str, shift: int) -> None:
+    def pair(reg: str, word: str, shift: int, row: int = 0) -> None:
         src = word
         if shift:
             lines.append(f"shr.b32 t, {word}, {shift};")
@@ -146,6 +160,9 @@ def _mma_asm(dt: str, magic: int, rows: int, tiles: int = 1, chains: int = 1, fu
         else:
             lines.append(f"and.b32 {reg}, {src}, 0x000F000F;")
             lines.append(f"or.b32 {reg}, {reg}, {mm};")
+        if dequant:  # q exactly, then s * q + m rounded once
+            lines.append(f"fma.rn.{dt}x2 {reg}, {reg}, one, nm;")
+            lines.append(f"fma.rn.{dt}x2 {reg}, {reg}, ${sp0 + 2 * row}, ${sp0 + 2 * row + 1};")
 
     def load_x(tile: int, j: int) -> None:
         x = [f"x{16 * tile + 4 * j + i}" for i in range(4)]
@@ -170,19 +187,19 @@ def _mma_asm(dt: str, magic: int, rows: int, tiles: int = 1, chains: int = 1, fu
             pair("a0", f"${w0[0] + j}", 8 * half)
             pair("a2", f"${w0[0] + j}", 8 * half + 4)
             if per_lane >= 2:
-                pair("a1", f"${w0[1] + j}", 8 * half)
-                pair("a3", f"${w0[1] + j}", 8 * half + 4)
+                pair("a1", f"${w0[1] + j}", 8 * half, 1)
+                pair("a3", f"${w0[1] + j}", 8 * half + 4, 1)
             if per_lane == 4:
-                pair("c0", f"${w0[2] + j}", 8 * half)
-                pair("c2", f"${w0[2] + j}", 8 * half + 4)
-                pair("c1", f"${w0[3] + j}", 8 * half)
-                pair("c3", f"${w0[3] + j}", 8 * half + 4)
+                pair("c0", f"${w0[2] + j}", 8 * half, 2)
+                pair("c2", f"${w0[2] + j}", 8 * half + 4, 2)
+                pair("c1", f"${w0[3] + j}", 8 * half, 3)
+                pair("c3", f"${w0[3] + j}", 8 * half + 4, 3)
             if fragment_order:  # word 4j + 2 half holds columns (c, c + 4), the next one (c + 1, c + 5)
                 x_pair = lambda tile: (f"x{16 * tile + 4 * j + 2 * half}", f"x{16 * tile + 4 * j + 2 * half + 1}")  # noqa: E731
             else:
                 x_pair = lambda tile: (f"x{16 * tile + 4 * j + half}", f"x{16 * tile + 4 * j + half + 2}")  # noqa: E731
             lines += _tile_ksteps(mma, per_lane, tiles, 4 * tiles * ((2 * j + half) % chains), x_pair,
-                                  None if fragment_order else ("0x5410", "0x7632"))
+                                  None if fragment_order else ("0x5410", "0x7632"), sums=not dequant)
     for c in range(1, chains):
         lines += [f"add.f32 {r}{i}, {r}{i}, {r}{4 * tiles * c + i};" for r in banks for i in range(4 * tiles)]
     lines += [f"mov.b32 ${i}, {v};" for i, v in enumerate(_block_outputs(per_lane, tiles))]
@@ -253,6 +270,10 @@ MMA_ASM_SHARED = {(dt, rows, tiles): _mma_asm(dt, magic, rows, tiles, shared=Tru
 MMA_ASM_FRAGMENT = {(dt, rows, tiles, shared): _mma_asm(dt, magic, rows, tiles, shared=shared, fragment_order=True)
                     for dt, magic in (("bf16", 0x4300), ("f16", 0x6400)) for rows in ROWS_PER_WARP for tiles in (1, 2)
                     for shared in (False, True)}
+#: groups of 32 / 64 columns: weights dequantized before the MMA (`_mma_asm`'s dequant), keyed (dt, rows, tiles, shared)
+MMA_ASM_DQ = {(dt, rows, tiles, shared): _mma_asm(dt, magic, rows, tiles, shared=shared, dequant=True)
+              for dt, magic in (("bf16", 0x4300), ("f16", 0x6400)) for rows in ROWS_PER_WARP for tiles in (1, 2)
+              for shared in (False, True)}
 #: int8 activation codes: `_mma_asm_s8`
 MMA_ASM_S8 = {(rows, tiles): _mma_asm_s8(rows, tiles) for rows in ROWS_PER_WARP for tiles in (1, 2)}
 MMA_ASM_S8_SHARED = {(rows, tiles): _mma_asm_s8(rows, tiles, shared=True) for rows in ROWS_PER_WARP for tiles in (1, 2)}
@@ -595,7 +616,7 @@ if HAS_TRITON:
     @triton.jit
     def _xs_step(ASM: tl.constexpr, CONSTRAINTS: tl.constexpr, ROWS: tl.constexpr, TILES: tl.constexpr,
                  OFFSET: tl.constexpr, w, sc, acc, xi32, srow, m0_tok, M, kw_next, q, buf0, g, t, par, bar,
-                 NT: tl.constexpr, NCH: tl.constexpr, BUFB: tl.constexpr, ROWB: tl.constexpr):
+                 NT: tl.constexpr, NCH: tl.constexpr, BUFB: tl.constexpr, ROWB: tl.constexpr, DQ: tl.constexpr = 0):
         """One block of an xshare loop: the next block's inputs fetched into registers, the slice's
         barrier (buffer par is complete, buffer 1 - par is no longer read), this block's fragments read
         from buffer par, then the next block's inputs stored into buffer 1 - par."""
@@ -607,19 +628,43 @@ if HAS_TRITON:
         for j in tl.static_range(ROWB // 64):
             xa = xa + (_xs_lane(b, g, t, j, ROWB),)
             xb = xb + (_xs_lane(b, g + 8, t, j, ROWB),)
-        acc = _block(ASM, CONSTRAINTS, ROWS, TILES, OFFSET, w, xa, xb, sc, acc, 1)
+        acc = _block(ASM, CONSTRAINTS, ROWS, TILES, OFFSET, w, xa, xb, sc, acc, 1, DQ)
         _xs_store(buf0 + (1 - par) * BUFB, xn, q, NT, NCH, z, ROWB)
         return acc
 
 
     @triton.jit
+    def _pack2(v, DQ: tl.constexpr):
+        """A scale or min as both halves of a bf16x2 (DQ 1) or f16x2 (DQ 2) register."""
+        if DQ == 1:
+            h = v.to(tl.bfloat16).to(tl.int16, bitcast=True)
+        else:
+            h = v.to(tl.float16).to(tl.int16, bitcast=True)
+        b = h.to(tl.int32) & 0xFFFF
+        return b | (b << 16)
+
+
+    @triton.jit
+    def _dq_scales(sc, ROWS: tl.constexpr, DQ: tl.constexpr):
+        """The packed (scale, min) operands of a dequantize-first block, per lane row."""
+        out = (_pack2(sc[0], DQ), _pack2(sc[1], DQ))
+        if ROWS >= 16:
+            out = out + (_pack2(sc[2], DQ), _pack2(sc[3], DQ))
+        if ROWS == 32:
+            out = out + (_pack2(sc[4], DQ), _pack2(sc[5], DQ), _pack2(sc[6], DQ), _pack2(sc[7], DQ))
+        return out
+
+
+    @triton.jit
     def _block(ASM: tl.constexpr, CONSTRAINTS: tl.constexpr, ROWS: tl.constexpr, TILES: tl.constexpr,
-               OFFSET: tl.constexpr, w, xp, xp1, sc, acc, XS: tl.constexpr = 0):
+               OFFSET: tl.constexpr, w, xp, xp1, sc, acc, XS: tl.constexpr = 0, DQ: tl.constexpr = 0):
         """One 128-column block: the fragment MMAs, then scale-after into the fp32 accumulators.
         acc[8 * tile + 2 * r + e]: token tile `tile`, lane row r (a, b, c, d = g, g+8, g+16, g+24),
         token 2t + e of the tile (entries of absent rows / tiles pass through). XS: xp / xp1 are
         tuples of the shared-memory addresses of each token tile's inputs (`_xs_step`: 4 per tile of
-        16-bit inputs, 2 of int8 codes), not pointers."""
+        16-bit inputs, 2 of int8 codes), not pointers. DQ (groups of 32 / 64): the block's PTX dequantizes
+        each weight with the lane's group's scale and min (`_dq_scales`, after the inputs) and its outputs are
+        the block's dot products, added as they are."""
         if XS:
             if TILES == 2:
                 xp = xp + xp1
@@ -634,14 +679,30 @@ if HAS_TRITON:
             w4 = (w[0], w[1], w[2], w[3]) + xq
             w8 = (w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7]) + xq
             w16 = w + xq
-        sa = sc[0].to(tl.float32)
-        ma = sc[1].to(tl.float32) - OFFSET * sa
-        sb = sc[2].to(tl.float32)
-        mb = sc[3].to(tl.float32) - OFFSET * sb
-        sc_ = sc[4].to(tl.float32)
-        mc = sc[5].to(tl.float32) - OFFSET * sc_
-        sd = sc[6].to(tl.float32)
-        md = sc[7].to(tl.float32) - OFFSET * sd
+        if DQ:
+            dqs = _dq_scales(sc, ROWS, DQ)
+            w4 = w4 + dqs
+            w8 = w8 + dqs
+            w16 = w16 + dqs
+            one = 1.0
+            zero = 0.0
+            sa = one
+            ma = zero
+            sb = one
+            mb = zero
+            sc_ = one
+            mc = zero
+            sd = one
+            md = zero
+        else:
+            sa = sc[0].to(tl.float32)
+            ma = sc[1].to(tl.float32) - OFFSET * sa
+            sb = sc[2].to(tl.float32)
+            mb = sc[3].to(tl.float32) - OFFSET * sb
+            sc_ = sc[4].to(tl.float32)
+            mc = sc[5].to(tl.float32) - OFFSET * sc_
+            sd = sc[6].to(tl.float32)
+            md = sc[7].to(tl.float32) - OFFSET * sd
         p0, p1, p2, p3, p4, p5, p6, p7, q0, q1, q2, q3, q4, q5, q6, q7 = acc
         if ROWS == 32:
             if TILES == 2:
@@ -695,7 +756,7 @@ if HAS_TRITON:
                          RES: tl.constexpr = 0, XS: tl.constexpr = 0, XS_DECL: tl.constexpr = "",
                          XS_ROWB: tl.constexpr = 256, KSUM: tl.constexpr = 0, KSUM_DECL: tl.constexpr = "",
                          KSUM_ST: tl.constexpr = "", KSUM_STC: tl.constexpr = "", KSUM_LD: tl.constexpr = "",
-                         TRACE: tl.constexpr = 0, GLU: tl.constexpr = 0):
+                         TRACE: tl.constexpr = 0, GLU: tl.constexpr = 0, DQ: tl.constexpr = 0):
         # Every per-lane quantity comes from the lane's own %tid.x, so the fragment plan holds
         # whatever layout Triton picks for these [32 * WARPS] tensors (one element per thread).
         # ROWS: weight rows per warp; lane (g, t) holds rows g, g+8, g+16, g+24 of them.
@@ -763,7 +824,11 @@ if HAS_TRITON:
         w_ptrs = (wa_ptr, wb_ptr, wc_ptr, wd_ptr)
         x0 = x_ptr + tok0 * stride_xm + 32 * t
         x1 = x_ptr + tok1 * stride_xm + 32 * t
-        s_offs = (ra * n_groups, rb * n_groups, rc * n_groups, rd * n_groups)
+        if G < 128:  # DQ: the lane's 32 columns of each block lie in group (block start + 32 t) / G
+            lg = (32 * t) // G
+            s_offs = (ra * n_groups + lg, rb * n_groups + lg, rc * n_groups + lg, rd * n_groups + lg)
+        else:
+            s_offs = (ra * n_groups, rb * n_groups, rc * n_groups, rd * n_groups)
         zero = tl.zeros([32 * WARPS], dtype=tl.float32)
         acc = (zero, zero, zero, zero, zero, zero, zero, zero, zero, zero, zero, zero, zero, zero, zero, zero)
         k_lo = (pid_k * KWARPS + warp % KWARPS) * kws
@@ -805,11 +870,11 @@ if HAS_TRITON:
                 for i in tl.static_range(PRE):
                     acc = _xs_step(ASM, CONSTRAINTS, ROWS, TILES, OFFSET, wl[i], sl[i], acc, xi32, srow, m0_tok, M,
                                    k_lo + 16 * (i + 1 - (i + 1) // PRE), xs_q, xs_buf, g, t, i % 2, xs_bar, XS_NT,
-                                   XS_NCH, XS_BUFB, XS_ROWB)
+                                   XS_NCH, XS_BUFB, XS_ROWB, DQ)
             else:
                 for i in tl.static_range(PRE):
                     acc = _block(ASM, CONSTRAINTS, ROWS, TILES, OFFSET, wl[i], x0 + (k_lo + 16 * i) * 8,
-                                 x1 + (k_lo + 16 * i) * 8, sl[i], acc)
+                                 x1 + (k_lo + 16 * i) * 8, sl[i], acc, 0, DQ)
         else:
             # U blocks per step, the next step's weights and scales loaded before this step's math:
             # 16*U bytes per lane and row in flight. Past the slice's end the last step re-reads itself.
@@ -827,12 +892,12 @@ if HAS_TRITON:
                         wn, sn, _, _ = _load_step(w_ptrs, s_ptr, mn_ptr, s_offs, kw0 + 16, G, ROWS, LOAD, TILED,
                                                   SHINT, 1)
                         acc = _xs_step(ASM, CONSTRAINTS, ROWS, TILES, OFFSET, w, sc, acc, xi32, srow, m0_tok, M,
-                                       kw0 + 16, xs_q, xs_buf, g, t, 0, xs_bar, XS_NT, XS_NCH, XS_BUFB, XS_ROWB)
+                                       kw0 + 16, xs_q, xs_buf, g, t, 0, xs_bar, XS_NT, XS_NCH, XS_BUFB, XS_ROWB, DQ)
                         w, sc, _, _ = _load_step(w_ptrs, s_ptr, mn_ptr, s_offs, tl.minimum(kw0 + 32, k_last), G,
                                                  ROWS, LOAD, TILED, SHINT, 1)
                         acc = _xs_step(ASM, CONSTRAINTS, ROWS, TILES, OFFSET, wn, sn, acc, xi32, srow, m0_tok, M,
                                        tl.minimum(kw0 + 32, k_last), xs_q, xs_buf, g, t, 1, xs_bar, XS_NT,
-                                       XS_NCH, XS_BUFB, XS_ROWB)
+                                       XS_NCH, XS_BUFB, XS_ROWB, DQ)
                 else:
                     for it in range(0, kws, 16):
                         kw0 = k_lo + it
@@ -840,7 +905,7 @@ if HAS_TRITON:
                         wn, sn, _, _ = _load_step(w_ptrs, s_ptr, mn_ptr, s_offs, nxt, G, ROWS, LOAD, TILED, SHINT, 1)
                         acc = _xs_step(ASM, CONSTRAINTS, ROWS, TILES, OFFSET, w, sc, acc, xi32, srow, m0_tok, M, nxt,
                                        xs_q, xs_buf, g, t, (it // 16) % 2, xs_bar, XS_NT, XS_NCH, XS_BUFB,
-                                       XS_ROWB)
+                                       XS_ROWB, DQ)
                         w = wn
                         sc = sn
                 kws = 0  # the loops below have nothing left to do
@@ -850,11 +915,11 @@ if HAS_TRITON:
                 for it in range(0, kws, 32):
                     kw0 = k_lo + it
                     wn, sn, _, _ = _load_step(w_ptrs, s_ptr, mn_ptr, s_offs, kw0 + 16, G, ROWS, LOAD, TILED, SHINT, 1)
-                    acc = _block(ASM, CONSTRAINTS, ROWS, TILES, OFFSET, w, x0 + kw0 * 8, x1 + kw0 * 8, sc, acc)
+                    acc = _block(ASM, CONSTRAINTS, ROWS, TILES, OFFSET, w, x0 + kw0 * 8, x1 + kw0 * 8, sc, acc, 0, DQ)
                     w, sc, _, _ = _load_step(w_ptrs, s_ptr, mn_ptr, s_offs, tl.minimum(kw0 + 32, k_last), G, ROWS,
                                              LOAD, TILED, SHINT, 1)
                     acc = _block(ASM, CONSTRAINTS, ROWS, TILES, OFFSET, wn, x0 + (kw0 + 16) * 8, x1 + (kw0 + 16) * 8,
-                                 sn, acc)
+                                 sn, acc, 0, DQ)
                 kws = 0  # the stepped loop below has nothing left to do
             for it in range(0, kws, 16 * U):
                 kw0 = k_lo + it
@@ -864,12 +929,12 @@ if HAS_TRITON:
                     ahead = kw0 + 16 * U * (L2_AHEAD + 1)
                     _prefetch_blocks(qw32, ra, rc, KW, ahead, tl.where(ahead < k_lo + kws, 16 * U, 0), lane, t,
                                      row_a, N, ROWS, TILED)
-                acc = _block(ASM, CONSTRAINTS, ROWS, TILES, OFFSET, w, x0 + kw0 * 8, x1 + kw0 * 8, sc, acc)
+                acc = _block(ASM, CONSTRAINTS, ROWS, TILES, OFFSET, w, x0 + kw0 * 8, x1 + kw0 * 8, sc, acc, 0, DQ)
                 w = wn
                 sc = sn
                 if U == 2:
                     acc = _block(ASM, CONSTRAINTS, ROWS, TILES, OFFSET, w2, x0 + (kw0 + 16) * 8, x1 + (kw0 + 16) * 8,
-                                 sc2, acc)
+                                 sc2, acc, 0, DQ)
                     w2 = wn2
                     sc2 = sn2
         if TRIGGER == 2:
@@ -1049,8 +1114,14 @@ if HAS_TRITON:
         return _cat2(_cat2(a, b), _cat2(c, d))
 
 
+#: groups under a block that 16-bit inputs run dequantized before the MMA (`_mma_asm`'s dequant): a lane's
+#: 32 columns of a block then lie in one group
+DEQUANT_GROUPS = (32, 64)
+
+
 def mma_gemv_supports(store: Int4Weight, cfg: TileConfig, m: int = 1, dtype=torch.bfloat16) -> bool:
-    """Groups a multiple of 128 (a block never straddles one), K tiled by the split (and 2-block
+    """Groups a multiple of 128 (a block never straddles one; 32 or 64 with 16-bit inputs, dequantized
+    before the MMA), K tiled by the split (and 2-block
     steps), bf16/fp16 activations, and a contiguous 16-byte aligned qweight (the PTX loads 16 B);
     preload: at most PRELOAD_REGISTERS weight registers per lane, and not with 2-block steps (it has no steps)."""
     k, g = store.in_features, store.group_size
@@ -1069,7 +1140,8 @@ def mma_gemv_supports(store: Int4Weight, cfg: TileConfig, m: int = 1, dtype=torc
     if cfg.preload and (cfg.prefetch or cfg.bm not in ROWS_PER_WARP or
                         blocks * 4 * (cfg.bm // 8) > PRELOAD_REGISTERS):
         return False
-    return (1 <= m <= MAX_TOKENS and cfg.bm in ROWS_PER_WARP and g % BLOCK_COLS == 0 and k % step == 0
+    groups_ok = g % BLOCK_COLS == 0 or (g in DEQUANT_GROUPS and dtype in (torch.bfloat16, torch.float16))
+    return (1 <= m <= MAX_TOKENS and cfg.bm in ROWS_PER_WARP and groups_ok and k % step == 0
             and cfg.warps % cfg.kwarps == 0 and dtype in (torch.bfloat16, torch.float16, torch.int8)
             and q.is_contiguous() and q.data_ptr() % 16 == 0)
 
@@ -1123,6 +1195,9 @@ def mma_gemv(x: torch.Tensor, store: Int4Weight, cfg: TileConfig, token_scales: 
         raise ValueError(f"mma_gemv serves 1..{MAX_TOKENS} bf16/fp16 tokens with groups of a multiple of "
                          f"{BLOCK_COLS}; got M={m}, {x2.dtype}, group {store.group_size}, K={store.in_features}, "
                          f"tile {cfg.key()}")
+    dequant = store.group_size % BLOCK_COLS != 0
+    if dequant and fragment_order:
+        raise ValueError("fragment-order inputs need groups of a multiple of 128")
     if glu and not mma_glu_supports(store, cfg, m, x2.dtype, codes=token_scales is not None):
         raise ValueError(f"no SwiGLU epilogue for tile {cfg.key()} on {store.out_features} rows of "
                          f"{x2.dtype} inputs (mma_glu_supports)")
@@ -1161,8 +1236,8 @@ def mma_gemv(x: torch.Tensor, store: Int4Weight, cfg: TileConfig, token_scales: 
             trigger = cfg.trigger if cfg.trigger >= 0 else pdl_trigger(m, token_scales is not None)
     kernel = _mma_gemv_kernel[grid](x2, store.qweight, store.scales, store.mins, y, ws, cnt, xs, m, n, store.in_features,
                            x2.stride(0), y.stride(0), G=store.group_size, WARPS=cfg.warps, SPLIT_K=cfg.split_k,
-                           ASM=block_asm(dt, cfg.bm, tiles, cfg.xshare, fragment_order),
-                           CONSTRAINTS=block_constraints(dt, cfg.bm, tiles, cfg.xshare),
+                           ASM=block_asm(dt, cfg.bm, tiles, cfg.xshare, fragment_order, dequant),
+                           CONSTRAINTS=block_constraints(dt, cfg.bm, tiles, cfg.xshare, dequant),
                            ROWS=cfg.bm, TG=tg,
                            ZPID=tg == 1 and bool(ONE_GROUP_Z) and token_scales is None,
                            TILES=tiles, OFFSET=OFFSET[dt],
@@ -1176,16 +1251,22 @@ def mma_gemv(x: torch.Tensor, store: Int4Weight, cfg: TileConfig, token_scales: 
                            **(xshare_args(tiles, cfg.kwarps, x2.dtype) if cfg.xshare else {}),
                            **ksum_args(cfg, tiles),
                            **({"TRACE": 2 if TRACE_WAIT else 1} if trace else {}),
-                           **({"GLU": 1} if glu else {}))
+                           **({"GLU": 1} if glu else {}),
+                           **({"DQ": 1 if dt == "bf16" else 2} if dequant else {}))
     if RESIDENCY and kernel is not None:  # (RES keys a compiled kernel per cap)
         residency.cap(kernel, RESIDENCY)
     return y if x.dim() == 2 else y.reshape(*x.shape[:-1], n)
 
 
-def block_asm(dt: str, rows: int, tiles: int, shared: bool = False, fragment_order: bool = False) -> str:
+def block_asm(dt: str, rows: int, tiles: int, shared: bool = False, fragment_order: bool = False,
+              dequant: bool = False) -> str:
     """The block PTX for activations of kind dt ('bf16', 'f16' or int8 codes 's8'), read from global
     memory or (`TileConfig.xshare`) from shared memory; fragment_order: 16-bit inputs stored in
-    fragment order (`to_fragment_order`)."""
+    fragment order (`to_fragment_order`); dequant: weights dequantized before the MMA (groups of 32 / 64)."""
+    if dequant:
+        if dt == "s8" or fragment_order:
+            raise ValueError("dequantize-first blocks take 16-bit inputs in natural order")
+        return MMA_ASM_DQ[(dt, rows, tiles, shared)]
     if fragment_order:
         if dt == "s8":
             raise ValueError("fragment-order inputs are 16-bit; int8 codes have their own gather")
@@ -1217,12 +1298,14 @@ def from_fragment_order(x: torch.Tensor) -> torch.Tensor:
     return _reorder_eights(x, [FRAGMENT_ORDER.index(c) for c in range(8)])
 
 
-def block_constraints(dt: str, rows: int, tiles: int, shared: bool = False) -> str:
+def block_constraints(dt: str, rows: int, tiles: int, shared: bool = False, dequant: bool = False) -> str:
     """The operand constraints of `block_asm`: shared inputs come as one 32-bit address per 16-byte
-    chunk (4 per token tile of 16-bit inputs, 2 of int8 codes) instead of one pointer per tile."""
+    chunk (4 per token tile of 16-bit inputs, 2 of int8 codes) instead of one pointer per tile; dequant
+    blocks take a packed (scale, min) pair per lane row after them."""
+    extra = ",r" * (rows // 4) if dequant else ""
     if not shared:
-        return CONSTRAINTS[(rows, tiles)]
-    return CONSTRAINTS_SHARED_S8[(rows, tiles)] if dt == "s8" else CONSTRAINTS_SHARED[(rows, tiles)]
+        return CONSTRAINTS[(rows, tiles)] + extra
+    return (CONSTRAINTS_SHARED_S8[(rows, tiles)] if dt == "s8" else CONSTRAINTS_SHARED[(rows, tiles)]) + extra
 
 
 def ksum_fits(cfg: TileConfig, m: int, dtype=torch.bfloat16) -> bool:
