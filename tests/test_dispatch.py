@@ -241,10 +241,18 @@ def test_small_m_choices_prefer_the_fragment_kernels():
     assert d.choose(st, None, 17).strategy != "w4a16_mma"
     grouped = d.choose(st, ActQuantSpec("int8", 32), 1)
     assert grouped is None or not grouped.strategy.startswith("w4a8_mma")
-    gguf_like = quantize_int4(torch.randn(64, 256), 32)  # groups of 32: no fragment kernel
-    c = d.choose(gguf_like, None, 1)
-    assert c.strategy == "w4a16_fma" and c.config.bk == 32
-    assert d.choose(gguf_like, None, 4).strategy == "w4a16_tc"
+    gguf_like = quantize_int4(torch.randn(64, 256), 32)  # groups of 32: dequantize-first fragments
+    for m in (1, 4, 16):
+        assert d.choose(gguf_like, None, m).strategy == "w4a16_mma"
+        assert d.choose(gguf_like, ActQuantSpec("int8"), m).strategy == "w4a8_mma"  # 16-bit codes
+    assert d.choose(gguf_like, None, 17).strategy == "dequant_cublas"  # a small weight (SMALL_WEIGHT)
+    big = quantize_int4(torch.randn(2048, 1152), 32)
+    for m in (17, 64):
+        assert d.choose(big, None, m).strategy == "w4a16_mma"
+        assert d.choose(big, ActQuantSpec("int8"), m).strategy == "w4a8_mma"
+    assert d.choose(big, None, 65).strategy != "w4a16_mma"
+    odd = quantize_int4(torch.randn(64, 576), 32)  # K not whole 128-column blocks (SmolLM2): other kernels
+    assert d.choose(odd, None, 1).strategy in ("w4a16_fma", "w4a16_tc")
 
 
 def test_stale_map_does_not_override_small_m():
@@ -751,7 +759,7 @@ def test_gpu_slow_path_is_announced_once_per_mode_and_format(monkeypatch):
         warnings.simplefilter("always")
         assert all(d.kernel_for(g16, w4a8, m)[1].strategy == "dequant_cublas" for m in (4, 16, 64, 512))
         assert d.kernel_for(quantize_int4(torch.randn(512, 1024), 16), w4a8, 4)[1].strategy == "dequant_cublas"
-        assert d.kernel_for(quantize_int4(torch.randn(256, 1024), 32), w4a8, 4)[1].strategy == "w4a8_pad"
+        assert d.kernel_for(quantize_int4(torch.randn(256, 1024), 32), w4a8, 4)[1].strategy == "w4a8_mma"
         assert d.kernel_for(DenseWeight(torch.randn(256, 1024)), w4a8, 4) is None
         strat, choice = d.kernel_for(quantize_int4(torch.randn(256, 1024), 128), w4a8, 4)
     assert choice.strategy == strat.name
@@ -799,11 +807,12 @@ def test_a_shape_the_rule_tile_cannot_run_gets_another_kernel_not_the_reference(
 
 def test_w4a16_on_small_group_32_weights_runs_dequantize_cublas_above_16_tokens():
     """No map holds group-32 shapes; the rules' tl.dot tile took 1.9x dequantize + cuBLAS at 64 tokens on
-    SmolLM2's (small) weights. Other groups, and weights larger than measured, keep the tile."""
+    SmolLM2's (small) weights. Larger weights run the dequantize-first fragment kernel to 64 tokens, other
+    groups keep the tile."""
     d = AdaptiveDispatcher(None, autoload=False)
     g32, g128 = quantize_int4(torch.randn(1536, 576), 32), quantize_int4(torch.randn(1536, 512), 128)
     assert all(d.choose(g32, None, m).strategy == "dequant_cublas" for m in (17, 64, 256, 4096))
     assert all(d.choose(g32, None, m).strategy != "dequant_cublas" for m in (1, 4, 16))
     assert d.choose(g128, None, 64).strategy == "w4a16_tc"
     big = quantize_int4(torch.randn(2048, 2048), 32)
-    assert d.choose(big, None, 64).strategy == "w4a16_tc" and d.choose(big, None, 512).strategy == "dequant_cublas"
+    assert d.choose(big, None, 64).strategy == "w4a16_mma" and d.choose(big, None, 512).strategy == "dequant_cublas"

@@ -92,13 +92,19 @@ class Dispatcher:
 
 
 @functools.lru_cache(maxsize=4096)
-def small_m_choices(mode: str, m: int, n: int, k: int) -> tuple[Choice, ...]:
+def small_m_choices(mode: str, m: int, n: int, k: int, group: int = 128) -> tuple[Choice, ...]:
     """Un-profiled small-M picks, best first (each is used only where it supports the store):
-    the register-fragment MMA kernel up to 16 tokens, then the CUDA-core GEMV at one token.
-    Cached: it runs on every un-profiled linear call."""
-    if m > 16 or mode not in ("w4a16", "w4a8", "w4a4", "w4a8fp8"):
+    the register-fragment MMA kernel up to 16 tokens, then the CUDA-core GEMV at one token. On groups of
+    32 / 64 (GGUF Q4_0 / Q4_1) the fragment kernel dequantizes before its MMAs and also runs 17..64 tokens
+    of weights above `SMALL_WEIGHT`: on Llama-3-8B's shapes it took 0.47x / 0.85x the time of the tile
+    kernel at 32 / 64 tokens (W4A16; W4A8 0.59x / 0.89x), and 0.16-0.40x of the picks before it at 1-16
+    tokens (H200, `benchmarks/results/group32_paths.md`). Cached: it runs on every un-profiled linear call."""
+    from gearshift.kernels.int4_mma_gemv import DEQUANT_GROUPS, MAX_TOKENS as MMA_MAX_TOKENS, mma_config
+
+    if mode not in ("w4a16", "w4a8", "w4a4", "w4a8fp8"):
         return ()
-    from gearshift.kernels.int4_mma_gemv import mma_config
+    if m > 16 and not (group in DEQUANT_GROUPS and m <= MMA_MAX_TOKENS and n * k > SMALL_WEIGHT):
+        return ()
 
     cfg = mma_config(n, k, m)
     if mode == "w4a16":
@@ -209,7 +215,7 @@ class AdaptiveDispatcher(Dispatcher):
                 c = self._nearest_shape(pm, mode, group_of(store), n, k, store, act, m)
                 if c is not None:
                     return c
-        for c in small_m_choices(mode, m, n, k):
+        for c in small_m_choices(mode, m, n, k, group_of(store)):
             if self._serves(c, store, act, m):
                 return c
         d = default_choice(mode, m, n, group_of(store), k)
