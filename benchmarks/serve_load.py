@@ -128,8 +128,9 @@ def main(argv: list[str] | None = None) -> int:
                                                               "at least 8)")
     ap.add_argument("--gen-len", type=int, default=128, help="tokens generated per request (default: 128)")
     ap.add_argument("--prompt-words", type=int, default=100, help="random words per prompt (default: 100)")
-    ap.add_argument("--warmup", type=int, default=2, help="requests sent first and not counted (kernel compiles, "
-                                                         "CUDA graphs; default: 2)")
+    ap.add_argument("--warmup", type=int, default=2, help="rounds of `concurrency` requests each level sends first "
+                                                         "and does not count (kernel compiles and CUDA graphs for its "
+                                                         "batch sizes; default: 2)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--wait", type=float, default=600, help="seconds to wait for a started server (default: 600)")
     ap.add_argument("--out", default="benchmarks/results", help="folder for the JSON")
@@ -146,10 +147,12 @@ def main(argv: list[str] | None = None) -> int:
         url = f"http://127.0.0.1:{port}"
     try:
         stats = httpx.get(f"{url}/stats", timeout=10).json()
-        if a.warmup:
-            asyncio.run(run_level(url, 1, a.warmup, a.gen_len, a.prompt_words, a.seed + 10_000))
-        results = [asyncio.run(run_level(url, c, a.requests or max(8, 4 * c), a.gen_len, a.prompt_words,
-                                         a.seed + c)) for c in levels]
+        results = []
+        for c in levels:  # each level warms its own batch sizes: a first batch of 4 compiles and captures graphs
+            if a.warmup:
+                asyncio.run(run_level(url, c, a.warmup * c, a.gen_len, a.prompt_words, a.seed + 10_000 + c))
+            results.append(asyncio.run(run_level(url, c, a.requests or max(8, 4 * c), a.gen_len, a.prompt_words,
+                                                 a.seed + c)))
     finally:
         if proc is not None:
             proc.terminate()

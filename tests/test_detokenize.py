@@ -66,3 +66,18 @@ def test_trimmed_ids_start_over():
     assert d.text == tok.decode(ids[:20]) or tok.decode(ids[:20]).startswith(d.text)
     d.update(ids)
     assert d.text == TEXT
+
+
+def test_random_model_tokenizer_decodes_every_id_to_visible_text():
+    """A real-shape random model samples ids across its whole vocabulary; ids past what the built-in corpus
+    trains are filler words, so each decodes to text (a stream shows every token) and encoding is unchanged."""
+    from gearshift.model.tiny import build_tokenizer
+
+    small, big = build_tokenizer(1024), build_tokenizer(4096)
+    assert len(big) == 4096
+    text = "The quick brown fox jumps over the lazy dog."
+    assert big(text)["input_ids"] == small(text)["input_ids"]
+    special = set(big.all_special_ids)
+    assert all(big.decode([i]) for i in range(0, 4096, 7) if i not in special)
+    words = [big.decode([i]) for i in range(1024, 4096)]
+    assert len(set(words)) == len(words) and all(w.startswith(" ") for w in words)

@@ -133,8 +133,27 @@ def random_tensors(cfg: dict, seed: int = 0, dtype: torch.dtype = torch.float32,
         yield name, t.to(dtype)
 
 
+def _filler_words(count: int, taken: set[str]) -> list[str]:
+    """`count` distinct byte-level tokens (" aab", " aac", ...) that are not in `taken`."""
+    out: list[str] = []
+    i = 26 * 26  # three letters and up
+    while len(out) < count:
+        word, j = "", i
+        while j:
+            j, r = divmod(j, 26)
+            word = chr(ord("a") + r) + word
+        tok = "\u0120" + word  # "Ġ": the byte-level alphabet's space
+        if tok not in taken:
+            out.append(tok)
+        i += 1
+    return out
+
+
 def build_tokenizer(vocab_size: int):
-    """A byte-level BPE trained on a small built-in corpus, with a ChatML chat template."""
+    """A byte-level BPE trained on a small built-in corpus, with a ChatML chat template. Ids past what the
+    corpus trains (a real model's 128 K vocabulary) are filler words, so that every id a random-weight model
+    samples decodes to visible text: streamed output and time-per-token measurements see each token, not a
+    run of empty decodes (no merge produces them, so encoding is unchanged)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -147,6 +166,12 @@ def build_tokenizer(vocab_size: int):
     tok.train_from_iterator([_CORPUS] * 4, trainer=trainer)
     if tok.get_vocab_size() > vocab_size:
         raise GearshiftError(f"vocab_size {vocab_size} is too small for the byte-level tokenizer (needs 260)")
+    if tok.get_vocab_size() < vocab_size:
+        data = json.loads(tok.to_str())
+        vocab = data["model"]["vocab"]
+        first = max(vocab.values()) + 1
+        vocab.update({w: first + i for i, w in enumerate(_filler_words(vocab_size - first, set(vocab)))})
+        tok = Tokenizer.from_str(json.dumps(data))
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|begin_of_text|>", eos_token="<|im_end|>",
                                    pad_token="<|end_of_text|>")
     fast.chat_template = CHAT_TEMPLATE
