@@ -102,6 +102,7 @@ def run(args) -> int:
     rows = []
     ar_tokens: dict[int, list] = {}
     ar_rate: dict[int, float] = {}
+    divergences: dict = {}  # batch -> engine.divergence.Divergence of QSPEC against ar
     meta: dict = {}
     for names in groups.values():
         loaded = load_for_policies(args, [mods[n] for n in names])
@@ -123,6 +124,13 @@ def run(args) -> int:
                 row["policy"] = name
                 if name == "ar":
                     ar_tokens[batch], ar_rate[batch] = tokens, row["tokens_per_s"]
+                elif name == "qspec" and args.verify_mode == args.mode and tokens != ar_tokens.get(batch, tokens):
+                    from gearshift.engine.divergence import first_divergence
+
+                    div = first_divergence(loaded.model, prompts, ar_tokens[batch], tokens, args.verify_mode)
+                    if div is not None:  # where they part, and whether it is a floating-point tie
+                        row["first_divergence"] = div.to_dict()
+                        divergences[batch] = div
                 rows.append((row, tokens))
                 bar.update()
         del loaded, policy
@@ -147,9 +155,10 @@ def run(args) -> int:
         except OSError as e:
             raise GearshiftError(f"cannot write --json: {e.strerror}: {args.json}") from None
     bad = [r for r in rows if r["policy"] == "qspec" and r.get("same_tokens_as_ar") is False]
-    if bad:
-        print("gearshift: warning: greedy QSPEC tokens differ from ar's at batch "
-              + ", ".join(str(r["batch"]) for r in bad) + " (a floating-point tie, or a bug worth reporting)",
+    for r in bad:
+        div = divergences.get(r["batch"])
+        why = div.describe() if div is not None else "QSPEC's run ran before ar's, so it was not scored"
+        print(f"gearshift: warning: greedy QSPEC tokens differ from ar's at batch {r['batch']}: {why}",
               file=sys.stderr)
     return 0
 
