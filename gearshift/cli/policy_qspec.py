@@ -40,8 +40,9 @@ def build(args, loaded):
 
 
 def group_note(model, draft_mode: str) -> None:
-    """Where no map can estimate the speed-up: on the GPU, int4 groups under 128 (GGUF Q4_0 / Q4_1) draft on the
-    `tl.dot` kernel only, whose steps took 1.3-1.5x W4A16's on SmolLM2 (results/group32_paths.md)."""
+    """Where no map can estimate the speed-up: on the GPU, int4 groups under 128 (GGUF Q4_0 / Q4_1) draft on 16-bit
+    codes (the int8 MMA kernels need groups of 128), whose steps took 1.01-1.21x W4A16's on Llama-3-8B's shapes and
+    1.3-1.5x on SmolLM2's (results/group32_paths.md)."""
     from gearshift.model.loader import note
     from gearshift.quant.int4 import Int4Weight
 
@@ -49,9 +50,9 @@ def group_note(model, draft_mode: str) -> None:
     small = sum(g < 128 for g in groups)
     if model.device.type == "cuda" and groups and 2 * small >= len(groups):
         note(f"{small} of the {len(groups)} int4 linears hold groups under 128 (GGUF Q4_0 / Q4_1: 32), on which "
-             f"{draft_mode} runs the tl.dot kernel, not the fragment / wgmma kernels: on SmolLM2 its step took "
-             "1.3-1.5x W4A16's (benchmarks/results/group32_paths.md), so expect no speed-up; quantize a bf16 "
-             "checkpoint with --quantize int4 (group 128) for QSPEC")
+             f"{draft_mode} cannot use the int8 tensor-core kernels: its step took 1.01-1.21x W4A16's on "
+             "Llama-3-8B's shapes and 1.3-1.5x on SmolLM2's (benchmarks/results/group32_paths.md), so expect no "
+             "speed-up; quantize a bf16 checkpoint with --quantize int4 (group 128) for QSPEC")
 
 
 def advise(model, draft_mode: str, verify_mode: str, gamma: int, alpha: float = 0.9) -> dict | None:
