@@ -157,7 +157,7 @@ def run(args) -> int:
     bad = [r for r in rows if r["policy"] == "qspec" and r.get("same_tokens_as_ar") is False]
     for r in bad:
         div = divergences.get(r["batch"])
-        why = div.describe() if div is not None else "QSPEC's run ran before ar's, so it was not scored"
+        why = div.describe() if div is not None else "not scored (QSPEC ran before ar, or only the lengths differ)"
         print(f"gearshift: warning: greedy QSPEC tokens differ from ar's at batch {r['batch']}: {why}",
               file=sys.stderr)
     return 0
