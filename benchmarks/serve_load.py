@@ -5,6 +5,8 @@ the engine thread's hand-offs) and what queueing for KV slots does to latency. F
 keeps that many requests in flight (each a fresh random text prompt, greedy, `ignore_eos`, `--gen-len`
 tokens, streamed) until `--requests` have finished, and reports per level: requests/s, output tokens/s, time to
 first token (median, p90), time per output token after the first (median), and end-to-end latency (median).
+Both times are when text arrives; the JSON's `text_chunks_per_token` says how closely that follows the tokens,
+and a level where it is under 0.5 is warned about.
 
 Either start a server yourself and pass `--url`, or let the script start `gearshift serve` on a free port with
 `--model PATH` and the serve options after `--` (e.g. `-- --policy qspec --draft-mode w4a8`). A server that
@@ -71,7 +73,7 @@ async def one_request(client: httpx.AsyncClient, url: str, prompt: str, gen_len:
     body = {"prompt": prompt, "max_tokens": gen_len, "temperature": 0, "ignore_eos": True, "stream": True,
             "stream_options": {"include_usage": True}}
     t0 = time.perf_counter()
-    first, usage = None, None
+    first, usage, chunks = None, None, 0
     async with client.stream("POST", f"{url}/v1/completions", json=body) as r:
         if r.status_code != 200:
             raise SystemExit(f"the server answered {r.status_code}: {(await r.aread()).decode()[:500]}")
@@ -79,13 +81,15 @@ async def one_request(client: httpx.AsyncClient, url: str, prompt: str, gen_len:
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
             chunk = json.loads(line[len("data: "):])
-            if chunk.get("choices") and chunk["choices"][0]["text"] and first is None:
-                first = time.perf_counter()
+            if chunk.get("choices") and chunk["choices"][0]["text"]:
+                chunks += 1
+                if first is None:
+                    first = time.perf_counter()
             if chunk.get("usage"):
                 usage = chunk["usage"]
     end = time.perf_counter()
     n = usage["completion_tokens"] if usage else 0
-    return {"ttft_s": (first or end) - t0, "latency_s": end - t0, "completion_tokens": n,
+    return {"ttft_s": (first or end) - t0, "latency_s": end - t0, "completion_tokens": n, "text_chunks": chunks,
             "prompt_tokens": usage["prompt_tokens"] if usage else 0,
             "tpot_s": (end - first) / (n - 1) if first is not None and n > 1 else None}
 
@@ -112,7 +116,8 @@ async def run_level(url: str, concurrency: int, requests: int, gen_len: int, wor
             "ttft_p90_ms": 1e3 * ttft[min(len(ttft) - 1, int(0.9 * len(ttft)))],
             "tpot_median_ms": 1e3 * statistics.median(tpot) if tpot else None,
             "latency_median_ms": 1e3 * statistics.median(r["latency_s"] for r in rows),
-            "prompt_tokens_mean": statistics.mean(r["prompt_tokens"] for r in rows), "per_request": rows}
+            "prompt_tokens_mean": statistics.mean(r["prompt_tokens"] for r in rows),
+            "text_chunks_per_token": sum(r["text_chunks"] for r in rows) / max(1, out_tokens), "per_request": rows}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -171,6 +176,12 @@ def main(argv: list[str] | None = None) -> int:
         tpot = f"{r['tpot_median_ms']:9.1f}" if r["tpot_median_ms"] is not None else f"{'-':>9}"
         print(f"{r['concurrency']:>4} {r['requests']:>4} {r['requests_per_s']:7.2f} {r['output_tokens_per_s']:10.1f} "
               f"{r['ttft_median_ms']:9.1f} {r['ttft_p90_ms']:9.1f} {tpot} {r['latency_median_ms']:8.0f}")
+    sparse = [r for r in results if r["text_chunks_per_token"] < 0.5]
+    if sparse:  # TTFT / TPOT time text chunks: where most tokens add no text, they do not time tokens
+        print(f"warning: at concurrency {', '.join(str(r['concurrency']) for r in sparse)} only "
+              f"{min(r['text_chunks_per_token'] for r in sparse):.2f} streamed text chunks arrived per token, so "
+              "TTFT and TPOT there time text, not tokens (does the tokenizer decode every id the model samples?)",
+              file=sys.stderr)
     return 0
 
 

@@ -620,6 +620,7 @@ def test_load_benchmark_runs_against_a_started_server(model_dir, tmp_path):
     for lv in d["levels"]:
         assert [r["completion_tokens"] for r in lv["per_request"]] == [5] * 3
         assert 0 < lv["ttft_median_ms"] <= lv["latency_median_ms"] and lv["output_tokens_per_s"] > 0
+        assert 0 < lv["text_chunks_per_token"] <= 1  # (streamed text per generated token: see the script)
 
 
 def test_api_key_guards_the_v1_endpoints(model_dir, monkeypatch):
