@@ -15,6 +15,8 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from gearshift.engine.scoring import eager_logits
+
 #: a gap between the two tokens' logits of at most this many epsilons of the compute dtype, relative to
 #: max(1, |top logit|), is a tie: bf16 3.1%, fp16 0.39%, fp32 4.8e-7 (the CPU tests' 1e-5 is coarser)
 TIE_EPS = 4
@@ -54,7 +56,6 @@ def first_difference(ref: list[int], got: list[int]) -> int | None:
     return next((i for i, (a, b) in enumerate(zip(ref, got)) if a != b), min(len(ref), len(got)))
 
 
-@torch.inference_mode()
 def first_divergence(model, prompts: list[list[int]], ref: list[list[int]], got: list[list[int]],
                      mode: str) -> Divergence | None:
     """The first sequence whose generated tokens `got` differ from `ref` (greedy AR in `mode`), with the
@@ -64,10 +65,7 @@ def first_divergence(model, prompts: list[list[int]], ref: list[list[int]], got:
         j = first_difference(r, g)
         if j is None or j >= min(len(r), len(g)):
             continue
-        ids = list(p) + list(r[:j])
-        cache = model.new_cache(1, len(ids) + 1)
-        tokens = torch.tensor([ids], dtype=torch.long, device=model.device)
-        logits = model.forward_lists(tokens, cache, [0], [len(ids)], len(ids), mode, "last")[0, -1].float()
+        logits = eager_logits(model, list(p) + list(r[:j]), mode, "last")[-1].float()
         top = int(logits.argmax())
         top_logit, a, b = float(logits[top]), float(logits[r[j]]), float(logits[g[j]])
         tol = TIE_EPS * torch.finfo(model.dtype).eps * max(1.0, abs(top_logit))

@@ -21,11 +21,17 @@ class PromptScores:
 
 
 @torch.inference_mode()
-def score_prompt(model, ids: list[int], mode: str, top: int = 0) -> PromptScores:
+def eager_logits(model, ids: list[int], mode: str, which: str = "all") -> torch.Tensor:
+    """The logits of one forward over `ids` in mode `mode`, in a KV cache of its own ([T, V] for "all", [1, V]
+    for "last"). Eagerly: a graph captured for this throwaway cache would never be replayed."""
     cache = model.new_cache(1, len(ids) + 1)
     tokens = torch.tensor([ids], dtype=torch.long, device=model.device)
-    # eagerly: a graph captured for this throwaway cache would never be replayed
-    logits = model.forward_lists(tokens, cache, [0], [len(ids)], len(ids), mode, "all")[0]
+    return model.forward_lists(tokens, cache, [0], [len(ids)], len(ids), mode, which)[0]
+
+
+@torch.inference_mode()
+def score_prompt(model, ids: list[int], mode: str, top: int = 0) -> PromptScores:
+    logits = eager_logits(model, ids, mode)
     lp = torch.log_softmax(logits.float(), dim=-1)  # [T, V]: row p predicts token p + 1
     target = torch.tensor(ids[1:], device=lp.device)
     picked = lp[:-1].gather(1, target.unsqueeze(1)).squeeze(1).tolist() if len(ids) > 1 else []

@@ -496,7 +496,10 @@ if HAS_TRITON:
 
 
     @triton.jit
-    def _fold(d0, d1, e0, e1, sa, ma, acc0, acc1):
+    def _fold(d0, d1, e0, e1, sa, ma, acc0, acc1, DQ: tl.constexpr = 0):
+        """Scale-after; DQ (dequantize-first blocks): the block's dot products as they are."""
+        if DQ:
+            return acc0 + d0, acc1 + d1
         return acc0 + sa * d0 + ma * e0, acc1 + sa * d1 + ma * e1
 
 
@@ -684,16 +687,8 @@ if HAS_TRITON:
             w4 = w4 + dqs
             w8 = w8 + dqs
             w16 = w16 + dqs
-            one = 1.0
-            zero = 0.0
-            sa = one
-            ma = zero
-            sb = one
-            mb = zero
-            sc_ = one
-            mc = zero
-            sd = one
-            md = zero
+            sa, ma, sb, mb, sc_, mc, sd, md = 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0  # (unused: `_fold` adds the
+            # block's dot products)
         else:
             sa = sc[0].to(tl.float32)
             ma = sc[1].to(tl.float32) - OFFSET * sa
@@ -709,17 +704,17 @@ if HAS_TRITON:
                 da0, da1, db0, db1, dc0, dc1, dd0, dd1, e0, e1, fa0, fa1, fb0, fb1, fc0, fc1, fd0, fd1, f0, f1 = \
                     tl.inline_asm_elementwise(ASM, CONSTRAINTS, w16, dtype=(tl.float32,) * 20, is_pure=True,
                                               pack=1)
-                q0, q1 = _fold(fa0, fa1, f0, f1, sa, ma, q0, q1)
-                q2, q3 = _fold(fb0, fb1, f0, f1, sb, mb, q2, q3)
-                q4, q5 = _fold(fc0, fc1, f0, f1, sc_, mc, q4, q5)
-                q6, q7 = _fold(fd0, fd1, f0, f1, sd, md, q6, q7)
+                q0, q1 = _fold(fa0, fa1, f0, f1, sa, ma, q0, q1, DQ)
+                q2, q3 = _fold(fb0, fb1, f0, f1, sb, mb, q2, q3, DQ)
+                q4, q5 = _fold(fc0, fc1, f0, f1, sc_, mc, q4, q5, DQ)
+                q6, q7 = _fold(fd0, fd1, f0, f1, sd, md, q6, q7, DQ)
             else:
                 da0, da1, db0, db1, dc0, dc1, dd0, dd1, e0, e1 = tl.inline_asm_elementwise(
                     ASM, CONSTRAINTS, w16, dtype=(tl.float32,) * 10, is_pure=True, pack=1)
-            p0, p1 = _fold(da0, da1, e0, e1, sa, ma, p0, p1)
-            p2, p3 = _fold(db0, db1, e0, e1, sb, mb, p2, p3)
-            p4, p5 = _fold(dc0, dc1, e0, e1, sc_, mc, p4, p5)
-            p6, p7 = _fold(dd0, dd1, e0, e1, sd, md, p6, p7)
+            p0, p1 = _fold(da0, da1, e0, e1, sa, ma, p0, p1, DQ)
+            p2, p3 = _fold(db0, db1, e0, e1, sb, mb, p2, p3, DQ)
+            p4, p5 = _fold(dc0, dc1, e0, e1, sc_, mc, p4, p5, DQ)
+            p6, p7 = _fold(dd0, dd1, e0, e1, sd, md, p6, p7, DQ)
         elif ROWS == 16:
             if TILES == 2:
                 da0, da1, db0, db1, e0, e1, fa0, fa1, fb0, fb1, f0, f1 = tl.inline_asm_elementwise(
@@ -727,20 +722,20 @@ if HAS_TRITON:
             else:
                 da0, da1, db0, db1, e0, e1 = tl.inline_asm_elementwise(
                     ASM, CONSTRAINTS, w8, dtype=(tl.float32,) * 6, is_pure=True, pack=1)
-            p0, p1 = _fold(da0, da1, e0, e1, sa, ma, p0, p1)
-            p2, p3 = _fold(db0, db1, e0, e1, sb, mb, p2, p3)
+            p0, p1 = _fold(da0, da1, e0, e1, sa, ma, p0, p1, DQ)
+            p2, p3 = _fold(db0, db1, e0, e1, sb, mb, p2, p3, DQ)
             if TILES == 2:
-                q0, q1 = _fold(fa0, fa1, f0, f1, sa, ma, q0, q1)
-                q2, q3 = _fold(fb0, fb1, f0, f1, sb, mb, q2, q3)
+                q0, q1 = _fold(fa0, fa1, f0, f1, sa, ma, q0, q1, DQ)
+                q2, q3 = _fold(fb0, fb1, f0, f1, sb, mb, q2, q3, DQ)
         else:
             if TILES == 2:
                 da0, da1, e0, e1, fa0, fa1, f0, f1 = tl.inline_asm_elementwise(
                     ASM, CONSTRAINTS, w4, dtype=(tl.float32,) * 8, is_pure=True, pack=1)
-                q0, q1 = _fold(fa0, fa1, f0, f1, sa, ma, q0, q1)
+                q0, q1 = _fold(fa0, fa1, f0, f1, sa, ma, q0, q1, DQ)
             else:
                 da0, da1, e0, e1 = tl.inline_asm_elementwise(ASM, CONSTRAINTS, w4, dtype=(tl.float32,) * 4,
                                                              is_pure=True, pack=1)
-            p0, p1 = _fold(da0, da1, e0, e1, sa, ma, p0, p1)
+            p0, p1 = _fold(da0, da1, e0, e1, sa, ma, p0, p1, DQ)
         return p0, p1, p2, p3, p4, p5, p6, p7, q0, q1, q2, q3, q4, q5, q6, q7
 
 
