@@ -3,7 +3,9 @@
 Each (policy, batch size) runs the real engine on seeded random prompts, greedy and past EOS, so
 every run generates the same number of tokens: once to compile kernels and capture CUDA graphs,
 then `--repeat` timed runs (the median is reported). Speed-ups are against `ar` in the same run,
-and QSPEC's greedy tokens are compared with `ar`'s, which they must equal when it verifies in ar's mode.
+and QSPEC's greedy tokens are compared with `ar`'s, which they must equal when it verifies in ar's mode
+(up to floating-point ties: where they differ, the first differing position is scored in the verify mode
+and called a tie or not, in the warning and as `first_divergence` in --json).
 GEARBX runs on the weights as loaded (it builds its own gears), the other policies on one shared load.
 """
 
