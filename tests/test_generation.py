@@ -247,6 +247,32 @@ def test_sequences_joining_a_batch_prefill_their_own_rows(int4_model):
     assert [r.token_ids for r in outs[True]] == [r.token_ids for r in outs[False]]
 
 
+def test_runs_of_one_size_reuse_the_kv_cache(int4_model):
+    """A second run of the same batch and capacity takes the first run's cache (CUDA graphs are keyed on
+    its addresses), masks what the slots still hold, and gives a fresh engine's tokens; a run closed
+    early gives its cache back, a run of another size gets a new one."""
+    params = lambda: SamplingParams(max_new_tokens=8, ignore_eos=True)  # noqa: E731
+    policy = AutoregressivePolicy(int4_model.model, "w4a16")
+    eng = Engine(int4_model, max_batch=2)
+    long_a, long_b, short = list(range(3, 24)), list(range(30, 51)), [7, 8]
+    eng.generate([Request(long_a, params()), Request(long_b, params())], policy)
+    first = eng._cache
+    second = eng.generate([Request(short, params()), Request(long_b[::-1], params())], policy)
+    assert eng._cache is first
+    fresh, _ = run(int4_model, [short, long_b[::-1]], params, batch=2)
+    assert [r.token_ids for r in second] == [r.token_ids for r in fresh]
+
+    events = eng.stream([Request(long_a, params()), Request(short, params())], policy)
+    next(events)
+    events.close()  # a client gone mid-run
+    assert eng._cache is first
+    again = eng.generate([Request(short, params()), Request(long_b[::-1], params())], policy)
+    assert [r.token_ids for r in again] == [r.token_ids for r in fresh]
+
+    eng.generate([Request(short, params())], policy)  # batch 1: another size
+    assert eng._cache is not first and eng._cache.batch == 1
+
+
 def test_cache_slots_share_storage():
     from gearshift.model.kv_cache import KVCache
 

@@ -42,8 +42,8 @@ def register(sub) -> None:
                    help="concurrent sequences, one engine run each (default: 1,4)")
     p.add_argument("--prompt-len", type=int, default=128, help="prompt tokens per sequence (default: 128)")
     p.add_argument("--gen-len", type=int, default=128, help="tokens generated per sequence (default: 128)")
-    p.add_argument("--repeat", type=int, default=3, help="timed runs per row after the warm-up; the median is "
-                                                          "reported (default: 3)")
+    p.add_argument("--repeat", type=int, default=3, help="timed runs per row after two warm-ups; the median "
+                                                          "is reported (default: 3)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random prompts (default: 0)")
     p.add_argument("--json", metavar="PATH", default=None, help="also write the rows and the device as JSON")
     add_decode_args(p, policies=True)
@@ -56,7 +56,7 @@ def _prompts(vocab: int, batch: int, length: int, seed: int) -> list[list[int]]:
 
 
 def time_policy(engine, policy, prompts: list[list[int]], gen_len: int, repeat: int) -> tuple[dict, list]:
-    """The median of `repeat` timed runs after one warm-up, and the tokens of the last run."""
+    """The median of `repeat` timed runs after two warm-ups, and the tokens of the median run."""
     from gearshift.decode.sampling import SamplingParams
     from gearshift.engine.engine import Request
 
@@ -65,7 +65,8 @@ def time_policy(engine, policy, prompts: list[list[int]], gen_len: int, repeat: 
         results = engine.generate(reqs, policy)
         return dict(engine.last_stats), [r.token_ids for r in results]
 
-    once()  # compiles kernels, captures CUDA graphs, fills the allocator
+    once()  # compiles kernels, captures the decode steps' CUDA graphs, fills the allocator
+    once()  # captures the prefills' graphs (a prefill shape is captured when it is seen again)
     runs = [once() for _ in range(repeat)]
     stats, tokens = sorted(runs, key=lambda r: r[0]["wall_s"])[(len(runs) - 1) // 2]
     n = len(prompts)

@@ -8,6 +8,7 @@ trims anything a policy produced past a stop (QSPEC can accept tokens beyond an 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections import deque
@@ -58,6 +59,7 @@ class Engine:
         self.max_batch = max_batch
         self.max_seq_len = max_seq_len or loaded.config.max_position_embeddings
         self.last_stats: dict = {}
+        self._cache = None  # the last run's KV cache, while no run holds it (`_take_cache`)
 
     # -- text helpers ------------------------------------------------------------------------
     def encode_prompt(self, prompt: str, chat: bool | None = None, system: str | None = None) -> list[int]:
@@ -183,7 +185,33 @@ class Engine:
         """FCFS admission into `batch` KV slots and decode steps until nothing is left (and `refill`, where
         given, says no more will come). Returns the wall time and each request's time to first token."""
         eos = self.eos_ids()
-        cache = self.model.new_cache(batch, capacity)
+        cache = self._take_cache(batch, capacity)
+        ended = False
+        try:
+            timing = yield from self._loop(cache, queue, policy, batch, events, admitted, refill, aborted, reuse, eos)
+            ended = True
+            return timing
+        finally:
+            if not ended:  # closed early or failed: leave no step launched ahead for the next run to meet
+                with contextlib.suppress(Exception):
+                    policy.finish()
+            self._cache = cache  # the next run of this size takes it again
+
+    def _take_cache(self, batch: int, capacity: int):
+        """The last run's KV cache when it has this size, else a new one. Every captured CUDA graph is
+        keyed on the cache's addresses, so a new cache per run would capture them all again (100-200 ms
+        a graph at 8B scale, inside the next run's TTFT), besides allocating GBs per call. A run takes
+        the cache out while it holds it: runs interleaved on one engine each get their own."""
+        cache, self._cache = self._cache, None
+        if cache is None or cache.batch != batch or cache.capacity != capacity:
+            del cache  # before allocating the new one
+            return self.model.new_cache(batch, capacity)
+        for slot in range(batch):  # lengths 0: what the slots still hold is masked, then overwritten
+            cache.reset(slot)
+        return cache
+
+    def _loop(self, cache, queue: deque, policy: DecodePolicy, batch: int, events: bool, admitted, refill,
+              aborted, reuse: bool, eos: list[int]):
         policy.bind(cache)
         free = list(range(batch))
         active: list[Sequence] = []
