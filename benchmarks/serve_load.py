@@ -49,23 +49,27 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(model: str, serve_args: list[str], port: int, wait_s: float) -> subprocess.Popen:
-    """`gearshift serve` in a subprocess, once /health answers."""
+def start_server(model: str, serve_args: list[str], port: int, wait_s: float, log: Path) -> tuple[subprocess.Popen, float]:
+    """`gearshift serve` in a subprocess, its output in `log` (a pipe nobody reads would fill and stop the
+    server after some hundred access-log lines); returns it and the seconds until /health answered
+    (load, quantization and warm-up)."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.Popen([sys.executable, "-m", "gearshift", "serve", "--model", model, "--port", str(port),
-                             *serve_args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "gearshift", "serve", "--model", model, "--port", str(port),
+                                 *serve_args], stdout=out, stderr=subprocess.STDOUT, text=True, env=env)
     t0 = time.monotonic()
     while time.monotonic() - t0 < wait_s:
         if proc.poll() is not None:
-            raise SystemExit(f"gearshift serve exited with code {proc.returncode}:\n{proc.stdout.read()}")
+            raise SystemExit(f"gearshift serve exited with code {proc.returncode}:\n{log.read_text()[-4000:]}")
         try:
             if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
-                return proc
+                return proc, time.monotonic() - t0
         except httpx.HTTPError:
             pass
         time.sleep(0.5)
     proc.kill()
-    raise SystemExit(f"gearshift serve did not answer /health within {wait_s:.0f} s")
+    raise SystemExit(f"gearshift serve did not answer /health within {wait_s:.0f} s:\n{log.read_text()[-4000:]}")
 
 
 async def one_request(client: httpx.AsyncClient, url: str, prompt: str, gen_len: int) -> dict:
@@ -144,11 +148,13 @@ def main(argv: list[str] | None = None) -> int:
     levels = [int(v) for v in a.concurrency.split(",")]
     if min(levels) < 1 or a.gen_len < 1 or a.prompt_words < 1:
         ap.error("--concurrency, --gen-len and --prompt-words take positive numbers")
-    proc = None
+    proc, startup_s = None, None
     url = a.url
     if a.model:
         port = free_port()
-        proc = start_server(a.model, serve_args, port, a.wait)
+        log = Path(a.out) / f"serve_load_server{a.tag}.log"
+        proc, startup_s = start_server(a.model, serve_args, port, a.wait, log)
+        print(f"server up after {startup_s:.1f} s (its output: {log})", flush=True)
         url = f"http://127.0.0.1:{port}"
     try:
         stats = httpx.get(f"{url}/stats", timeout=10).json()
@@ -167,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"device": device, "server": {k: stats.get(k) for k in (
         "policy", "mode", "modes", "batch_size", "max_model_len", "prefix_reuse")}, "serve_args": serve_args,
-        "gen_len": a.gen_len, "prompt_words": a.prompt_words, "levels": results}, indent=1))
+        "startup_s": startup_s, "gen_len": a.gen_len, "prompt_words": a.prompt_words, "levels": results}, indent=1))
     print(f"{device}; policy {stats.get('policy')} ({stats.get('mode')}), {stats.get('batch_size')} KV slots; "
           f"{a.gen_len} tokens per request; {out}")
     print(f"{'conc':>4} {'req':>4} {'req/s':>7} {'out tok/s':>10} {'TTFT p50':>9} {'TTFT p90':>9} {'TPOT p50':>9} "

@@ -615,7 +615,8 @@ def test_load_benchmark_runs_against_a_started_server(model_dir, tmp_path):
                      "--batch-size", "2", "--max-model-len", "128"]) == 0
     (out,) = tmp_path.glob("serve_load_*.json")
     d = json.loads(out.read_text())
-    assert d["device"] == "cpu" and d["server"]["batch_size"] == 2
+    assert d["device"] == "cpu" and d["server"]["batch_size"] == 2 and d["startup_s"] > 0
+    assert "gearshift serve: " in (tmp_path / "serve_load_server.log").read_text()  # the server's own output
     assert [lv["concurrency"] for lv in d["levels"]] == [1, 3]
     for lv in d["levels"]:
         assert [r["completion_tokens"] for r in lv["per_request"]] == [5] * 3

@@ -43,6 +43,11 @@ def register(sub) -> None:
                         "conversation) prefills only the rest; usage.prompt_tokens_details.cached_tokens counts "
                         "them. Reused entries were written a token at a time while decoding, which can round "
                         "differently from a prefill of the same tokens")
+    p.add_argument("--no-warmup", dest="warmup", action="store_false",
+                   help="take requests as soon as the model is loaded. By default (on a GPU) the server first runs "
+                        "prefills of every token bucket, for one sequence and for a full batch, so that the first "
+                        "requests of each size do not wait for Triton compiles (seconds per kernel at 8B scale; "
+                        "cached on disk for the next start)")
     p.add_argument("--api-key", default=None,
                    help="require 'Authorization: Bearer KEY' on the /v1 endpoints (401 otherwise; /health, "
                         "/stats and /metrics stay open); default: $GEARSHIFT_API_KEY, else none")
@@ -96,6 +101,11 @@ def build_server(args):
                          loaded.model.dtype.itemsize) / 2**30
     note(f"KV cache: {args.batch_size} sequences x {max_len} tokens ({gib:.2f} GiB)")
     name = args.served_model_name or os.path.basename(os.path.normpath(str(loaded.source)))
+    if getattr(args, "warmup", True) and loaded.model.device.type == "cuda":
+        from gearshift.engine.warmup import warm_up
+
+        runs, seconds = warm_up(engine, policy)
+        note(f"warmed up in {seconds:.1f} s ({runs} prefill shapes; --no-warmup skips this)")
     worker = EngineWorker(engine, policy, prefix_reuse=args.prefix_reuse).start()
     api_key = getattr(args, "api_key", None) or os.environ.get("GEARSHIFT_API_KEY")  # (not in --help's text)
     return create_app(worker, name, api_key=api_key), worker, name

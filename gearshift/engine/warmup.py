@@ -1,0 +1,76 @@
+"""A server's start-up warm-up: the engine run once over the shapes that serving will meet.
+
+Triton compiles a kernel the first time it meets a tile configuration (or a token count, for the
+few-token kernels), and the policy map picks other tiles for every M bucket: at 8B scale the first
+prefill of a new size stalls the whole running batch for seconds (a serve_load run at concurrency 16
+on an H200 measured 6 s, inside fifteen requests' TTFT). Warming up runs, in the server's own KV cache
+(the one its loop takes next), prefills of every token count up to 16 and of every token bucket
+(`cuda_graphs.token_bucket`) for one sequence and for a full batch, each followed by decode steps at
+the full batch, in every mode the policy serves, and the same one sequence short at one token less (odd row
+counts). Shapes beyond those (a refill group of 5 at 384 tokens) fall in the same M buckets and reuse the
+compiled kernels.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections import deque
+
+from gearshift.decode.base import DecodePolicy, Sequence
+from gearshift.decode.sampling import SamplingParams
+from gearshift.model.cuda_graphs import token_bucket
+
+#: tokens each warm-up sequence generates: a prefill, then decode steps (QSPEC: a draft-verify cycle)
+WARMUP_NEW_TOKENS = 2
+
+
+def prompt_lengths(max_prompt: int) -> list[int]:
+    """Every prompt length up to 16, then one per token bucket above it (a prompt of its length, or the
+    longest that fits where that is shorter: it runs padded to the bucket), up to `max_prompt`."""
+    out = list(range(1, min(16, max_prompt) + 1))
+    t = 17
+    while t <= max_prompt:
+        b = token_bucket(t)
+        out.append(min(b, max_prompt))
+        t = b + 1
+    return out
+
+
+def warmup_runs(max_batch: int, max_seq_len: int, modes: list[str | None]) -> list[tuple[int, int, str | None]]:
+    """(sequences, prompt tokens, mode) of each warm-up run: one sequence at every length; the full batch at
+    the bucketed lengths (17+), so prefills of 1..max_batch * max_prompt rows meet their M bucket; and one
+    sequence fewer at one token less, since Triton compiles an integer argument divisible by 16 apart from
+    one that is not (a long prefill runs unpadded: 15 prompts of up to 333 tokens make 4995 rows)."""
+    max_prompt = max_seq_len - WARMUP_NEW_TOKENS
+    lengths = prompt_lengths(max_prompt)
+    runs = []
+    for mode in modes:
+        runs += [(1, t, mode) for t in lengths]
+        for t in (t for t in lengths if t > 16):
+            runs += [(max_batch, t, mode)] if max_batch > 1 else []
+            runs += [(max_batch - 1, t - 1, mode)] if max_batch > 2 else []
+    return runs
+
+
+def warm_up(engine, policy: DecodePolicy, progress: bool = True) -> tuple[int, float]:
+    """Run `warmup_runs` through the engine's request loop at the server's batch and context (greedy, past
+    EOS); returns (runs, seconds). The KV cache it used is the one a server's loop takes next, so decode
+    graphs captured here are replayed there."""
+    modes: list[str | None] = list(policy.modes) if len(policy.modes) > 1 else [None]
+    runs = warmup_runs(engine.max_batch, engine.max_seq_len, modes)
+    vocab = engine.loaded.config.vocab_size
+    capacity = engine.max_seq_len + policy.lookahead + 1
+    it = runs
+    if progress:
+        from tqdm import tqdm
+
+        it = tqdm(runs, desc="warming up (kernel compiles)", leave=False, file=sys.stderr, disable=None)
+    t0 = time.perf_counter()
+    for n, length, mode in it:
+        queue = deque(Sequence(i, [(7 + 31 * (i + j)) % vocab for j in range(length)],
+                               SamplingParams(max_new_tokens=WARMUP_NEW_TOKENS, ignore_eos=True), mode=mode)
+                      for i in range(n))
+        for _ in engine._run(queue, policy, engine.max_batch, capacity, False):
+            pass
+    return len(runs), time.perf_counter() - t0
