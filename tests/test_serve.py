@@ -714,3 +714,16 @@ def test_a_taken_port_is_refused_before_the_model_loads(capsys):
         assert main(["serve", "--model", "/nonexistent/model", "--port", str(port)]) == 2
     err = capsys.readouterr().err
     assert f"cannot listen on 127.0.0.1:{port}" in err and "nonexistent" not in err
+
+
+def test_alternatives_of_rows_without_any_are_empty_whatever_batch_decode_says():
+    """logprobs=0 asks for no alternatives: no token's text is looked up (transformers 5's TokenizersBackend
+    answers batch_decode([]) with [''], which made the strict zip fail on the GPU machine)."""
+    from gearshift.serve.openai_api import _alternatives
+
+    class Tok:
+        def batch_decode(self, seqs):
+            return [f"t{s[0]}" for s in seqs] if seqs else [""]
+
+    assert _alternatives(Tok(), [None, [], []]) == {}
+    assert _alternatives(Tok(), [None, [(5, -0.1), (7, -2.0)], [(5, -0.3)]]) == {5: "t5", 7: "t7"}

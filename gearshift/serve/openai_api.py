@@ -321,6 +321,8 @@ async def _events(worker: EngineWorker, reqs: list[Request],
 
 def _pieces(tok, ids: list[int]) -> list[str]:
     """Each token's own text (a byte-level token that ends mid-character decodes to U+FFFD, as elsewhere)."""
+    if not ids:  # (some tokenizers' batch_decode([]) answers [''])
+        return []
     return tok.batch_decode([[t] for t in ids]) if tok is not None else [str(t) for t in ids]
 
 
