@@ -162,6 +162,15 @@ class Engine:
         yield from self._run(queue, policy, self.max_batch, self.max_seq_len + policy.lookahead + 1, True,
                              refill=refill, aborted=aborted, reuse=prefix_reuse and policy.reuses_prefix)
 
+    def run_in_serving_cache(self, requests: list[Request], policy: DecodePolicy) -> None:
+        """Run the requests through the loop at the server's batch and context (`max_batch` slots of
+        `max_seq_len` tokens), keeping no output: a server's warm-up (`engine.warmup`), whose KV cache, and the
+        CUDA graphs keyed on it, the server's loop takes next."""
+        self._validate(requests)
+        queue = deque(Sequence(i, list(r.prompt_ids), r.params, mode=r.mode) for i, r in enumerate(requests))
+        for _ in self._run(queue, policy, self.max_batch, self.max_seq_len + policy.lookahead + 1, False):
+            pass
+
     @staticmethod
     def check_request(r: Request, policy: DecodePolicy) -> None:
         """What a request asks of the policy (a mode, penalties) that the policy must run as asked."""

@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import sys
 import time
-from collections import deque
 
-from gearshift.decode.base import DecodePolicy, Sequence
+from gearshift.decode.base import DecodePolicy
 from gearshift.decode.sampling import SamplingParams
+from gearshift.engine.engine import Engine, Request
 from gearshift.model.cuda_graphs import token_bucket
 
 #: tokens each warm-up sequence generates: a prefill, then decode steps (QSPEC: a draft-verify cycle)
@@ -53,14 +53,13 @@ def warmup_runs(max_batch: int, max_seq_len: int, modes: list[str | None]) -> li
     return runs
 
 
-def warm_up(engine, policy: DecodePolicy, progress: bool = True) -> tuple[int, float]:
+def warm_up(engine: Engine, policy: DecodePolicy, progress: bool = True) -> tuple[int, float]:
     """Run `warmup_runs` through the engine's request loop at the server's batch and context (greedy, past
     EOS); returns (runs, seconds). The KV cache it used is the one a server's loop takes next, so decode
     graphs captured here are replayed there."""
     modes: list[str | None] = list(policy.modes) if len(policy.modes) > 1 else [None]
     runs = warmup_runs(engine.max_batch, engine.max_seq_len, modes)
     vocab = engine.loaded.config.vocab_size
-    capacity = engine.max_seq_len + policy.lookahead + 1
     it = runs
     if progress:
         from tqdm import tqdm
@@ -68,9 +67,7 @@ def warm_up(engine, policy: DecodePolicy, progress: bool = True) -> tuple[int, f
         it = tqdm(runs, desc="warming up (kernel compiles)", leave=False, file=sys.stderr, disable=None)
     t0 = time.perf_counter()
     for n, length, mode in it:
-        queue = deque(Sequence(i, [(7 + 31 * (i + j)) % vocab for j in range(length)],
-                               SamplingParams(max_new_tokens=WARMUP_NEW_TOKENS, ignore_eos=True), mode=mode)
-                      for i in range(n))
-        for _ in engine._run(queue, policy, engine.max_batch, capacity, False):
-            pass
+        engine.run_in_serving_cache([Request([(7 + 31 * (i + j)) % vocab for j in range(length)],
+                                             SamplingParams(max_new_tokens=WARMUP_NEW_TOKENS, ignore_eos=True),
+                                             mode=mode) for i in range(n)], policy)
     return len(runs), time.perf_counter() - t0
