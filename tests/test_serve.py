@@ -727,3 +727,17 @@ def test_alternatives_of_rows_without_any_are_empty_whatever_batch_decode_says()
 
     assert _alternatives(Tok(), [None, [], []]) == {}
     assert _alternatives(Tok(), [None, [(5, -0.1), (7, -2.0)], [(5, -0.3)]]) == {5: "t5", 7: "t7"}
+
+
+def test_stats_count_kernel_compiles_while_serving(model_dir):
+    """A server on a GPU watches Triton compiles after its warm-up (`kernels.compile_watch`); /stats counts them."""
+    from gearshift.kernels.compile_watch import CompileEvent, CompileWatch
+
+    with serving(model_dir, "--max-model-len", "64") as (app, worker):
+        if worker.compile_watch is None:  # (the CPU: nothing compiles)
+            assert "kernel_compiles_while_serving" not in worker.stats()
+            worker.compile_watch = CompileWatch()
+        worker.compile_watch.events.append(CompileEvent("k", "k()", 1.25))
+        with TestClient(app) as client:
+            stats = client.get("/stats").json()
+        assert stats["kernel_compiles_while_serving"] >= 1 and stats["kernel_compile_seconds_while_serving"] >= 1.25

@@ -107,9 +107,26 @@ def build_server(args):
 
         runs, seconds = warm_up(engine, policy)
         note(f"warmed up in {seconds:.1f} s ({runs} prefill shapes; --no-warmup skips this)")
-    worker = EngineWorker(engine, policy, prefix_reuse=args.prefix_reuse).start()
+    worker = EngineWorker(engine, policy, prefix_reuse=args.prefix_reuse)
+    if loaded.model.device.type == "cuda":
+        worker.compile_watch = watch_compiles()
+    worker.start()
     api_key = getattr(args, "api_key", None) or os.environ.get("GEARSHIFT_API_KEY")  # (not in --help's text)
     return create_app(worker, name, api_key=api_key), worker, name
+
+
+def watch_compiles():
+    """A started `CompileWatch` that reports each Triton compile while serving (a stall of the running batch,
+    at a shape the warm-up missed) on stderr; None where this Triton has no compile hooks."""
+    from gearshift.kernels.compile_watch import CompileWatch
+    from gearshift.model.loader import note
+
+    def report(ev) -> None:
+        note(f"Triton compiled {ev.kernel} while serving ({ev.seconds:.2f} s; a shape the warm-up did not "
+             f"cover, counted in /stats): {ev.signature}")
+
+    watch = CompileWatch(on_compile=report)
+    return watch if watch.start() else None
 
 
 def check_port(host: str, port: int) -> None:

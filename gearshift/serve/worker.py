@@ -76,6 +76,7 @@ class EngineWorker:
         self._closed = False  # the loop has seen close(): it takes nothing more from the inbox
         self._stopped = False  # the loop has ended: submit refuses
         self._thread = threading.Thread(target=self._main, name="gearshift-engine", daemon=True)
+        self.compile_watch = None  # a started `CompileWatch` (the server's, after its warm-up), stopped at close
         device = engine.model.device
         self.device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else str(device)
 
@@ -107,7 +108,16 @@ class EngineWorker:
                 "prefix_reuse": self.prefix_reuse, "prompt_tokens_reused": self.prompt_tokens_reused,
                 "prompts_scored": self.scored,
                 "batch_size": self.engine.max_batch, "max_model_len": self.engine.max_seq_len,
-                "time_to_first_token": self.ttft.summary(), "request_latency": self.latency.summary()}
+                "time_to_first_token": self.ttft.summary(), "request_latency": self.latency.summary(),
+                **self._compiles()}
+
+    def _compiles(self) -> dict:
+        w = self.compile_watch
+        if w is None:
+            return {}
+        events = list(w.events)
+        return {"kernel_compiles_while_serving": len(events),
+                "kernel_compile_seconds_while_serving": round(sum(e.seconds for e in events), 3)}
 
     def cancel(self, rid: int) -> None:
         """The client went away: end the request at the next step and free its KV slot."""
@@ -118,6 +128,8 @@ class EngineWorker:
         """Take no more requests, finish the ones held, and stop the thread."""
         self._inbox.put(None)
         self._thread.join(timeout)
+        if self.compile_watch is not None:
+            self.compile_watch.stop()
 
     def score(self, ids: list[int], mode: str | None, top: int, sink: Callable) -> None:
         """Queue a scoring forward of a prompt (`engine.scoring.score_prompt`); it runs on the engine thread
