@@ -51,6 +51,10 @@ class StreamEvent:
     cached_tokens: int = 0  # on the last event: prompt tokens whose K/V were reused, not prefilled
 
 
+def _sequence(index: int, r: Request) -> Sequence:
+    return Sequence(index, list(r.prompt_ids), r.params, mode=r.mode)
+
+
 class Engine:
     def __init__(self, loaded: LoadedModel, max_batch: int = 8, max_seq_len: int | None = None):
         self.loaded = loaded
@@ -117,7 +121,7 @@ class Engine:
         capacity = max(len(r.prompt_ids) + r.params.max_new_tokens for r in requests) + policy.lookahead + 1
         for r in requests:
             self.check_request(r, policy)
-        queue = deque(Sequence(i, list(r.prompt_ids), r.params, mode=r.mode) for i, r in enumerate(requests))
+        queue = deque(_sequence(i, r) for i, r in enumerate(requests))
         self.sequences: list[Sequence] = []
         timing = yield from self._run(queue, policy, batch, capacity, events, admitted=self.sequences.extend)
         wall = timing["wall_s"]
@@ -156,10 +160,10 @@ class Engine:
             for rid, r in new:
                 self._validate([r], clamp=False)
                 self.check_request(r, policy)
-                queue.append(Sequence(rid, list(r.prompt_ids), r.params, mode=r.mode))
+                queue.append(_sequence(rid, r))
             return True
 
-        yield from self._run(queue, policy, self.max_batch, self.max_seq_len + policy.lookahead + 1, True,
+        yield from self._run(queue, policy, self.max_batch, self._serving_capacity(policy), True,
                              refill=refill, aborted=aborted, reuse=prefix_reuse and policy.reuses_prefix)
 
     def run_in_serving_cache(self, requests: list[Request], policy: DecodePolicy) -> None:
@@ -167,9 +171,13 @@ class Engine:
         `max_seq_len` tokens), keeping no output: a server's warm-up (`engine.warmup`), whose KV cache, and the
         CUDA graphs keyed on it, the server's loop takes next."""
         self._validate(requests)
-        queue = deque(Sequence(i, list(r.prompt_ids), r.params, mode=r.mode) for i, r in enumerate(requests))
-        for _ in self._run(queue, policy, self.max_batch, self.max_seq_len + policy.lookahead + 1, False):
+        queue = deque(_sequence(i, r) for i, r in enumerate(requests))
+        for _ in self._run(queue, policy, self.max_batch, self._serving_capacity(policy), False):
             pass
+
+    def _serving_capacity(self, policy: DecodePolicy) -> int:
+        """KV positions per slot of a server's cache: the context, plus what a step may use beyond it."""
+        return self.max_seq_len + policy.lookahead + 1
 
     @staticmethod
     def check_request(r: Request, policy: DecodePolicy) -> None:

@@ -65,23 +65,24 @@ class CompileWatch:
             rt.jit_cache_hook, rt.jit_post_compile_hook = self._prev
         self.active = False
 
-    def _before(self, *, key, repr, fn, compile, is_manual_warmup, already_compiled):  # noqa: A002 (Triton's names)
+    def _before(self, **hook_args):
         with self._lock:
-            self._started[(threading.get_ident(), str(key))] = time.perf_counter()
-        prev = self._prev[0]
-        return prev(key=key, repr=repr, fn=fn, compile=compile, is_manual_warmup=is_manual_warmup,
-                    already_compiled=already_compiled) if prev is not None else None
+            self._started[(threading.get_ident(), str(hook_args["key"]))] = time.perf_counter()
+        return self._chain(0, hook_args)
 
-    def _after(self, *, key, repr, fn, compile, is_manual_warmup, already_compiled):  # noqa: A002
+    def _after(self, **hook_args):
         now = time.perf_counter()
         with self._lock:
-            t0 = self._started.pop((threading.get_ident(), str(key)), now)
-        name = getattr(fn, "name", None) or str(fn)
-        ev = CompileEvent(name, repr, now - t0)
+            t0 = self._started.pop((threading.get_ident(), str(hook_args["key"])), now)
+        fn = hook_args["fn"]
+        ev = CompileEvent(getattr(fn, "name", None) or str(fn), hook_args["repr"], now - t0)
         with self._lock:
             self.events.append(ev)
         if self.on_compile is not None:
             self.on_compile(ev)
-        prev = self._prev[1]
-        return prev(key=key, repr=repr, fn=fn, compile=compile, is_manual_warmup=is_manual_warmup,
-                    already_compiled=already_compiled) if prev is not None else None
+        return self._chain(1, hook_args)
+
+    def _chain(self, which: int, hook_args: dict):
+        """The hook that was installed before this watch (0: before compiling, 1: after), with Triton's arguments."""
+        prev = self._prev[which]
+        return prev(**hook_args) if prev is not None else None
