@@ -57,3 +57,13 @@ def test_serving_after_warmup_gives_a_fresh_engines_tokens(int4_model):
     assert eng._cache is warm  # the server's loop took the warm-up's cache (and its CUDA graphs' addresses)
     fresh = Engine(int4_model, max_batch=2).generate([Request(p, params()) for p in prompts], policy)
     assert [out[i] for i in range(len(prompts))] == [r.token_ids for r in fresh]
+
+
+def test_warmup_leaves_no_sequences_in_the_policy(int4_model):
+    """A GEARBX policy keeps every sequence it serves for telemetry, until the engine forgets it: the
+    warm-up's must not stay for the server's life (a GPU run of the server tests found 31 there)."""
+    from gearshift.decode.gearbox import GearboxPolicy
+
+    policy = GearboxPolicy(int4_model.model, gears="high")
+    runs, _ = warm_up(Engine(int4_model, max_batch=2, max_seq_len=24), policy, progress=False)
+    assert runs > 0 and policy.sequences == []

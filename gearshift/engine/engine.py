@@ -171,9 +171,11 @@ class Engine:
         `max_seq_len` tokens), keeping no output: a server's warm-up (`engine.warmup`), whose KV cache, and the
         CUDA graphs keyed on it, the server's loop takes next."""
         self._validate(requests)
-        queue = deque(_sequence(i, r) for i, r in enumerate(requests))
-        for _ in self._run(queue, policy, self.max_batch, self._serving_capacity(policy), False):
+        seqs = [_sequence(i, r) for i, r in enumerate(requests)]
+        for _ in self._run(deque(seqs), policy, self.max_batch, self._serving_capacity(policy), False):
             pass
+        for s in seqs:  # nor any telemetry: GEARBX would keep the warm-up's sequences for the server's life
+            policy.forget(s)
 
     def _serving_capacity(self, policy: DecodePolicy) -> int:
         """KV positions per slot of a server's cache: the context, plus what a step may use beyond it."""
