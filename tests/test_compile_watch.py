@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from gearshift.kernels.compile_watch import CompileWatch
+from gearshift.kernels.compile_watch import CompileWatch, describe
 
 triton = pytest.importorskip("triton")
 if not CompileWatch.available():
@@ -34,11 +34,46 @@ def test_events_are_recorded_and_earlier_hooks_keep_running():
         assert all(e.seconds >= 0 for e in watch.events) and seen == watch.events
         assert calls == [("before", "a"), ("before", "b"), ("after", "b"), ("after", "a")]
         watch.stop()
-        assert not watch.active and RT.jit_post_compile_hook is not watch._after
+        assert not watch.active
         _fire(RT.jit_post_compile_hook, "c")  # the earlier hook is back, the watch records nothing more
         assert len(watch.events) == 2 and calls[-1] == ("after", "c")
     finally:
         RT.jit_cache_hook, RT.jit_post_compile_hook = before, after
+
+def test_watches_stopped_out_of_order_leave_the_earlier_hooks():
+    before, after = RT.jit_cache_hook, RT.jit_post_compile_hook
+    earlier = lambda **kw: None  # noqa: E731
+    RT.jit_cache_hook, RT.jit_post_compile_hook = earlier, earlier
+    try:
+        a, b = CompileWatch(), CompileWatch()
+        assert a.start() and b.start()
+        _fire(RT.jit_cache_hook, "x")
+        _fire(RT.jit_post_compile_hook, "x")
+        assert len(a.events) == len(b.events) == 1
+        a.stop()
+        _fire(RT.jit_post_compile_hook, "y")
+        assert len(a.events) == 1 and len(b.events) == 2
+        b.stop()
+        assert RT.jit_cache_hook is earlier and RT.jit_post_compile_hook is earlier
+        assert a.start()  # a watch restarted later records again
+        _fire(RT.jit_post_compile_hook, "z")
+        a.stop()
+        assert len(a.events) == 2 and len(b.events) == 2 and RT.jit_post_compile_hook is earlier
+    finally:
+        RT.jit_cache_hook, RT.jit_post_compile_hook = before, after
+
+
+def test_the_description_tells_specializations_apart():
+    """From the hook's compile dict, as Triton 3.6-3.9 pass it (constexprs and attributes keyed by argument
+    path); Triton's own repr there reads `(out_ptr: ()` for both."""
+    def args(n_attrs):
+        return {"repr": "_fill[...](out_ptr: ()", "compile": {
+            "signature": {"out_ptr": "*fp32", "n": "i32", "BLOCK": "constexpr"}, "constants": {(2,): 64},
+            "configs": [{(0,): [["tt.divisibility", 16]], **n_attrs}], "num_warps": 4, "num_stages": 3}}
+    even, odd = describe("_fill", args({(1,): [["tt.divisibility", 16]]})), describe("_fill", args({}))
+    assert even == "_fill[num_warps=4, num_stages=3](out_ptr: *fp32 divisibility=16, n: i32 divisibility=16, BLOCK=64)"
+    assert odd == "_fill[num_warps=4, num_stages=3](out_ptr: *fp32 divisibility=16, n: i32, BLOCK=64)"
+    assert describe("k", {"repr": "k[...](a)", "compile": {}}) == "k[...](a)"  # another Triton's dict
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="compiles need a GPU")
@@ -61,3 +96,4 @@ def test_a_new_specialization_on_the_gpu_is_one_event():
         watch.stop()
     assert [e.kernel.split(".")[-1] for e in watch.events] == ["_fill", "_fill"]
     assert watch.events[0].signature != watch.events[1].signature
+    assert "n: i32 divisibility=16" in watch.events[0].signature and "n: i32," in watch.events[1].signature
