@@ -13,7 +13,7 @@ from gearshift.kernels._triton import HAS_TRITON
 _FUSED = {"enabled": True, "on_cpu": False, "swiglu_codes": True, "swiglu_codes_min_rows": 1,
           "decode_attention": True, "decode_attention_codes": False, "decode_attention_min_batch": 1,
           "decode_attention_launch": "rule", "gemv_trigger": -1, "small_trigger": "rule", "glu_epilogue": True,
-          "glu_epilogue_codes": False, "norm_warps": 0, "norm_codes_warps": 0}
+          "glu_epilogue_codes": False, "norm_warps": 0, "norm_codes_warps": 0, "sdpa_backend": "efficient"}
 
 
 def state() -> tuple:
@@ -32,6 +32,8 @@ def set_switches(**values) -> None:
     if "decode_attention_launch" in values and values["decode_attention_launch"] not in DECODE_ATTENTION_LAUNCHES:
         raise ValueError(f"decode_attention_launch must be one of {DECODE_ATTENTION_LAUNCHES}, "
                          f"not {values['decode_attention_launch']!r}")
+    if "sdpa_backend" in values and values["sdpa_backend"] not in SDPA_BACKENDS:
+        raise ValueError(f"sdpa_backend must be one of {SDPA_BACKENDS}, not {values['sdpa_backend']!r}")
     for k, v in values.items():
         _FUSED[k] = type(_FUSED[k])(v)
 
@@ -126,6 +128,16 @@ def decode_attention_min_batch() -> int:
 
 
 DECODE_ATTENTION_LAUNCHES = ("rule", "start", "loop", "off")
+
+#: torch SDPA backends the model's attention over the cache runs on CUDA (`model.attention`)
+SDPA_BACKENDS = ("efficient", "auto", "math")
+
+
+def sdpa_backend() -> str:
+    """"efficient" (default): torch's memory-efficient kernel, on K/V heads repeated to the query's; "auto":
+    torch's own choice (cuDNN on an H100 / H200: a plan per new shape, and a kernel compile per new kind of
+    shape on a fresh machine); "math": torch's reference kernel."""
+    return _FUSED["sdpa_backend"]
 
 
 def decode_attention_launch_rule(rows: int, codes: bool) -> str:

@@ -23,6 +23,7 @@ from gearshift.kernels.silu_mul import emits_codes, silu_mul_codes_triton, silu_
 from gearshift.kernels.switches import (decode_attention_codes_on, decode_attention_min_batch,  # noqa: F401
                                        decode_attention_on, fused_for, set_fused_kernels,
                                        pdl_pass)  # (set_fused_kernels: re-exported)
+from gearshift.model.attention import cache_attention
 from gearshift.model.config import ModelConfig
 from gearshift.model.cuda_graphs import token_bucket
 from gearshift.model.kv_cache import KVCache
@@ -94,8 +95,7 @@ class Attention(nn.Module):
             return self.o_proj(out, mode, codes)
         q = q.transpose(1, 2)
         keys, values = cache.view(layer, upto)
-        out = F.scaled_dot_product_attention(q, keys.to(q.dtype), values.to(q.dtype), attn_mask=mask,
-                                             enable_gqa=self.n_kv != self.n_heads)
+        out = cache_attention(q, keys.to(q.dtype), values.to(q.dtype), mask)
         return self.o_proj(out.transpose(1, 2).reshape(b, t, -1), mode)
 
     @staticmethod
