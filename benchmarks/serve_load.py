@@ -49,11 +49,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(model: str, serve_args: list[str], port: int, wait_s: float, log: Path) -> tuple[subprocess.Popen, float]:
+def start_server(model: str, serve_args: list[str], port: int, wait_s: float, log: Path,
+                 stacks: Path | None = None) -> tuple[subprocess.Popen, float]:
     """`gearshift serve` in a subprocess, its output in `log` (a pipe nobody reads would fill and stop the
     server after some hundred access-log lines); returns it and the seconds until /health answered
-    (load, quantization and warm-up)."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    (load, quantization and warm-up). `stacks`: a folder for `stack_sampler`'s dumps of the server."""
+    paths = ([str(ROOT / "benchmarks" / "stack_sampler")] if stacks else []) + [str(ROOT)]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths + [os.environ.get("PYTHONPATH", "")])}
+    if stacks:
+        stacks.mkdir(parents=True, exist_ok=True)
+        env["STACK_OUT"] = str(stacks)
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "w") as out:
         proc = subprocess.Popen([sys.executable, "-m", "gearshift", "serve", "--model", model, "--port", str(port),
@@ -144,16 +149,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--wait", type=float, default=600, help="seconds to wait for a started server (default: 600)")
     ap.add_argument("--out", default="benchmarks/results", help="folder for the JSON")
     ap.add_argument("--tag", default="", help="suffix of the JSON's name")
+    ap.add_argument("--sample-stacks", action="store_true", help="sample the started server's threads every 10 ms "
+                    "into OUT/stacks<tag>/ (benchmarks/stack_sampler; read with benchmarks/stall_report.py)")
     a = ap.parse_args(argv)
     levels = [int(v) for v in a.concurrency.split(",")]
     if min(levels) < 1 or a.gen_len < 1 or a.prompt_words < 1:
         ap.error("--concurrency, --gen-len and --prompt-words take positive numbers")
+    if a.sample_stacks and not a.model:
+        ap.error("--sample-stacks samples a server this script starts (--model)")
     proc, startup_s = None, None
     url = a.url
     if a.model:
         port = free_port()
         log = Path(a.out) / f"serve_load_server{a.tag}.log"
-        proc, startup_s = start_server(a.model, serve_args, port, a.wait, log)
+        stacks = Path(a.out) / f"stacks{a.tag}" if a.sample_stacks else None
+        proc, startup_s = start_server(a.model, serve_args, port, a.wait, log, stacks)
         print(f"server up after {startup_s:.1f} s (its output: {log})", flush=True)
         url = f"http://127.0.0.1:{port}"
     try:

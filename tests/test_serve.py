@@ -1,6 +1,7 @@
 """`gearshift serve`: the OpenAI-compatible endpoints over the engine thread, on a tiny random model."""
 
 import contextlib
+import gzip
 import json
 import threading
 from pathlib import Path
@@ -603,7 +604,8 @@ def test_scoring_runs_between_the_steps_of_a_running_batch(model_dir, device):
 
 def test_load_benchmark_runs_against_a_started_server(model_dir, tmp_path):
     """benchmarks/serve_load.py starts `gearshift serve`, keeps N streamed requests in flight per level and
-    writes what each level measured; every request got its tokens."""
+    writes what each level measured; every request got its tokens. --sample-stacks leaves the server's
+    sampled stacks, engine thread included, which benchmarks/stall_report.py reads."""
     import sys
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -611,8 +613,8 @@ def test_load_benchmark_runs_against_a_started_server(model_dir, tmp_path):
 
     mod = load_script("serve_load.py")
     assert mod.main(["--model", str(model_dir("tiny")), "--concurrency", "1,3", "--requests", "3", "--gen-len", "5",
-                     "--prompt-words", "12", "--warmup", "1", "--out", str(tmp_path), "--", "--device", "cpu",
-                     "--batch-size", "2", "--max-model-len", "128"]) == 0
+                     "--prompt-words", "12", "--warmup", "1", "--out", str(tmp_path), "--sample-stacks", "--",
+                     "--device", "cpu", "--batch-size", "2", "--max-model-len", "128"]) == 0
     (out,) = tmp_path.glob("serve_load_*.json")
     d = json.loads(out.read_text())
     assert d["device"] == "cpu" and d["server"]["batch_size"] == 2 and d["startup_s"] > 0
@@ -622,6 +624,12 @@ def test_load_benchmark_runs_against_a_started_server(model_dir, tmp_path):
         assert [r["completion_tokens"] for r in lv["per_request"]] == [5] * 3
         assert 0 < lv["ttft_median_ms"] <= lv["latency_median_ms"] and lv["output_tokens_per_s"] > 0
         assert 0 < lv["text_chunks_per_token"] <= 1  # (streamed text per generated token: see the script)
+    (dump,) = (tmp_path / "stacks").glob("stacks_*.json.gz")
+    report = load_script("stall_report.py")
+    with gzip.open(dump, "rt") as f:
+        d = json.load(f)
+    runs = report.stretches(d["samples"], d["stacks"], "gearshift-engine", 3)
+    assert runs and all(r["seconds"] >= 0 and r["stack"] for r in runs)
 
 
 def test_api_key_guards_the_v1_endpoints(model_dir, monkeypatch):
