@@ -3,8 +3,8 @@
 Python imports this at start-up when its folder comes first on PYTHONPATH and $STACK_OUT names a folder
 (`benchmarks/serve_load.py --sample-stacks` sets both); any other process, or one without $STACK_OUT,
 is left alone. Every 10 ms it records each thread's innermost 18 frames, and it writes them to
-$STACK_OUT/stacks_<pid>.json.gz every 2 s once a thread other than the main one runs (uvicorn re-raises
-SIGTERM, so an exit hook would never run). It also notes on stderr each Triton kernel load and CUDA graph
+$STACK_OUT/stacks_<pid>.json.gz every 2 s once a thread other than the main one runs, and on SIGTERM (uvicorn
+re-raises it after its shutdown, so an exit hook would never run). It also notes on stderr each Triton kernel load and CUDA graph
 capture over 20 ms, and each time it was itself kept from running for over 80 ms (the GIL held by C code).
 `benchmarks/stall_report.py` reads the file. Stop 58 found the 1.3 s serve stall with it: one SDPA call.
 It shadows any other sitecustomize on the path while in use.
@@ -15,6 +15,7 @@ import sys
 if os.environ.get("STACK_OUT") and "serve" in sys.argv:
     import gzip
     import json
+    import signal
     import threading
     import time
 
@@ -69,6 +70,12 @@ if os.environ.get("STACK_OUT") and "serve" in sys.argv:
                     _say(f"{label} {dt:.3f} s {getattr(args[0], 'name', '') if args else ''}")
         setattr(owner, attr, wrapper)
 
+    def _on_term(signum, frame):  # uvicorn restores this handler and re-raises SIGTERM once it has shut down
+        _dump()
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+
+    signal.signal(signal.SIGTERM, _on_term)
     threading.Thread(target=_loop, daemon=True, name="stack-sampler").start()
     try:
         import torch
