@@ -23,7 +23,7 @@ class _Launched:
 
     covers: dict[int, int]  # id(sequence) -> slot
     start: list[int]
-    tokens: torch.Tensor  # [cache.batch] argmax per slot, on the device
+    tokens: torch.Tensor  # [W] argmax per slot 0 .. W-1 (the step's `decode_width`), on the device
     host: torch.Tensor  # the same, copied to the host once `ready` has passed
     ready: torch.cuda.Event | None
 
@@ -32,6 +32,7 @@ class AutoregressivePolicy(DecodePolicy):
     name = "ar"
     reuses_prefix = True  # one mode for prefill and every step
     penalties = True
+    narrow_decode = True  # steps run the slots through the highest active one only
 
     def __init__(self, model, mode: str = "w4a16", pipelined: bool | None = None):
         """pipelined: run greedy batches one step ahead (None: on a CUDA model, where it pays)."""
@@ -44,9 +45,11 @@ class AutoregressivePolicy(DecodePolicy):
         if self.pipelined and all(s.params.greedy and not s.params.penalized for s in seqs):
             return self._step_ahead(seqs)
         self._drop(seqs)
-        tokens, start, n_new = self.batch_tokens(seqs, {s.slot: [s.last_token] for s in seqs})
+        cache = self.span(self.decode_width(seqs))
+        tokens, start, n_new = self.batch_tokens(seqs, {s.slot: [s.last_token] for s in seqs}, cache)
         with self.timer("decode"):
-            logits = self.model(tokens, self.cache, start, n_new, mode=self.mode, logits="last")[:, 0]
+            logits = self.model(tokens, cache, start, n_new, mode=self.mode, logits="last")[:, 0]
+            self.unspan(cache)
             picked = sample(logits[[s.slot for s in seqs]], seqs)
         for s, tok in zip(seqs, picked):
             s.output.append(tok)
@@ -57,11 +60,16 @@ class AutoregressivePolicy(DecodePolicy):
             cur = self._ahead
             if cur is None or any(cur.covers.get(id(s)) != s.slot for s in seqs):
                 self._drop(seqs)  # (a sequence joined: recompute everyone's step, same tokens)
-                tokens, _, _ = self.batch_tokens(seqs, {s.slot: [s.last_token] for s in seqs})
+                tokens, _, _ = self.batch_tokens(seqs, {s.slot: [s.last_token] for s in seqs},
+                                                 self.span(self.decode_width(seqs)))
                 cur = self._launch(seqs, tokens)
-            # the next step, for the sequences that will still want a token after this one
+            # the next step, for the sequences that will still want a token after this one (as wide as
+            # they need: never wider than this step, whose tokens feed it)
             more = [s for s in seqs if len(s.output) + 1 < s.params.max_new_tokens]
-            self._ahead = self._launch(more, cur.tokens.view(-1, 1)) if more else None
+            if more:
+                self._ahead = self._launch(more, cur.tokens[:self.decode_width(more)].view(-1, 1))
+            else:
+                self._ahead = None
             if cur.ready is not None:
                 cur.ready.synchronize()  # this step's tokens, not the one just launched
             picked = cur.host.tolist()
@@ -70,7 +78,7 @@ class AutoregressivePolicy(DecodePolicy):
         self.counters["forwards"] += 1
 
     def _launch(self, seqs: list[Sequence], tokens: torch.Tensor) -> _Launched:
-        """Enqueue one decode step of `seqs` on tokens [cache.batch, 1] (device), and the copy of its
+        """Enqueue one decode step of `seqs` on tokens [W, 1] (device: slots 0 .. W-1), and the copy of its
         argmax to the host; returns without waiting for either."""
         start, logits = self._decode_forward(seqs, tokens, self.mode)
         picked = logits.argmax(-1)

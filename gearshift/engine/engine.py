@@ -248,9 +248,10 @@ class Engine:
                 held[s.slot] = (s.mode or policy.mode, (s.prompt + s.output)[:cache.lengths[s.slot]])
 
         def take_slot(s: Sequence) -> int:
-            """The free slot holding the longest start of this prompt in its mode (reuse), else the first free
-            one that holds nothing (so a conversation's K/V outlives unrelated requests while slots allow)."""
-            best, keep = next((slot for slot in free if slot not in held), free[0]), 0
+            """The free slot holding the longest start of this prompt in its mode (reuse), else the lowest free
+            one that holds nothing (so a conversation's K/V outlives unrelated requests while slots allow), else
+            the lowest free one: a decode step runs the slots through the highest one in use (`decode_width`)."""
+            best, keep = min((slot for slot in free if slot not in held), default=min(free)), 0
             for slot in free if reuse else ():
                 mode, tokens = held.get(slot, (None, []))
                 if mode != (s.mode or policy.mode):

@@ -5,9 +5,10 @@ few-token kernels), and the policy map picks other tiles for every M bucket: at 
 prefill of a new size stalls the whole running batch for seconds (a serve_load run at concurrency 16
 on an H200 measured 6 s, inside fifteen requests' TTFT). Warming up runs, in the server's own KV cache
 (the one its loop takes next), prefills of every token count up to 16 and of every token bucket
-(`cuda_graphs.token_bucket`) for one sequence and for a full batch, each followed by decode steps at
-the full batch, in every mode the policy serves, and the same one sequence short at one token less (odd row
-counts). Shapes beyond those (a refill group of 5 at 384 tokens) fall in the same M buckets and reuse the
+(`cuda_graphs.token_bucket`) for one sequence and for a full batch, each followed by decode steps, in
+every mode the policy serves, the same one sequence short at one token less (odd row counts), and a few
+sequences at each narrower decode width the policy steps at (`DecodePolicy.decode_widths`).
+Shapes beyond those (a refill group of 5 at 384 tokens) fall in the same M buckets and reuse the
 compiled kernels.
 """
 
@@ -37,11 +38,15 @@ def prompt_lengths(max_prompt: int) -> list[int]:
     return out
 
 
-def warmup_runs(max_batch: int, max_seq_len: int, modes: list[str | None]) -> list[tuple[int, int, str | None]]:
+def warmup_runs(max_batch: int, max_seq_len: int, modes: list[str | None],
+                widths: list[int] = ()) -> list[tuple[int, int, str | None]]:
     """(sequences, prompt tokens, mode) of each warm-up run: one sequence at every length; the full batch at
     the bucketed lengths (17+), so prefills of 1..max_batch * max_prompt rows meet their M bucket; and one
     sequence fewer at one token less, since Triton compiles an integer argument divisible by 16 apart from
-    one that is not (a long prefill runs unpadded: 15 prompts of up to 333 tokens make 4995 rows)."""
+    one that is not (a long prefill runs unpadded: 15 prompts of up to 333 tokens make 4995 rows). Then, for
+    each decode width between one sequence and the full batch (`DecodePolicy.decode_widths`), that many
+    sequences of 16 and of 17 tokens: decode steps of that many rows, with a key count divisible by 16 and
+    one that is not."""
     max_prompt = max_seq_len - WARMUP_NEW_TOKENS
     lengths = prompt_lengths(max_prompt)
     runs = []
@@ -50,6 +55,8 @@ def warmup_runs(max_batch: int, max_seq_len: int, modes: list[str | None]) -> li
         for t in (t for t in lengths if t > 16):
             runs += [(max_batch, t, mode)] if max_batch > 1 else []
             runs += [(max_batch - 1, t - 1, mode)] if max_batch > 2 else []
+        for w in (w for w in widths if 1 < w < max_batch):
+            runs += [(w, t, mode) for t in (16, 17) if t <= max_prompt]
     return runs
 
 
@@ -58,7 +65,7 @@ def warm_up(engine: Engine, policy: DecodePolicy, progress: bool = True) -> tupl
     EOS); returns (runs, seconds). The KV cache it used is the one a server's loop takes next, so decode
     graphs captured here are replayed there."""
     modes: list[str | None] = list(policy.modes) if len(policy.modes) > 1 else [None]
-    runs = warmup_runs(engine.max_batch, engine.max_seq_len, modes)
+    runs = warmup_runs(engine.max_batch, engine.max_seq_len, modes, policy.decode_widths(engine.max_batch))
     vocab = engine.loaded.config.vocab_size
     it = runs
     if progress:
