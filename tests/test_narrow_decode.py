@@ -30,10 +30,12 @@ def _serve(loaded, policy, batch=8):
         steps, out = [0], {}
 
         def pull(idle):
+            if len(taken) == len(ARRIVALS):
+                return None
+            if idle:  # nothing to decode: the next arrivals come now (the loop would end on an empty answer)
+                steps[0] = max(steps[0], min(at for i, (at, _, _) in enumerate(ARRIVALS) if i not in taken))
             ready = [(i, Request(p, SamplingParams(max_new_tokens=n, ignore_eos=True)))
                      for i, (at, p, n) in enumerate(ARRIVALS) if at <= steps[0] and i not in taken]
-            if not ready and len(taken) == len(ARRIVALS):
-                return None
             taken.update(i for i, _ in ready)
             steps[0] += 1
             return ready
@@ -128,3 +130,35 @@ def test_narrow_steps_on_the_fused_kernels(tiny_int4):
         assert out[0] == out[1] and [len(t) for t in out[0]] == [6, 2]
     finally:
         fused_on_cpu(False)
+
+
+@pytest.mark.parametrize("chained,ahead", [(False, False), (True, False), (True, True)])
+def test_narrow_qspec_cycles_give_the_full_width_tokens_and_ar_s(tiny_int4, chained, ahead):
+    """QSPEC cycles on the first slots only: the full-width cycles' tokens, and (greedy) plain W4A16's; drafts
+    queued ahead at another width are dropped, not fed to a cycle of this width."""
+    from gearshift.decode.qspec import QSpecPolicy
+
+    def qspec(narrow):
+        p = QSpecPolicy(tiny_int4.model, "w4a8", "w4a16", gamma=3, chained_drafts=chained, cycle_ahead=ahead)
+        p.narrow_decode = narrow
+        return p
+
+    got, rows = _serve(tiny_int4, qspec(True))
+    want, full_rows = _serve(tiny_int4, qspec(False))
+    ar, _ = _serve(tiny_int4, AutoregressivePolicy(tiny_int4.model, "w4a16"))
+    assert got == want == ar
+    assert rows.count(8) < full_rows.count(8) and sum(rows) < sum(full_rows)
+
+
+def test_narrow_qspec_sampling_repeats_the_full_width_draws(tiny_int4):
+    from gearshift.decode.qspec import QSpecPolicy
+
+    out = []
+    for narrow in (True, False):
+        p = QSpecPolicy(tiny_int4.model, "w4a8", "w4a16", gamma=2)
+        p.narrow_decode = narrow
+        eng = Engine(tiny_int4, max_batch=4, max_seq_len=32)
+        reqs = [Request([3, 4, 5], SamplingParams(max_new_tokens=n, temperature=0.9, seed=7 + n, ignore_eos=True))
+                for n in (9, 3)]
+        out.append([r.token_ids for r in eng.generate(reqs, p)])
+    assert out[0] == out[1] and [len(t) for t in out[0]] == [9, 3]

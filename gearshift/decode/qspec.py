@@ -84,6 +84,7 @@ def modeled_speedup(pm, model, draft_mode: str, verify_mode: str, gamma: int, ba
 
 class QSpecPolicy(DecodePolicy):
     name = "qspec"
+    narrow_decode = True  # a cycle runs the slots through the highest active one only
 
     def __init__(self, model, draft_mode: str = "w4a4", verify_mode: str = "w4a16", gamma: int = 3,
                  kv_overwrite: bool = True, acceptance: str = "auto", chained_drafts: bool | None = None,
@@ -152,6 +153,20 @@ class QSpecPolicy(DecodePolicy):
 
     # -- one cycle -----------------------------------------------------------------------------
     def step(self, seqs: list[Sequence], sample) -> None:
+        """One cycle over the slots through the highest active one (`decode_width`): the cycle runs on a view
+        of the cache's first slots, and drafts queued ahead at another width are dropped (recomputed: the
+        same tokens)."""
+        full, view = self.cache, self.span(self.decode_width(seqs))
+        if self._ahead is not None and self._ahead.last.shape[0] != view.batch:
+            self._discard_ahead()
+        self.cache = view
+        try:
+            self._cycle_step(seqs)
+        finally:
+            self.cache = full
+            self.unspan(view)
+
+    def _cycle_step(self, seqs: list[Sequence]) -> None:
         cache = self.cache
         base = {s.slot: cache.lengths[s.slot] for s in seqs}
         for s in seqs:
