@@ -174,6 +174,9 @@ def main(argv: list[str] | None = None) -> int:
                 asyncio.run(run_level(url, c, a.warmup * c, a.gen_len, a.prompt_words, a.seed + 10_000 + c))
             results.append(asyncio.run(run_level(url, c, a.requests or max(8, 4 * c), a.gen_len, a.prompt_words,
                                                  a.seed + c)))
+        after = httpx.get(f"{url}/stats", timeout=10).json()  # compiles while serving: shapes the warm-up missed
+        compiles = {k: after[k] for k in ("kernel_compiles_while_serving", "kernel_compile_seconds_while_serving")
+                    if k in after}
     finally:
         if proc is not None:
             proc.terminate()
@@ -183,9 +186,13 @@ def main(argv: list[str] | None = None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"device": device, "server": {k: stats.get(k) for k in (
         "policy", "mode", "modes", "batch_size", "max_model_len", "prefix_reuse")}, "serve_args": serve_args,
-        "startup_s": startup_s, "gen_len": a.gen_len, "prompt_words": a.prompt_words, "levels": results}, indent=1))
+        "startup_s": startup_s, **compiles, "gen_len": a.gen_len, "prompt_words": a.prompt_words, "levels": results},
+        indent=1))
     print(f"{device}; policy {stats.get('policy')} ({stats.get('mode')}), {stats.get('batch_size')} KV slots; "
           f"{a.gen_len} tokens per request; {out}")
+    if compiles.get("kernel_compiles_while_serving"):
+        print(f"the server compiled {compiles['kernel_compiles_while_serving']} Triton kernels while serving "
+              f"({compiles.get('kernel_compile_seconds_while_serving')} s; which ones: its log)")
     print(f"{'conc':>4} {'req':>4} {'req/s':>7} {'out tok/s':>10} {'TTFT p50':>9} {'TTFT p90':>9} {'TPOT p50':>9} "
           f"{'e2e p50':>8}  (ms)")
     for r in results:
