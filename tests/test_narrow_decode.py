@@ -162,3 +162,39 @@ def test_narrow_qspec_sampling_repeats_the_full_width_draws(tiny_int4):
                 for n in (9, 3)]
         out.append([r.token_ids for r in eng.generate(reqs, p)])
     assert out[0] == out[1] and [len(t) for t in out[0]] == [9, 3]
+
+
+@pytest.mark.parametrize("rule,pipelined", [("max", False), ("split", False), ("max", True)])
+def test_narrow_gearbox_steps_give_the_full_width_tokens_and_telemetry(model_dir, rule, pipelined):
+    """GEARBX on the first slots (the monitor pads the rows beyond them): the full-width steps' tokens,
+    entropies and gears, with gear shifts (high -> low after the minimum duration), both batch rules,
+    sequences joining and leaving, and a sampled row."""
+    from gearshift.decode.gearbox import GearboxPolicy
+    from gearshift.model.loader import load_model
+
+    dense = load_model(model_dir("tiny"), progress=False)
+    prompts = [[1, 5, 7, 9], [3, 4, 8, 100, 200], [17, 30, 31], [42], [6, 7]]
+    out = {}
+    for narrow in (True, False):
+        pol = GearboxPolicy(dense.model, initial_gear="high", calibrate=False, min_gear_duration=3,
+                            batch_rule=rule, pipelined=pipelined,
+                            monitor_kwargs=dict(theta_low=30, theta_high=40, catastrophic_fraction=2.0))
+        pol.narrow_decode = narrow
+        reqs = [Request(p, SamplingParams(max_new_tokens=n, ignore_eos=True)) for p, n in zip(prompts, (8, 3, 6, 9, 2))]
+        reqs.append(Request([5, 6, 7], SamplingParams(max_new_tokens=5, temperature=0.9, seed=11, ignore_eos=True)))
+        eng = Engine(dense, max_batch=4)
+        rows, forward = [], dense.model.forward
+        dense.model.forward = lambda tokens, *a, **k: (rows.append(tokens.shape[0]), forward(tokens, *a, **k))[1]
+        try:
+            res = eng.generate(reqs, pol)
+        finally:
+            del dense.model.forward
+        pol.close()
+        out[narrow] = (res, eng.last_stats, rows)
+    (narrow_res, st1, rows1), (full_res, st0, rows0) = out[True], out[False]
+    assert rows1.count(4) < rows0.count(4) and sum(rows1) < sum(rows0)  # the narrow run's steps narrowed
+    assert [r.token_ids for r in narrow_res] == [r.token_ids for r in full_res]
+    for a, b in zip(narrow_res, full_res):
+        for key in ("entropy", "gear", "wanted_gear"):
+            assert a.stats["gearbox"][key] == b.stats["gearbox"][key], key
+    assert st1["gear_counts"] == st0["gear_counts"] and st1["gear_counts"]["low"] > 0

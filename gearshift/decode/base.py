@@ -185,8 +185,7 @@ class DecodePolicy:
         return start, logits
 
     #: decode over the slots through the highest active one (`decode_width`) instead of every slot; the
-    #: policies whose steps do so (AR, QSPEC) set it, and False restores the full-width step for A/B timing
-    #: (GEARBX keeps every slot: its entropy monitor has one row per slot)
+    #: policies whose steps do so (AR, QSPEC, GEARBX) set it, and False restores the full-width step for A/B timing
     narrow_decode = False
 
     def decode_width(self, seqs: list[Sequence]) -> int:

@@ -308,6 +308,12 @@ class SequenceState:
     tokens_per_gear: dict = field(default_factory=lambda: {g: 0 for g in GEARS})
 
 
+def _pad_rows(values: torch.Tensor, rows: int) -> torch.Tensor:
+    """`values` [W] padded with zeros to [rows] (a narrow step's rows, in a monitor of every slot)."""
+    w = values.shape[0]
+    return values if w == rows else torch.cat((values, values.new_zeros(rows - w)))
+
+
 class EntropyMonitor:
     """Per-sequence entropy routing for a batch (paper 3, 4, 10; rules in the module docstring).
 
@@ -452,13 +458,15 @@ class EntropyMonitor:
     def dispatch(self, logits: torch.Tensor) -> torch.Tensor:
         """Launch the entropy of this step's logits [B, V] (or [B, 1, V]); keep it pending.
 
-        Returns the fp32 [B] device tensor without synchronising.  ``B`` must equal the
-        monitor's batch size.  Sanitize the logits first (gumbel.sanitize_logits)."""
+        Returns the fp32 [B] device tensor without synchronising.  The logits may hold the first
+        W <= B rows only (a decode step over the first slots, `DecodePolicy.decode_width`): rows from
+        W on then read entropy 0, for rows that must be inactive.  Sanitize the logits first
+        (gumbel.sanitize_logits)."""
         if logits.dim() == 3:
             logits = logits[:, -1, :]
-        if logits.shape[0] != self.batch_size:
-            raise ValueError(f"logits batch {logits.shape[0]} != monitor batch {self.batch_size}")
-        self._pending = entropy_bits(logits)
+        if logits.shape[0] > self.batch_size:
+            raise ValueError(f"logits batch {logits.shape[0]} > monitor batch {self.batch_size}")
+        self._pending = _pad_rows(entropy_bits(logits), self.batch_size)
         return self._pending
 
     def fetch(self, token_ids: torch.Tensor, active: Sequence[bool] | None = None
@@ -474,13 +482,13 @@ class EntropyMonitor:
     def staged(self, token_ids: torch.Tensor) -> torch.Tensor:
         """The fp64 [2, B] device tensor :meth:`fetch` reads (ids, pending entropies), for a loop that
         copies it to the host itself (asynchronously, to launch more work first) and then calls
-        :meth:`commit` with its second row."""
+        :meth:`commit` with its second row. Ids of the first W <= B rows are padded with 0."""
         if self._pending is None:
             raise RuntimeError("fetch() without a dispatch()ed entropy")
         ids = token_ids.reshape(-1)
-        if ids.numel() != self.batch_size:
+        if ids.numel() > self.batch_size:
             raise ValueError(f"{ids.numel()} token ids for a batch of {self.batch_size}")
-        return torch.stack((ids.to(torch.float64), self._pending.to(torch.float64)))
+        return torch.stack((_pad_rows(ids, self.batch_size).to(torch.float64), self._pending.to(torch.float64)))
 
     def commit(self, host_entropies: Sequence[float | None] | None = None,
                active: Sequence[bool] | None = None) -> list[GearDecision | None]:

@@ -77,7 +77,7 @@ MODE = "native"
 @dataclass
 class _Launched:
     """A decode forward already on the GPU: the sequences it feeds (by identity, slot), the cache
-    offsets it wrote at, the gear it ran in and its last-position logits [cache.batch, V]."""
+    offsets it wrote at, the gear it ran in and its last-position logits [W, V] (slots 0 .. W-1)."""
 
     covers: dict[int, int]
     start: list[int]
@@ -105,6 +105,7 @@ def parse_gears(spec) -> tuple[str, ...]:
 
 class GearboxPolicy(DecodePolicy):
     name = "gearbox"
+    narrow_decode = True  # steps run the slots through the highest active one (the monitor pads the rest)
 
     def __init__(self, model, *, tokenizer=None, prompt_texts: list[str] | None = None, manage: str = "attention",
                  gears="low,mid,high", batch_rule: str = "max", calibrate: bool = True, initial_gear: str = "auto",
@@ -255,11 +256,13 @@ class GearboxPolicy(DecodePolicy):
         self._drop(seqs)
         ran: dict[int, str] = {}
         z = None
+        cache = self.span(self.decode_width(seqs))  # every group's forward as wide, so their rows line up in z
         for gear, group in groups:
             self._shift(gear)
-            tokens, start, n_new = self.batch_tokens(group, {s.slot: [s.last_token] for s in group})
+            tokens, start, n_new = self.batch_tokens(group, {s.slot: [s.last_token] for s in group}, cache)
             with self.timer("decode"):
-                out = self.model(tokens, self.cache, start, n_new, mode=MODE, logits="last")[:, 0]
+                out = self.model(tokens, cache, start, n_new, mode=MODE, logits="last")[:, 0]
+                self.unspan(cache)
             if len(groups) == 1:
                 z = out
             else:
@@ -303,7 +306,8 @@ class GearboxPolicy(DecodePolicy):
             self._drop(seqs)
             self._shift(gear)  # (a shift synchronizes first: the dropped step never sees the new stores)
             with self.timer("decode", sync=False):  # a sync here would wait for the step launched ahead
-                tokens, _, _ = self.batch_tokens(seqs, {s.slot: [s.last_token] for s in seqs})
+                tokens, _, _ = self.batch_tokens(seqs, {s.slot: [s.last_token] for s in seqs},
+                                                 self.span(self.decode_width(seqs)))
                 cur = self._launch(seqs, tokens, gear)
         self._count_forward(gear)
         with self.timer("sample_monitor", sync=False):
@@ -314,7 +318,7 @@ class GearboxPolicy(DecodePolicy):
         with self.timer("decode", sync=False):
             # (queued after this step's sampling: a graph replay may rewrite the logits buffer it read)
             more = [s for s in seqs if len(s.output) + 1 < s.params.max_new_tokens]
-            self._ahead = self._launch(more, ids.view(-1, 1), gear) if more else None
+            self._ahead = self._launch(more, ids[:self.decode_width(more)].view(-1, 1), gear) if more else None
         with self.timer("sample_monitor", sync=False):
             t0 = time.perf_counter()
             if ready is not None:
@@ -325,7 +329,7 @@ class GearboxPolicy(DecodePolicy):
         self._record(seqs, [int(i) for i in host_ids], decisions, {s.slot: gear for s in seqs}, wanted)
 
     def _launch(self, seqs: list[Sequence], tokens: torch.Tensor, gear: str) -> _Launched:
-        """Enqueue one decode forward of `seqs` on tokens [cache.batch, 1] (device) in the current
+        """Enqueue one decode forward of `seqs` on tokens [W, 1] (device: slots 0 .. W-1) in the current
         gear; returns without waiting."""
         start, logits = self._decode_forward(seqs, tokens, MODE)
         ready = None
