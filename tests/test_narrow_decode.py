@@ -10,6 +10,7 @@ from gearshift.decode.per_request_mode import PerRequestModePolicy
 from gearshift.decode.sampling import SamplingParams
 from gearshift.engine.engine import Engine, Request
 from gearshift.engine.warmup import warmup_runs
+from gearshift.model.cuda_graphs import context_buckets
 
 # (arrives after step, prompt, new tokens): finishing at different steps, and joining while others decode
 ARRIVALS = [(0, [5, 6, 7], 9), (0, [8, 9], 3), (0, [10, 11, 12, 13], 5), (0, [14], 12), (2, [15, 16], 4),
@@ -104,8 +105,11 @@ def test_new_requests_take_the_lowest_free_slot(tiny_int4):
 
 def test_the_warmup_runs_every_narrower_width():
     runs = warmup_runs(8, 40, [None], [1, 2, 4, 8])
-    assert [(n, t) for n, t, _ in runs if n in (2, 4)] == [(2, 16), (2, 17), (4, 16), (4, 17)]
+    assert [(n, t) for n, t, _ in runs if n in (2, 4)] == [(2, 16), (2, 17), (2, 38), (4, 16), (4, 17), (4, 38)]
     assert warmup_runs(8, 40, [None]) == [r for r in runs if r[0] not in (2, 4)]
+    # one decode graph per width and context bucket: a prompt one token under each bucket (or the longest)
+    assert [t for n, t, _ in warmup_runs(4, 600, [None], [1, 2, 4]) if n == 2] == [16, 17, 127, 255, 511, 598]
+    assert context_buckets(600) == [128, 256, 512, 600] and context_buckets(128) == [128]
 
 
 def test_narrow_steps_on_the_fused_kernels(tiny_int4):

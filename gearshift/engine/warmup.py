@@ -20,7 +20,7 @@ import time
 from gearshift.decode.base import DecodePolicy
 from gearshift.decode.sampling import SamplingParams
 from gearshift.engine.engine import Engine, Request
-from gearshift.model.cuda_graphs import token_bucket
+from gearshift.model.cuda_graphs import context_buckets, token_bucket
 
 #: tokens each warm-up sequence generates: a prefill, then decode steps (QSPEC: a draft-verify cycle)
 WARMUP_NEW_TOKENS = 2
@@ -45,8 +45,10 @@ def warmup_runs(max_batch: int, max_seq_len: int, modes: list[str | None],
     sequence fewer at one token less, since Triton compiles an integer argument divisible by 16 apart from
     one that is not (a long prefill runs unpadded: 15 prompts of up to 333 tokens make 4995 rows). Then, for
     each decode width between one sequence and the full batch (`DecodePolicy.decode_widths`), that many
-    sequences of 16 and of 17 tokens: decode steps of that many rows, with a key count divisible by 16 and
-    one that is not."""
+    sequences of 16 and of 17 tokens (decode steps of that many rows, with a key count divisible by 16 and
+    one that is not) and of one token under each context bucket (`cuda_graphs.context_buckets`): a decode
+    graph per width and bucket, captured here and not in the middle of a server's batch (100-200 ms each at
+    8B scale)."""
     max_prompt = max_seq_len - WARMUP_NEW_TOKENS
     lengths = prompt_lengths(max_prompt)
     runs = []
@@ -55,8 +57,10 @@ def warmup_runs(max_batch: int, max_seq_len: int, modes: list[str | None],
         for t in (t for t in lengths if t > 16):
             runs += [(max_batch, t, mode)] if max_batch > 1 else []
             runs += [(max_batch - 1, t - 1, mode)] if max_batch > 2 else []
+        narrow = [t for t in (16, 17) if t <= max_prompt]
+        narrow += [t for t in sorted({min(b - 1, max_prompt) for b in context_buckets(max_seq_len)}) if t > 17]
         for w in (w for w in widths if 1 < w < max_batch):
-            runs += [(w, t, mode) for t in (16, 17) if t <= max_prompt]
+            runs += [(w, t, mode) for t in narrow]
     return runs
 
 

@@ -36,6 +36,15 @@ def _bucket(n: int) -> int:
     return b
 
 
+def context_buckets(capacity: int) -> list[int]:
+    """The key counts a graph is captured for (each step's reach rounded up: 128, 256, ...), in a cache of
+    `capacity` positions per slot; the last one is the capacity itself where that is smaller."""
+    out = [128]
+    while out[-1] < capacity:
+        out.append(out[-1] * 2)
+    return [min(b, capacity) for b in out]
+
+
 def token_bucket(t: int) -> int:
     """Tokens per row a step of t tokens runs padded to: 2^k or 1.5 * 2^k (t itself up to 16), so
     steps of 17..1024 tokens share 12 shapes and no step computes more than 1.5x its rows."""
