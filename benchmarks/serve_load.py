@@ -174,9 +174,10 @@ def main(argv: list[str] | None = None) -> int:
                 asyncio.run(run_level(url, c, a.warmup * c, a.gen_len, a.prompt_words, a.seed + 10_000 + c))
             results.append(asyncio.run(run_level(url, c, a.requests or max(8, 4 * c), a.gen_len, a.prompt_words,
                                                  a.seed + c)))
-        after = httpx.get(f"{url}/stats", timeout=10).json()  # compiles while serving: shapes the warm-up missed
-        compiles = {k: after[k] for k in ("kernel_compiles_while_serving", "kernel_compile_seconds_while_serving")
-                    if k in after}
+        after = httpx.get(f"{url}/stats", timeout=10).json()  # stalls while serving: shapes the warm-up missed
+        compiles = {k: after[k] for k in ("kernel_compiles_while_serving", "kernel_compile_seconds_while_serving",
+                                          "cuda_graph_captures_while_serving",
+                                          "cuda_graph_capture_seconds_while_serving") if k in after}
     finally:
         if proc is not None:
             proc.terminate()
@@ -193,6 +194,9 @@ def main(argv: list[str] | None = None) -> int:
     if compiles.get("kernel_compiles_while_serving"):
         print(f"the server compiled {compiles['kernel_compiles_while_serving']} Triton kernels while serving "
               f"({compiles.get('kernel_compile_seconds_while_serving')} s; which ones: its log)")
+    if compiles.get("cuda_graph_captures_while_serving"):
+        print(f"the server captured {compiles['cuda_graph_captures_while_serving']} CUDA graphs while serving "
+              f"({compiles.get('cuda_graph_capture_seconds_while_serving')} s)")
     print(f"{'conc':>4} {'req':>4} {'req/s':>7} {'out tok/s':>10} {'TTFT p50':>9} {'TTFT p90':>9} {'TPOT p50':>9} "
           f"{'e2e p50':>8}  (ms)")
     for r in results:

@@ -749,3 +749,22 @@ def test_stats_count_kernel_compiles_while_serving(model_dir):
         with TestClient(app) as client:
             stats = client.get("/stats").json()
         assert stats["kernel_compiles_while_serving"] >= 1 and stats["kernel_compile_seconds_while_serving"] >= 1.25
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_stats_count_cuda_graph_captures_while_serving(model_dir, device):
+    """On a GPU /stats (and /metrics) count the CUDA graphs captured after the start (each one stalls the running
+    batch): without a warm-up a first request captures some. A model that captures none reports nothing."""
+    with serving(model_dir, "--max-model-len", "64", "--no-warmup", device=device) as (app, worker):
+        with TestClient(app) as client:
+            client.post("/v1/completions", json={"prompt": [3, 4, 5], "max_tokens": 3, "temperature": 0,
+                                                 "ignore_eos": True})
+            stats = client.get("/stats").json()
+            metrics = client.get("/metrics").text
+    if device == "cpu":
+        assert "cuda_graph_captures_while_serving" not in stats
+        assert "gearshift_cuda_graph_captures_while_serving" not in metrics
+    else:
+        assert stats["cuda_graph_captures_while_serving"] >= 1
+        assert stats["cuda_graph_capture_seconds_while_serving"] > 0
+        assert "gearshift_cuda_graph_captures_while_serving_total" in metrics

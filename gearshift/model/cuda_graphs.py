@@ -19,6 +19,7 @@ shapes recur, and are captured only when their key is seen again: the first one 
 
 from __future__ import annotations
 
+import time
 from collections import OrderedDict
 
 import torch
@@ -116,6 +117,7 @@ class GraphRunner:
         self._version = None
         self._signature = None
         self.captures = 0
+        self.capture_s = 0.0  # host seconds in captures (their warm-up forwards included): a server's stall
 
     def _stores(self, model) -> tuple:
         v = store_version()
@@ -157,7 +159,9 @@ class GraphRunner:
             # warm-up forwards write this step's K/V: the replay rewrites the same values. A key seen
             # before has its kernels compiled: one warm-up is enough there
             seen = self.seen.pop(key, None) is not None
+            t0 = time.perf_counter()
             g = _Graph(model, cache, b, t, bucket, mode, logits, self.pool, warmups=1 if seen else 2)
+            self.capture_s += time.perf_counter() - t0
             self.captures += 1
             self.graphs[key] = g
             while len(self.graphs) > self.max_graphs:

@@ -34,8 +34,13 @@ class WorkerCollector:
                 ("gearshift_generated_tokens", "tokens generated", s["generated_tokens"]),
                 ("gearshift_prompt_tokens_reused", "prompt tokens served from a kept KV prefix",
                  s["prompt_tokens_reused"]),
-                ("gearshift_prompts_scored", "scoring forwards (echo / logprobs)", s["prompts_scored"])):
-            yield CounterMetricFamily(name, doc, value=value)
+                ("gearshift_prompts_scored", "scoring forwards (echo / logprobs)", s["prompts_scored"]),
+                ("gearshift_kernel_compiles_while_serving", "Triton compiles after the warm-up (batch stalls)",
+                 s.get("kernel_compiles_while_serving")),
+                ("gearshift_cuda_graph_captures_while_serving", "CUDA graph captures after the warm-up (batch stalls)",
+                 s.get("cuda_graph_captures_while_serving"))):
+            if value is not None:
+                yield CounterMetricFamily(name, doc, value=value)
         for name, doc, hist in (
                 ("gearshift_time_to_first_token_seconds", "submit to first token", s["time_to_first_token"]),
                 ("gearshift_request_latency_seconds", "submit to the last token of a finished request",

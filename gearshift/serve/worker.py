@@ -77,6 +77,7 @@ class EngineWorker:
         self._stopped = False  # the loop has ended: submit refuses
         self._thread = threading.Thread(target=self._main, name="gearshift-engine", daemon=True)
         self.compile_watch = None  # a started `CompileWatch` (the server's, after its warm-up), stopped at close
+        self._graphs_at_start = self._graph_captures()  # (captures, seconds) the warm-up left
         device = engine.model.device
         self.device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else str(device)
 
@@ -112,12 +113,27 @@ class EngineWorker:
                 **self._compiles()}
 
     def _compiles(self) -> dict:
+        """Triton compiles and CUDA graph captures since the worker was made (after a server's warm-up): each
+        stalled the running batch, at a shape the warm-up did not cover."""
+        out = {}
         w = self.compile_watch
-        if w is None:
-            return {}
-        events = list(w.events)
-        return {"kernel_compiles_while_serving": len(events),
-                "kernel_compile_seconds_while_serving": round(sum(e.seconds for e in events), 3)}
+        if w is not None:
+            events = list(w.events)
+            out = {"kernel_compiles_while_serving": len(events),
+                   "kernel_compile_seconds_while_serving": round(sum(e.seconds for e in events), 3)}
+        if self._graphs_at_start is not None:
+            n, sec = self._graph_captures()
+            out.update(cuda_graph_captures_while_serving=n - self._graphs_at_start[0],
+                       cuda_graph_capture_seconds_while_serving=round(sec - self._graphs_at_start[1], 3))
+        return out
+
+    def _graph_captures(self) -> tuple[int, float] | None:
+        """(captures, seconds) of the model's CUDA graph runner; None where the model captures none."""
+        model = self.engine.model
+        if not (getattr(model, "use_cuda_graphs", False) and model.device.type == "cuda"):
+            return None
+        runner = model._graph_runner()
+        return runner.captures, runner.capture_s
 
     def cancel(self, rid: int) -> None:
         """The client went away: end the request at the next step and free its KV slot."""
