@@ -98,6 +98,13 @@ class DecodePolicy:
         """The precision modes a request may ask this policy for (`Request.mode`)."""
         return (self.mode,)
 
+    @property
+    def sample_device(self) -> torch.device:
+        """Where a request's random generator lives (`SamplingParams.make_generator`): the CPU for policies that
+        draw on the host (QSPEC's acceptance, GEARBX's noise); the model's device for those that sample through
+        the engine's `sample_rows`, which draws there."""
+        return self.model.device if self.penalties else torch.device("cpu")
+
     def bind(self, cache: KVCache) -> None:
         self.cache = cache
 

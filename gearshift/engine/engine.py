@@ -302,7 +302,7 @@ class Engine:
                 while queue and free:
                     s = queue.popleft()
                     s.slot = take_slot(s)
-                    s.generator = s.params.make_generator()
+                    s.generator = s.params.make_generator(policy.sample_device)
                     new.append(s)
                 if admitted is not None:
                     admitted(new)
