@@ -2,8 +2,8 @@
 
 `gearshift bench` times the engine alone; this adds what a server costs on top (HTTP, SSE, tokenizing,
 the engine thread's hand-offs) and what queueing for KV slots does to latency. For each concurrency level it
-keeps that many requests in flight (each a fresh random text prompt, greedy, `ignore_eos`, `--gen-len`
-tokens, streamed) until `--requests` have finished, and reports per level: requests/s, output tokens/s, time to
+keeps that many requests in flight (each a fresh random text prompt, greedy unless `--sampling` says otherwise,
+`ignore_eos`, `--gen-len` tokens, streamed) until `--requests` have finished, and reports per level: requests/s, output tokens/s, time to
 first token (median, p90), time per output token after the first (median), and end-to-end latency (median).
 Both times are when text arrives; the JSON's `text_chunks_per_token` says how closely that follows the tokens,
 and a level where it is under 0.5 is warned about.
@@ -13,7 +13,7 @@ Either start a server yourself and pass `--url`, or let the script start `gearsh
 wants an API key gets $GEARSHIFT_API_KEY.
 
 Usage: python benchmarks/serve_load.py --model PATH [--concurrency 1,4,16] [--requests N] [--gen-len 128]
-       [--prompt-words 100] [--out DIR] [-- SERVE OPTIONS...]
+       [--prompt-words 100] [--sampling '{"temperature": 0.7}'] [--sample-stacks] [--out DIR] [-- SERVE OPTIONS...]
 writes DIR/serve_load_<device>.json (the device the server reports in /stats), prints a table last.
 """
 from __future__ import annotations
@@ -77,10 +77,10 @@ def start_server(model: str, serve_args: list[str], port: int, wait_s: float, lo
     raise SystemExit(f"gearshift serve did not answer /health within {wait_s:.0f} s:\n{log.read_text()[-4000:]}")
 
 
-async def one_request(client: httpx.AsyncClient, url: str, prompt: str, gen_len: int) -> dict:
+async def one_request(client: httpx.AsyncClient, url: str, prompt: str, gen_len: int, sampling: dict) -> dict:
     """One streamed completion: when its first text arrived, when it ended, and its token counts."""
-    body = {"prompt": prompt, "max_tokens": gen_len, "temperature": 0, "ignore_eos": True, "stream": True,
-            "stream_options": {"include_usage": True}}
+    body = {"prompt": prompt, "max_tokens": gen_len, "temperature": 0, **sampling, "ignore_eos": True,
+            "stream": True, "stream_options": {"include_usage": True}}
     t0 = time.perf_counter()
     first, usage, chunks = None, None, 0
     async with client.stream("POST", f"{url}/v1/completions", json=body) as r:
@@ -103,7 +103,8 @@ async def one_request(client: httpx.AsyncClient, url: str, prompt: str, gen_len:
             "tpot_s": (end - first) / (n - 1) if first is not None and n > 1 else None}
 
 
-async def run_level(url: str, concurrency: int, requests: int, gen_len: int, words: int, seed: int) -> dict:
+async def run_level(url: str, concurrency: int, requests: int, gen_len: int, words: int, seed: int,
+                    sampling: dict) -> dict:
     rng = random.Random(seed)
     prompts = [" ".join(rng.choice(WORDS) for _ in range(words)) for _ in range(requests)]
     sem = asyncio.Semaphore(concurrency)
@@ -113,7 +114,7 @@ async def run_level(url: str, concurrency: int, requests: int, gen_len: int, wor
                                  limits=httpx.Limits(max_connections=concurrency + 4)) as client:
         async def limited(p):
             async with sem:
-                return await one_request(client, url, p, gen_len)
+                return await one_request(client, url, p, gen_len, sampling)
         t0 = time.perf_counter()
         rows = await asyncio.gather(*(limited(p) for p in prompts))
         wall = time.perf_counter() - t0
@@ -149,12 +150,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--wait", type=float, default=600, help="seconds to wait for a started server (default: 600)")
     ap.add_argument("--out", default="benchmarks/results", help="folder for the JSON")
     ap.add_argument("--tag", default="", help="suffix of the JSON's name")
+    ap.add_argument("--sampling", default="{}", help='request fields over greedy, as JSON, e.g. '
+                    '\'{"temperature": 0.7, "top_p": 0.9}\' (default: greedy)')
     ap.add_argument("--sample-stacks", action="store_true", help="sample the started server's threads every 10 ms "
                     "into OUT/stacks<tag>/ (benchmarks/stack_sampler; read with benchmarks/stall_report.py)")
     a = ap.parse_args(argv)
     levels = [int(v) for v in a.concurrency.split(",")]
     if min(levels) < 1 or a.gen_len < 1 or a.prompt_words < 1:
         ap.error("--concurrency, --gen-len and --prompt-words take positive numbers")
+    try:
+        sampling = json.loads(a.sampling)
+        assert isinstance(sampling, dict)
+    except (ValueError, AssertionError):
+        ap.error(f"--sampling takes a JSON object of request fields, not {a.sampling!r}")
     if a.sample_stacks and not a.model:
         ap.error("--sample-stacks samples a server this script starts (--model)")
     proc, startup_s = None, None
@@ -171,9 +179,10 @@ def main(argv: list[str] | None = None) -> int:
         results = []
         for c in levels:  # each level warms its own batch sizes: a first batch of 4 compiles and captures graphs
             if a.warmup:
-                asyncio.run(run_level(url, c, a.warmup * c, a.gen_len, a.prompt_words, a.seed + 10_000 + c))
+                asyncio.run(run_level(url, c, a.warmup * c, a.gen_len, a.prompt_words, a.seed + 10_000 + c,
+                                      sampling))
             results.append(asyncio.run(run_level(url, c, a.requests or max(8, 4 * c), a.gen_len, a.prompt_words,
-                                                 a.seed + c)))
+                                                 a.seed + c, sampling)))
         after = httpx.get(f"{url}/stats", timeout=10).json()  # stalls while serving: shapes the warm-up missed
         compiles = {k: after[k] for k in ("kernel_compiles_while_serving", "kernel_compile_seconds_while_serving",
                                           "cuda_graph_captures_while_serving",
@@ -187,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"device": device, "server": {k: stats.get(k) for k in (
         "policy", "mode", "modes", "batch_size", "max_model_len", "prefix_reuse")}, "serve_args": serve_args,
-        "startup_s": startup_s, **compiles, "gen_len": a.gen_len, "prompt_words": a.prompt_words, "levels": results},
+        "startup_s": startup_s, **compiles, "sampling": sampling, "gen_len": a.gen_len, "prompt_words": a.prompt_words, "levels": results},
         indent=1))
     print(f"{device}; policy {stats.get('policy')} ({stats.get('mode')}), {stats.get('batch_size')} KV slots; "
           f"{a.gen_len} tokens per request; {out}")

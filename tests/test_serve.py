@@ -613,11 +613,13 @@ def test_load_benchmark_runs_against_a_started_server(model_dir, tmp_path):
 
     mod = load_script("serve_load.py")
     assert mod.main(["--model", str(model_dir("tiny")), "--concurrency", "1,3", "--requests", "3", "--gen-len", "5",
-                     "--prompt-words", "12", "--warmup", "1", "--out", str(tmp_path), "--sample-stacks", "--",
+                     "--prompt-words", "12", "--warmup", "1", "--out", str(tmp_path), "--sample-stacks",
+                     "--sampling", '{"temperature": 0.8, "top_p": 0.9}', "--",
                      "--device", "cpu", "--batch-size", "2", "--max-model-len", "128"]) == 0
     (out,) = tmp_path.glob("serve_load_*.json")
     d = json.loads(out.read_text())
     assert d["device"] == "cpu" and d["server"]["batch_size"] == 2 and d["startup_s"] > 0
+    assert d["sampling"] == {"temperature": 0.8, "top_p": 0.9}
     assert "gearshift serve: " in (tmp_path / "serve_load_server.log").read_text()  # the server's own output
     assert [lv["concurrency"] for lv in d["levels"]] == [1, 3]
     for lv in d["levels"]:
