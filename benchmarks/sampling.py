@@ -24,7 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from gearshift.decode.sampling import SamplingParams, sample_rows  # noqa: E402
 
 SETTINGS = {"greedy": dict(), "temperature 0.7": dict(temperature=0.7),
-            "top-p 0.9": dict(temperature=0.7, top_p=0.9), "top-k 50, top-p 0.95": dict(temperature=0.8, top_k=50, top_p=0.95)}
+            "top-p 0.9": dict(temperature=0.7, top_p=0.9),
+            "top-k 50, top-p 0.95": dict(temperature=0.8, top_k=50, top_p=0.95)}
 
 
 def time_call(fn, reps: int, cuda: bool) -> float:

@@ -3,8 +3,9 @@
 `gearshift bench` times the engine alone; this adds what a server costs on top (HTTP, SSE, tokenizing,
 the engine thread's hand-offs) and what queueing for KV slots does to latency. For each concurrency level it
 keeps that many requests in flight (each a fresh random text prompt, greedy unless `--sampling` says otherwise,
-`ignore_eos`, `--gen-len` tokens, streamed) until `--requests` have finished, and reports per level: requests/s, output tokens/s, time to
-first token (median, p90), time per output token after the first (median), and end-to-end latency (median).
+`ignore_eos`, `--gen-len` tokens, streamed) until `--requests` have finished, and reports per level:
+requests/s, output tokens/s, time to first token (median, p90), time per output token after the first
+(median), and end-to-end latency (median).
 Both times are when text arrives; the JSON's `text_chunks_per_token` says how closely that follows the tokens,
 and a level where it is under 0.5 is warned about.
 
@@ -196,7 +197,8 @@ def main(argv: list[str] | None = None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"device": device, "server": {k: stats.get(k) for k in (
         "policy", "mode", "modes", "batch_size", "max_model_len", "prefix_reuse")}, "serve_args": serve_args,
-        "startup_s": startup_s, **compiles, "sampling": sampling, "gen_len": a.gen_len, "prompt_words": a.prompt_words, "levels": results},
+        "startup_s": startup_s, **compiles, "sampling": sampling, "gen_len": a.gen_len,
+        "prompt_words": a.prompt_words, "levels": results},
         indent=1))
     print(f"{device}; policy {stats.get('policy')} ({stats.get('mode')}), {stats.get('batch_size')} KV slots; "
           f"{a.gen_len} tokens per request; {out}")

@@ -68,7 +68,8 @@ def test_the_width_is_a_power_of_two_through_the_highest_slot(tiny_int4):
     p = AutoregressivePolicy(tiny_int4.model, "w4a16")
     p.bind(tiny_int4.model.new_cache(12, 16))
     seqs = lambda *slots: [Sequence(i, [1], SamplingParams(), slot=s) for i, s in enumerate(slots)]  # noqa: E731
-    assert [p.decode_width(seqs(*x)) for x in [(0,), (1,), (0, 2), (3,), (4, 1), (8,), (11, 0)]] == [1, 2, 4, 4, 8, 12, 12]
+    cases = [(0,), (1,), (0, 2), (3,), (4, 1), (8,), (11, 0)]
+    assert [p.decode_width(seqs(*x)) for x in cases] == [1, 2, 4, 4, 8, 12, 12]
     assert p.decode_widths(12) == [1, 2, 4, 8, 12] and p.decode_widths(1) == [1]
     p.narrow_decode = False
     assert p.decode_width(seqs(0)) == 12 and p.decode_widths(12) == [12]

@@ -19,7 +19,8 @@ def _frequencies(params: SamplingParams, draws: int = 6000, seed: int = 1) -> to
 
 
 @pytest.mark.parametrize("params", [SamplingParams(temperature=1.0), SamplingParams(temperature=0.6),
-                                    SamplingParams(temperature=1.3, top_k=3), SamplingParams(temperature=1.0, top_p=0.8),
+                                    SamplingParams(temperature=1.3, top_k=3),
+                                    SamplingParams(temperature=1.0, top_p=0.8),
                                     SamplingParams(temperature=1.0, min_p=0.2),
                                     SamplingParams(temperature=0.9, top_k=4, top_p=0.9, min_p=0.05)])
 def test_draws_follow_the_filtered_distribution(params):

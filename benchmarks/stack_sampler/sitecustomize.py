@@ -1,13 +1,13 @@
 """A stack sampler for a `gearshift serve` process: what the engine thread was doing during a stall.
 
 Python imports this at start-up when its folder comes first on PYTHONPATH and $STACK_OUT names a folder
-(`benchmarks/serve_load.py --sample-stacks` sets both); any other process, or one without $STACK_OUT,
-is left alone. Every 10 ms it records each thread's innermost 18 frames, and it writes them to
+(`benchmarks/serve_load.py --sample-stacks` sets both); any other process, or one without $STACK_OUT, is left
+alone. Every 10 ms it records each thread's innermost 18 frames, and it writes them to
 $STACK_OUT/stacks_<pid>.json.gz every 2 s once a thread other than the main one runs, and on SIGTERM (uvicorn
-re-raises it after its shutdown, so an exit hook would never run). It also notes on stderr each Triton kernel load and CUDA graph
-capture over 20 ms, and each time it was itself kept from running for over 80 ms (the GIL held by C code).
-`benchmarks/stall_report.py` reads the file. Stop 58 found the 1.3 s serve stall with it: one SDPA call.
-It shadows any other sitecustomize on the path while in use.
+re-raises it after its shutdown, so an exit hook would never run). It also notes on stderr each Triton kernel
+load and CUDA graph capture over 20 ms, and each time it was itself kept from running for over 80 ms (the GIL
+held by C code). `benchmarks/stall_report.py` reads the file. Stop 58 found the 1.3 s serve stall with it: one
+SDPA call. It shadows any other sitecustomize on the path while in use.
 """
 import os
 import sys
