@@ -80,8 +80,8 @@ def test_on_the_gpu_with_device_generators():
 
 
 def test_policies_name_where_their_generators_live(tiny_int4):
-    """The engine's sampler draws on the model's device, so AR requests get generators there; QSPEC and GEARBX
-    draw on the host and keep CPU generators."""
+    """The engine's sampler and GEARBX's Gumbel noise draw on the model's device, so their requests get generators
+    there; QSPEC's acceptance draws on the host and keeps CPU generators."""
     from gearshift.decode.autoregressive import AutoregressivePolicy
     from gearshift.decode.gearbox import GearboxPolicy
     from gearshift.decode.per_request_mode import PerRequestModePolicy
@@ -91,5 +91,5 @@ def test_policies_name_where_their_generators_live(tiny_int4):
     assert AutoregressivePolicy(m, "w4a16").sample_device == m.device
     assert PerRequestModePolicy(m, ["w4a16", "w4a8"], "w4a16").sample_device == m.device
     assert QSpecPolicy(m, "w4a8", "w4a16").sample_device.type == "cpu"
-    assert GearboxPolicy(m, gears="high").sample_device.type == "cpu"
+    assert GearboxPolicy(m, gears="high").sample_device == m.device
     assert SamplingParams(temperature=1.0, seed=1).make_generator(m.device).device == m.device

@@ -33,6 +33,7 @@ class AutoregressivePolicy(DecodePolicy):
     reuses_prefix = True  # one mode for prefill and every step
     penalties = True
     narrow_decode = True  # steps run the slots through the highest active one only
+    samples_on_device = True
 
     def __init__(self, model, mode: str = "w4a16", pipelined: bool | None = None):
         """pipelined: run greedy batches one step ahead (None: on a CUDA model, where it pays)."""

@@ -98,12 +98,14 @@ class DecodePolicy:
         """The precision modes a request may ask this policy for (`Request.mode`)."""
         return (self.mode,)
 
+    #: draws its sampled tokens on the model's device (the engine's `sample_rows`, GEARBX's Gumbel noise), so a
+    #: request's generator is made there; QSPEC's acceptance draws on the host
+    samples_on_device = False
+
     @property
     def sample_device(self) -> torch.device:
-        """Where a request's random generator lives (`SamplingParams.make_generator`): the CPU for policies that
-        draw on the host (QSPEC's acceptance, GEARBX's noise); the model's device for those that sample through
-        the engine's `sample_rows`, which draws there."""
-        return self.model.device if self.penalties else torch.device("cpu")
+        """Where a request's random generator lives (`SamplingParams.make_generator`)."""
+        return self.model.device if self.samples_on_device else torch.device("cpu")
 
     def bind(self, cache: KVCache) -> None:
         self.cache = cache

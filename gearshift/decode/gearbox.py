@@ -106,6 +106,7 @@ def parse_gears(spec) -> tuple[str, ...]:
 class GearboxPolicy(DecodePolicy):
     name = "gearbox"
     narrow_decode = True  # steps run the slots through the highest active one (the monitor pads the rest)
+    samples_on_device = True
 
     def __init__(self, model, *, tokenizer=None, prompt_texts: list[str] | None = None, manage: str = "attention",
                  gears="low,mid,high", batch_rule: str = "max", calibrate: bool = True, initial_gear: str = "auto",

@@ -19,6 +19,7 @@ class PerRequestModePolicy(DecodePolicy):
     reuses_prefix = True  # the engine matches a slot's mode as well as its tokens
     penalties = True  # each mode's rows run an AutoregressivePolicy
     narrow_decode = True  # (so do its decode widths: `decode_widths` for a warm-up)
+    samples_on_device = True
 
     def __init__(self, model, modes: list[str], default: str):
         if default not in modes:
