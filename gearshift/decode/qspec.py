@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 import torch
 
 from gearshift.decode.base import DecodePolicy, Sequence
-from gearshift.decode.sampling import filtered_logprobs
+from gearshift.decode.sampling import filtered_logprobs_rows
 from gearshift.errors import GearshiftError
 from gearshift.quant.modes import get_mode
 
@@ -428,11 +428,12 @@ class QSpecPolicy(DecodePolicy):
             for i, tok in zip(greedy, logits[idx].argmax(-1).tolist()):
                 out[i] = tok
         sampled = [i for i, s in enumerate(seqs) if not self._greedy(s)]
-        if sampled:
-            host = logits[[seqs[i].slot for i in sampled]].float().cpu()
+        if sampled:  # filtered on the device, batched; drawn on the host, where the acceptance reads q
+            host = filtered_logprobs_rows(logits[[seqs[i].slot for i in sampled]].float(),
+                                          [seqs[i].params for i in sampled]).exp().cpu()
             for j, i in enumerate(sampled):
                 s = seqs[i]
-                q = filtered_logprobs(host[j], s.params).exp()
+                q = host[j]
                 qprobs[s.slot].append(q)
                 out[i] = self._draw(q, s.generator)
         return out
@@ -447,13 +448,13 @@ class QSpecPolicy(DecodePolicy):
             for i, row in zip(greedy, top):
                 res[i] = self._accept_greedy(drafts[seqs[i].slot], row)
         sampled = [i for i, s in enumerate(seqs) if not self._greedy(s)]
-        if sampled:
-            host = logits[[seqs[i].slot for i in sampled]].float().cpu()
+        if sampled:  # every verify position filtered on the device at once; the rule runs on the host
+            host = filtered_logprobs_rows(logits[[seqs[i].slot for i in sampled]].float(),
+                                          [seqs[i].params for i in sampled]).exp().cpu()
             for j, i in enumerate(sampled):
                 s = seqs[i]
                 g = len(drafts[s.slot])
-                p = filtered_logprobs(host[j, : g + 1], s.params).exp()
-                res[i] = self.accept_sampled(p, qprobs[s.slot], drafts[s.slot], s.generator)
+                res[i] = self.accept_sampled(host[j, : g + 1], qprobs[s.slot], drafts[s.slot], s.generator)
         return res
 
     def accept_sampled(self, p: torch.Tensor, q: list[torch.Tensor], d: list[int], generator) -> tuple[int, int]:

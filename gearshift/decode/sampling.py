@@ -114,6 +114,21 @@ def apply_penalties(logits: torch.Tensor, p: SamplingParams, prompt: list[int], 
     return x
 
 
+def filtered_logprobs_rows(z: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    """`filtered_logprobs` of each row of z [R, ..., V] under its own params, on z's device: one call per set of
+    temperature / top-k / top-p / min-p (a server's rows mostly share one), not one per row."""
+    groups: dict[tuple, list[int]] = {}
+    for j, p in enumerate(params):
+        groups.setdefault((p.temperature, p.top_k, p.top_p, p.min_p), []).append(j)
+    if len(groups) == 1:
+        return filtered_logprobs(z, params[0])
+    out = torch.empty_like(z, dtype=torch.float32)
+    for js in groups.values():
+        idx = torch.tensor(js, device=z.device)
+        out[idx] = filtered_logprobs(z[idx], params[js[0]])
+    return out
+
+
 def _draw_rows(lp: torch.Tensor, generators: list[torch.Generator]) -> torch.Tensor:
     """One token per row of lp [R, V] (log-probabilities), each from its own generator, so a row's draw depends
     on its own seed only, not on the rows batched with it; on the device of lp (a generator elsewhere draws from
@@ -150,14 +165,10 @@ def sample_rows(logits: torch.Tensor, params: list[SamplingParams],
                 raise GearshiftError("penalties need each row's prompt and output tokens")
             z[j] = apply_penalties(z[j], params[i], *histories[i])
     picked = z.argmax(-1)  # penalized greedy rows
-    groups: dict[tuple, list[int]] = {}
-    for j, i in enumerate(rows):
-        p = params[i]
-        if not p.greedy:
-            groups.setdefault((p.temperature, p.top_k, p.top_p, p.min_p), []).append(j)
-    for js in groups.values():
+    js = [j for j, i in enumerate(rows) if not params[i].greedy]
+    if js:
         idx = torch.tensor(js, device=z.device)
-        lp = filtered_logprobs(z[idx], params[rows[js[0]]])
+        lp = filtered_logprobs_rows(z[idx], [params[rows[j]] for j in js])
         picked[idx] = _draw_rows(lp, [generators[rows[j]] for j in js])
     out[torch.tensor(rows, device=out.device)] = picked
     return out.tolist()
