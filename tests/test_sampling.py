@@ -93,3 +93,16 @@ def test_policies_name_where_their_generators_live(tiny_int4):
     assert QSpecPolicy(m, "w4a8", "w4a16").sample_device.type == "cpu"
     assert GearboxPolicy(m, gears="high").sample_device == m.device
     assert SamplingParams(temperature=1.0, seed=1).make_generator(m.device).device == m.device
+
+
+def test_rows_filtered_together_are_each_rows_own_filter():
+    from gearshift.decode.sampling import filtered_logprobs_rows
+
+    z = torch.randn(5, 3, 40)
+    ps = [SamplingParams(temperature=0.7, top_p=0.9), SamplingParams(temperature=1.2, top_k=5),
+          SamplingParams(temperature=0.7, top_p=0.9), SamplingParams(temperature=1.0, min_p=0.1),
+          SamplingParams(temperature=1.2, top_k=5)]
+    got = filtered_logprobs_rows(z, ps)
+    for j, p in enumerate(ps):
+        assert torch.equal(got[j], filtered_logprobs(z[j], p))
+    assert torch.equal(filtered_logprobs_rows(z, [ps[0]] * 5), filtered_logprobs(z, ps[0]))
