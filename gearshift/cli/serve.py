@@ -45,10 +45,11 @@ def register(sub) -> None:
                         "differently from a prefill of the same tokens")
     p.add_argument("--no-warmup", dest="warmup", action="store_false",
                    help="take requests as soon as the model is loaded. By default (on a GPU) the server first runs "
-                        "prefills of every token bucket, for one sequence and for a full batch, so that the first "
-                        "requests of each size do not wait for Triton compiles (seconds each at 8B scale). It took "
-                        "125 s on a first start of an 8B model on an H200; Triton keeps the compiled kernels on "
-                        "disk for later starts")
+                        "prefills of every token bucket, for one sequence and for a full batch, and decode steps at "
+                        "every narrower step width, so that the first requests of each size do not wait for Triton "
+                        "compiles or CUDA graph captures (seconds each at 8B scale). It took 90-125 s on a first "
+                        "start of an 8B model on an H200 and 12-14 s on a later one (Triton keeps the compiled "
+                        "kernels on disk)")
     p.add_argument("--api-key", default=None,
                    help="require 'Authorization: Bearer KEY' on the /v1 endpoints (401 otherwise; /health, "
                         "/stats and /metrics stay open); default: $GEARSHIFT_API_KEY, else none")

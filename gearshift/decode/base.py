@@ -152,11 +152,10 @@ class DecodePolicy:
         whole batch (refilling one slot of 8 computed 8 rows per token). Returns the logits and the
         first slot they start at (row r is slot first + r)."""
         lo, hi = (min(rows), max(rows) + 1) if self.compact_prefill else (0, self.cache.batch)
-        cache = self.cache if hi - lo == self.cache.batch else self.cache.slots(lo, hi - lo)
+        cache = self.span(hi - lo, lo)
         tokens, start, n_new = self.batch_tokens([], {slot - lo: v for slot, v in rows.items()}, cache)
         out = self.model(tokens, cache, start, n_new, mode=mode, logits=logits)
-        if cache is not self.cache:
-            self.cache.lengths[lo:hi] = cache.lengths
+        self.unspan(cache, lo)
         return out, lo
 
     def step(self, seqs: list[Sequence], sample) -> None:
@@ -220,13 +219,14 @@ class DecodePolicy:
             w *= 2
         return out + [b]
 
-    def span(self, width: int) -> KVCache:
-        """The cache's slots 0 .. width-1 (the cache itself at full width); `unspan` copies the lengths back."""
-        return self.cache if width >= self.cache.batch else self.cache.slots(0, width)
+    def span(self, width: int, first: int = 0) -> KVCache:
+        """The cache's slots first .. first + width - 1 (the cache itself at full width); `unspan` copies the
+        lengths back."""
+        return self.cache if width >= self.cache.batch else self.cache.slots(first, width)
 
-    def unspan(self, view: KVCache) -> None:
+    def unspan(self, view: KVCache, first: int = 0) -> None:
         if view is not self.cache:
-            self.cache.lengths[:view.batch] = view.lengths
+            self.cache.lengths[first:first + view.batch] = view.lengths
 
     def _stage(self, values: torch.Tensor) -> tuple[torch.Tensor, "torch.cuda.Event | None"]:
         """Queue the copy of `values` to one of two pinned host buffers (so a step's copy never lands in

@@ -37,8 +37,8 @@ class WorkerCollector:
                 ("gearshift_prompts_scored", "scoring forwards (echo / logprobs)", s["prompts_scored"]),
                 ("gearshift_kernel_compiles_while_serving", "Triton compiles after the warm-up (batch stalls)",
                  s.get("kernel_compiles_while_serving")),
-                ("gearshift_cuda_graph_captures_while_serving", "CUDA graph captures after the warm-up (batch stalls)",
-                 s.get("cuda_graph_captures_while_serving"))):
+                ("gearshift_cuda_graph_captures_while_serving",
+                 "CUDA graph captures after the warm-up (batch stalls)", s.get("cuda_graph_captures_while_serving"))):
             if value is not None:
                 yield CounterMetricFamily(name, doc, value=value)
         for name, doc, hist in (

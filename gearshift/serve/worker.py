@@ -110,9 +110,9 @@ class EngineWorker:
                 "prompts_scored": self.scored,
                 "batch_size": self.engine.max_batch, "max_model_len": self.engine.max_seq_len,
                 "time_to_first_token": self.ttft.summary(), "request_latency": self.latency.summary(),
-                **self._compiles()}
+                **self._stalls()}
 
-    def _compiles(self) -> dict:
+    def _stalls(self) -> dict:
         """Triton compiles and CUDA graph captures since the worker was made (after a server's warm-up): each
         stalled the running batch, at a shape the warm-up did not cover."""
         out = {}
