@@ -15,6 +15,7 @@ def _inputs(b, h, kv, t, s, device="cpu", dtype=torch.float32, seed=0):
     cache_v = torch.randn(b, kv, s + 7, 16, generator=g).to(device, dtype)
     pos = torch.arange(t).view(1, t) + (s - t) - torch.arange(b).view(b, 1)  # rows of different lengths
     visible = torch.arange(s).view(1, 1, 1, s) <= pos.view(b, 1, t, 1)
+    assert visible.any(-1).all(), "every query sees a key (a model's query always sees itself)"
     mask = torch.zeros(visible.shape).masked_fill_(~visible, float("-inf")).to(device, dtype)
     return q, cache_k[:, :, :s], cache_v[:, :, :s], mask
 
@@ -54,7 +55,7 @@ def test_the_backend_switch_is_checked():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the efficient backend is CUDA's")
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_the_efficient_backend_on_the_gpu(dtype):
-    q, k, v, mask = _inputs(15, 32, 8, 37, 45, "cuda", dtype)
+    q, k, v, mask = _inputs(15, 32, 8, 37, 53, "cuda", dtype)
     ref = _reference(q.float(), k.float(), v.float(), mask.float())
     for backend in ("efficient", "auto"):
         torch.testing.assert_close(cache_attention(q, k, v, mask, backend=backend).float(), ref.float(),
