@@ -127,8 +127,9 @@ def _run_pipelined(lm, prompts, params, batch, pipelined):
 def test_one_step_ahead_gives_the_same_tokens(int4_model, batch):
     """The run-ahead AR loop (on by default on CUDA; forced here on the CPU, where it runs the same
     bookkeeping synchronously): same tokens as the plain loop under continuous batching (slots
-    refilled), per-request lengths, a stop token mid-way and a sampled request in the batch (which
-    drops back to the plain loop for those steps), and the cache positions it wrote ahead given back."""
+    refilled), per-request lengths, a stop token mid-way, seeded sampled requests (drawn when a step is
+    taken: a step dropped unread must not move their generators) and a penalized one (which drops back to
+    the plain loop for those steps), and the cache positions it wrote ahead given back."""
     base, _, _ = _run_pipelined(int4_model, PROMPTS, [SamplingParams(max_new_tokens=9, ignore_eos=True)] * 4, 4,
                                 False)
     stop = base[2].token_ids[3]
@@ -136,7 +137,11 @@ def test_one_step_ahead_gives_the_same_tokens(int4_model, batch):
               SamplingParams(max_new_tokens=9, stop_token_ids=[stop]),
               SamplingParams(max_new_tokens=7, ignore_eos=True)]
     prompts = PROMPTS + [PROMPTS[0][:3]]
-    params = params + [SamplingParams(temperature=0.8, seed=3, max_new_tokens=5, ignore_eos=True)]
+    params = params + [SamplingParams(temperature=0.8, seed=3, max_new_tokens=5, ignore_eos=True),
+                       SamplingParams(temperature=1.2, top_p=0.9, seed=4, max_new_tokens=8, ignore_eos=True),
+                       SamplingParams(temperature=1.0, repetition_penalty=1.3, seed=5, max_new_tokens=4,
+                                      ignore_eos=True)]
+    prompts = prompts + [PROMPTS[1][:4], PROMPTS[2][:2]]
     plain, _, _ = _run_pipelined(int4_model, prompts, params, batch, False)
     ahead, pol, eng = _run_pipelined(int4_model, prompts, params, batch, True)
     assert [r.token_ids for r in ahead] == [r.token_ids for r in plain]

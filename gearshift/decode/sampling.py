@@ -124,21 +124,35 @@ def filtered_logprobs_rows(z: torch.Tensor, params: list[SamplingParams]) -> tor
         return filtered_logprobs(z, params[0])
     out = torch.empty_like(z, dtype=torch.float32)
     for js in groups.values():
-        idx = torch.tensor(js, device=z.device)
+        idx = device_index(js, z.device)
         out[idx] = filtered_logprobs(z[idx], params[js[0]])
     return out
 
 
+def device_index(values: list[int], device: torch.device) -> torch.Tensor:
+    """values as an index tensor on `device` without a stream sync: `torch.tensor(values, device=cuda)` copies
+    from pageable memory and waits for the stream, i.e. for a decode step launched ahead."""
+    t = torch.tensor(values, dtype=torch.long)
+    if device.type != "cuda":
+        return t.to(device)
+    return t.pin_memory().to(device, non_blocking=True)
+
+
 def _draw_rows(lp: torch.Tensor, generators: list[torch.Generator]) -> torch.Tensor:
     """One token per row of lp [R, V] (log-probabilities), each from its own generator, so a row's draw depends
-    on its own seed only, not on the rows batched with it; on the device of lp (a generator elsewhere draws from
-    a copy of its row there)."""
+    on its own seed only, not on the rows batched with it. The draw is torch.multinomial's for one sample
+    (argmax of p / Exp(1) noise, the noise from the row's generator: the same tokens, checked in
+    tests/test_sampling.py) without its validity check, which reads a flag back to the host and so synced the
+    stream once per row. A generator on another device fills its row's noise there."""
     probs = lp.exp()
-    out = []
+    noise = torch.empty_like(probs)
     for j, g in enumerate(generators):
-        row = probs[j] if g.device == probs.device else probs[j].to(g.device)
-        out.append(torch.multinomial(row, 1, generator=g).to(probs.device))
-    return torch.cat(out)
+        if g.device == probs.device:
+            noise[j].exponential_(1, generator=g)
+        else:
+            noise[j].copy_(torch.empty(probs.shape[-1], dtype=probs.dtype, device=g.device).exponential_(
+                1, generator=g), non_blocking=True)
+    return (probs / noise).argmax(-1)
 
 
 def sample_rows(logits: torch.Tensor, params: list[SamplingParams],
@@ -148,17 +162,24 @@ def sample_rows(logits: torch.Tensor, params: list[SamplingParams],
     output) tokens, which rows with penalties need.
 
     The filters run on the logits' device, batched over the rows that share them (`filtered_logprobs`, one call
-    per set of temperature / top-k / top-p / min-p); each sampled row is then drawn by torch.multinomial from its
-    own generator (`SamplingParams.make_generator` on the policy's `sample_device`), and the tokens come back in
+    per set of temperature / top-k / top-p / min-p); each sampled row is then drawn as torch.multinomial draws, from
+    its own generator (`SamplingParams.make_generator` on the policy's `sample_device`), and the tokens come back in
     one copy. The earlier form copied the rows to the host and filtered them one by one there: 40 ms per step
     for 16 rows of a 128k vocabulary on two CPU cores, 211 ms with top-p's sort (stop 58, timed before the
     change), against a 3 ms decode step of an 8B model. On the CPU the draws are the earlier form's, token for
     token. `benchmarks/sampling.py` times this against the same call on rows copied to the host."""
+    return sample_rows_device(logits, params, generators, histories).tolist()
+
+
+def sample_rows_device(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None],
+                       histories: list[tuple[list[int], list[int]]] | None = None) -> torch.Tensor:
+    """`sample_rows`' tokens as a tensor [B] on the logits' device, queued without a sync (penalties aside:
+    they build their token sets on the host), so a decode step can be fed them before they are read back."""
     out = logits.argmax(-1)
     rows = [i for i, p in enumerate(params) if not p.greedy or p.penalized]
     if not rows:
-        return out.tolist()
-    z = logits[rows].float()
+        return out
+    z = logits[device_index(rows, logits.device)].float()
     for j, i in enumerate(rows):
         if params[i].penalized:
             if histories is None:
@@ -167,8 +188,8 @@ def sample_rows(logits: torch.Tensor, params: list[SamplingParams],
     picked = z.argmax(-1)  # penalized greedy rows
     js = [j for j, i in enumerate(rows) if not params[i].greedy]
     if js:
-        idx = torch.tensor(js, device=z.device)
+        idx = device_index(js, z.device)
         lp = filtered_logprobs_rows(z[idx], [params[rows[j]] for j in js])
         picked[idx] = _draw_rows(lp, [generators[rows[j]] for j in js])
-    out[torch.tensor(rows, device=out.device)] = picked
-    return out.tolist()
+    out[device_index(rows, out.device)] = picked
+    return out
