@@ -187,7 +187,8 @@ def main(argv: list[str] | None = None) -> int:
         after = httpx.get(f"{url}/stats", timeout=10).json()  # stalls while serving: shapes the warm-up missed
         compiles = {k: after[k] for k in ("kernel_compiles_while_serving", "kernel_compile_seconds_while_serving",
                                           "cuda_graph_captures_while_serving",
-                                          "cuda_graph_capture_seconds_while_serving") if k in after}
+                                          "cuda_graph_capture_seconds_while_serving",
+                                          "cuda_graph_shapes_while_serving") if k in after}
     finally:
         if proc is not None:
             proc.terminate()
@@ -208,6 +209,9 @@ def main(argv: list[str] | None = None) -> int:
     if compiles.get("cuda_graph_captures_while_serving"):
         print(f"the server captured {compiles['cuda_graph_captures_while_serving']} CUDA graphs while serving "
               f"({compiles.get('cuda_graph_capture_seconds_while_serving')} s)")
+        for g in compiles.get("cuda_graph_shapes_while_serving", []):
+            print(f"  {g['rows']} rows x {g['tokens']} tokens, context {g['context']}, {g['mode']}, "
+                  f"logits {g['logits']}: {g['seconds']} s")
     print(f"{'conc':>4} {'req':>4} {'req/s':>7} {'out tok/s':>10} {'TTFT p50':>9} {'TTFT p90':>9} {'TPOT p50':>9} "
           f"{'e2e p50':>8}  (ms)")
     for r in results:

@@ -770,3 +770,26 @@ def test_stats_count_cuda_graph_captures_while_serving(model_dir, device):
         assert stats["cuda_graph_captures_while_serving"] >= 1
         assert stats["cuda_graph_capture_seconds_while_serving"] > 0
         assert "gearshift_cuda_graph_captures_while_serving_total" in metrics
+        shapes = stats["cuda_graph_shapes_while_serving"]
+        assert len(shapes) == min(stats["cuda_graph_captures_while_serving"], 64)
+        assert all(g["rows"] >= 1 and g["tokens"] >= 1 and g["seconds"] > 0 for g in shapes)
+
+
+def test_stats_name_the_graph_shapes_captured_while_serving(model_dir, monkeypatch):
+    """/stats lists the shapes of the captures since the start (the warm-up's are not), from the runner's
+    record of its latest captures: what a warm-up missed, without a profiler."""
+    from collections import deque
+    from types import SimpleNamespace
+
+    with serving(model_dir, "--max-model-len", "64") as (app, worker):
+        shape = {"rows": 4, "tokens": 1, "context": 128, "mode": "w4a16", "logits": "last", "seconds": 0.1}
+        runner = SimpleNamespace(captures=5, capture_s=0.9,
+                                 recent=deque([dict(shape, rows=r) for r in (1, 2, 4, 8, 16)], maxlen=64))
+        monkeypatch.setattr(worker.engine.model, "_graph_runner", lambda: runner)
+        monkeypatch.setattr(worker, "_graph_captures", lambda: (runner.captures, runner.capture_s))
+        worker._graphs_at_start = (3, 0.5)  # the warm-up captured the first three
+        with TestClient(app) as client:
+            stats = client.get("/stats").json()
+            client.get("/metrics").raise_for_status()
+    assert stats["cuda_graph_captures_while_serving"] == 2
+    assert [g["rows"] for g in stats["cuda_graph_shapes_while_serving"]] == [8, 16]

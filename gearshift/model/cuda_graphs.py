@@ -20,7 +20,7 @@ shapes recur, and are captured only when their key is seen again: the first one 
 from __future__ import annotations
 
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 
 import torch
 
@@ -118,6 +118,7 @@ class GraphRunner:
         self._signature = None
         self.captures = 0
         self.capture_s = 0.0  # host seconds in captures (their warm-up forwards included): a server's stall
+        self.recent: deque = deque(maxlen=64)  # the latest captures' shapes: which ones a server's warm-up missed
 
     def _stores(self, model) -> tuple:
         v = store_version()
@@ -161,8 +162,11 @@ class GraphRunner:
             seen = self.seen.pop(key, None) is not None
             t0 = time.perf_counter()
             g = _Graph(model, cache, b, t, bucket, mode, logits, self.pool, warmups=1 if seen else 2)
-            self.capture_s += time.perf_counter() - t0
+            dt = time.perf_counter() - t0
+            self.capture_s += dt
             self.captures += 1
+            self.recent.append({"rows": b, "tokens": t, "context": bucket, "mode": str(mode), "logits": logits,
+                                "seconds": round(dt, 3)})
             self.graphs[key] = g
             while len(self.graphs) > self.max_graphs:
                 self.graphs.popitem(last=False)

@@ -123,8 +123,11 @@ class EngineWorker:
                    "kernel_compile_seconds_while_serving": round(sum(e.seconds for e in events), 3)}
         if self._graphs_at_start is not None:
             n, sec = self._graph_captures()
-            out.update(cuda_graph_captures_while_serving=n - self._graphs_at_start[0],
-                       cuda_graph_capture_seconds_while_serving=round(sec - self._graphs_at_start[1], 3))
+            new = n - self._graphs_at_start[0]
+            recent = list(self.engine.model._graph_runner().recent)
+            out.update(cuda_graph_captures_while_serving=new,
+                       cuda_graph_capture_seconds_while_serving=round(sec - self._graphs_at_start[1], 3),
+                       cuda_graph_shapes_while_serving=recent[len(recent) - min(new, len(recent)):])
         return out
 
     def _graph_captures(self) -> tuple[int, float] | None:
