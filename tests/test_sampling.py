@@ -121,3 +121,14 @@ def test_rows_filtered_together_are_each_rows_own_filter():
     for j, p in enumerate(ps):
         assert torch.equal(got[j], filtered_logprobs(z[j], p))
     assert torch.equal(filtered_logprobs_rows(z, [ps[0]] * 5), filtered_logprobs(z, ps[0]))
+
+
+def test_rows_are_taken_as_a_view_where_consecutive():
+    from gearshift.decode.sampling import put_rows, take_rows
+
+    t = torch.arange(12.0).view(6, 2)
+    assert take_rows(t, [2, 3, 4]).data_ptr() == t[2].data_ptr() and torch.equal(take_rows(t, [2, 3, 4]), t[2:5])
+    assert torch.equal(take_rows(t, [4, 1]), t[[4, 1]])
+    put_rows(t, [1, 2], torch.zeros(2, 2))
+    put_rows(t, [5, 0], torch.ones(2, 2))
+    assert t[:, 0].tolist() == [1, 0, 0, 6, 8, 1]

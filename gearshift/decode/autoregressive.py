@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from gearshift.decode.base import DecodePolicy, Sequence
-from gearshift.decode.sampling import device_index, sample_rows_device
+from gearshift.decode.sampling import put_rows, sample_rows_device, take_rows
 
 
 @dataclass
@@ -88,8 +88,9 @@ class AutoregressivePolicy(DecodePolicy):
         ids = logits.argmax(-1)
         drawn = [s for s in seqs if not s.params.greedy]
         if drawn:
-            idx = device_index([s.slot for s in drawn], logits.device)
-            ids[idx] = sample_rows_device(logits[idx], [s.params for s in drawn], [s.generator for s in drawn])
+            slots = [s.slot for s in drawn]
+            put_rows(ids, slots, sample_rows_device(take_rows(logits, slots), [s.params for s in drawn],
+                                                    [s.generator for s in drawn]))
         return ids
 
     def _launch(self, seqs: list[Sequence], tokens: torch.Tensor) -> _Launched:

@@ -124,8 +124,7 @@ def filtered_logprobs_rows(z: torch.Tensor, params: list[SamplingParams]) -> tor
         return filtered_logprobs(z, params[0])
     out = torch.empty_like(z, dtype=torch.float32)
     for js in groups.values():
-        idx = device_index(js, z.device)
-        out[idx] = filtered_logprobs(z[idx], params[js[0]])
+        put_rows(out, js, filtered_logprobs(take_rows(z, js), params[js[0]]))
     return out
 
 
@@ -136,6 +135,22 @@ def device_index(values: list[int], device: torch.device) -> torch.Tensor:
     if device.type != "cuda":
         return t.to(device)
     return t.pin_memory().to(device, non_blocking=True)
+
+
+def take_rows(t: torch.Tensor, rows: list[int]) -> torch.Tensor:
+    """t[rows]: a view where the rows are consecutive (the common case: every row of a batch sampled), else
+    gathered by an index tensor (`device_index`)."""
+    if rows == list(range(rows[0], rows[0] + len(rows))):
+        return t[rows[0]:rows[0] + len(rows)]
+    return t[device_index(rows, t.device)]
+
+
+def put_rows(t: torch.Tensor, rows: list[int], values: torch.Tensor) -> None:
+    """t[rows] = values, as `take_rows` reads them."""
+    if rows == list(range(rows[0], rows[0] + len(rows))):
+        t[rows[0]:rows[0] + len(rows)] = values
+    else:
+        t[device_index(rows, t.device)] = values
 
 
 def _draw_rows(lp: torch.Tensor, generators: list[torch.Generator]) -> torch.Tensor:
@@ -179,7 +194,7 @@ def sample_rows_device(logits: torch.Tensor, params: list[SamplingParams], gener
     rows = [i for i, p in enumerate(params) if not p.greedy or p.penalized]
     if not rows:
         return out
-    z = logits[device_index(rows, logits.device)].float()
+    z = take_rows(logits, rows).float()
     for j, i in enumerate(rows):
         if params[i].penalized:
             if histories is None:
@@ -188,8 +203,7 @@ def sample_rows_device(logits: torch.Tensor, params: list[SamplingParams], gener
     picked = z.argmax(-1)  # penalized greedy rows
     js = [j for j, i in enumerate(rows) if not params[i].greedy]
     if js:
-        idx = device_index(js, z.device)
-        lp = filtered_logprobs_rows(z[idx], [params[rows[j]] for j in js])
-        picked[idx] = _draw_rows(lp, [generators[rows[j]] for j in js])
-    out[device_index(rows, out.device)] = picked
+        lp = filtered_logprobs_rows(take_rows(z, js), [params[rows[j]] for j in js])
+        put_rows(picked, js, _draw_rows(lp, [generators[rows[j]] for j in js]))
+    put_rows(out, rows, picked)
     return out
