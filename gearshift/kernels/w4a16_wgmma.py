@@ -610,8 +610,9 @@ if HAS_GLUON:
                                   base, KT, ROW0, NPART, 0, 1, TOKEN_SCALES, WARPS, CMAX, VEC)
 
     # (M and stream-K's run lengths change with every prefill's token count, and Triton compiles a variant per
-    # class of an int argument, = 1, divisible by 16 or neither: a server met one the warm-up had not, a 4.4 s
-    # stall on an H200; unspecialized, each tile configuration compiles once)
+    # class of an int argument (= 1, divisible by 16, or neither): a server met one the warm-up had not, a 4.4 s
+    # stall on an H200. Unspecialized: the same time per call, fewer variants (`benchmarks/unspecialized_ab.py`);
+    # CMAX and PACKED still vary with M)
     @gluon.jit(do_not_specialize=("M", "per", "dpt"))
     def w4a16_wgmma_kernel(x_desc, w_desc, s_ptr, mn_ptr, y_ptr, ws_ptr, cnt_ptr, xs_ptr, M, N, K, per, dpt,
                            G: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, BLOCKS: gl.constexpr,

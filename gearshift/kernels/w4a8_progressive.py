@@ -261,9 +261,7 @@ if HAS_GLUON:
                                       first, k_lo, k_hi, m0 + BMH, n0, M, N, per, base, KT, ROW0, NPART, 1, NHALF,
                                       True, WARPS, CMAX, VEC)
 
-    # (M and stream-K's run lengths change with every prefill's token count, and Triton compiles a variant per
-    # class of an int argument, = 1, divisible by 16 or neither: a server met one the warm-up had not, a 4.4 s
-    # stall on an H200; unspecialized, each tile configuration compiles once)
+    # (M, and stream-K's run lengths, unspecialized: see `w4a16_wgmma_kernel`)
     @gluon.jit(do_not_specialize=("M", "per", "dpt"))
     def w4a8_progressive_kernel(x_desc, w_desc, sc_desc, mn_desc, units_ptr, xs_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K,
                                 per, dpt, G: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, BLOCKS: gl.constexpr,

@@ -256,9 +256,7 @@ if HAS_GLUON:
         _store_tile(acc, mma, y_ptr, ws_ptr, cnt_ptr, xs_ptr, m0, n0 + ROW0, M, N, ROW0 // BN, NPART, SPLIT_K, True,
                     WARPS, VEC)
 
-    # (M and stream-K's run lengths change with every prefill's token count, and Triton compiles a variant per
-    # class of an int argument, = 1, divisible by 16 or neither: a server met one the warm-up had not, a 4.4 s
-    # stall on an H200; unspecialized, each tile configuration compiles once)
+    # (M unspecialized: see `w4a16_wgmma_kernel`)
     @gluon.jit(do_not_specialize=("M",))
     def w4a8_int8_wgmma_kernel(x_desc, w_desc, sc_desc, mn_desc, sum_desc, xs_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K,
                                G: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, BLOCKS: gl.constexpr,
