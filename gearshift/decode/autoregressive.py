@@ -97,8 +97,5 @@ class AutoregressivePolicy(DecodePolicy):
         """Enqueue one decode step of `seqs` on tokens [W, 1] (device: slots 0 .. W-1); returns without
         waiting."""
         start, logits = self._decode_forward(seqs, tokens, self.mode)
-        ready = None
-        if logits.is_cuda:
-            ready = torch.cuda.Event()
-            ready.record()
+        ready = self._mark(logits)
         return _Launched({id(s): s.slot for s in seqs}, start, logits, ready)

@@ -238,11 +238,16 @@ class DecodePolicy:
         if host is None or host.shape != values.shape or host.dtype != values.dtype:
             host = self._host[self._flip] = torch.empty(values.shape, dtype=values.dtype, pin_memory=cuda)
         host.copy_(values, non_blocking=cuda)
-        if not cuda:
-            return host, None
+        return host, self._mark(values)
+
+    @staticmethod
+    def _mark(t: torch.Tensor) -> "torch.cuda.Event | None":
+        """An event recorded after the work queued so far, where `t` is on the GPU (None on the CPU: done)."""
+        if not t.is_cuda:
+            return None
         ready = torch.cuda.Event()
         ready.record()
-        return host, ready
+        return ready
 
     def forget(self, s: Sequence) -> None:
         """A long-lived loop (`Engine.serve`) is done with `s`: drop anything kept about it for telemetry."""

@@ -333,10 +333,7 @@ class GearboxPolicy(DecodePolicy):
         """Enqueue one decode forward of `seqs` on tokens [W, 1] (device: slots 0 .. W-1) in the current
         gear; returns without waiting."""
         start, logits = self._decode_forward(seqs, tokens, MODE)
-        ready = None
-        if logits.is_cuda:
-            ready = torch.cuda.Event()
-            ready.record()
+        ready = self._mark(logits)
         return _Launched({id(s): s.slot for s in seqs}, start, gear, logits, ready)
 
     def _record(self, seqs: list[Sequence], host_ids: list[int], decisions, ran: dict[int, str],

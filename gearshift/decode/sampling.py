@@ -137,20 +137,22 @@ def device_index(values: list[int], device: torch.device) -> torch.Tensor:
     return t.pin_memory().to(device, non_blocking=True)
 
 
-def take_rows(t: torch.Tensor, rows: list[int]) -> torch.Tensor:
-    """t[rows]: a view where the rows are consecutive (the common case: every row of a batch sampled), else
-    gathered by an index tensor (`device_index`)."""
+def _row_index(rows: list[int], device: torch.device) -> slice | torch.Tensor:
+    """A slice where the rows are consecutive (the common case: every row of a batch sampled), else an index
+    tensor (`device_index`)."""
     if rows == list(range(rows[0], rows[0] + len(rows))):
-        return t[rows[0]:rows[0] + len(rows)]
-    return t[device_index(rows, t.device)]
+        return slice(rows[0], rows[0] + len(rows))
+    return device_index(rows, device)
+
+
+def take_rows(t: torch.Tensor, rows: list[int]) -> torch.Tensor:
+    """t[rows]: a view where the rows are consecutive, else gathered."""
+    return t[_row_index(rows, t.device)]
 
 
 def put_rows(t: torch.Tensor, rows: list[int], values: torch.Tensor) -> None:
     """t[rows] = values, as `take_rows` reads them."""
-    if rows == list(range(rows[0], rows[0] + len(rows))):
-        t[rows[0]:rows[0] + len(rows)] = values
-    else:
-        t[device_index(rows, t.device)] = values
+    t[_row_index(rows, t.device)] = values
 
 
 def _draw_rows(lp: torch.Tensor, generators: list[torch.Generator]) -> torch.Tensor:
