@@ -88,6 +88,45 @@ def test_long_steps_run_eagerly_once_then_from_a_graph():
         model.graph_max_rows = type(model).graph_max_rows
 
 
+@pytest.mark.skipif(not GPU, reason="CUDA graphs")
+@pytest.mark.parametrize("t", [5, 20])  # captured at first sight; padded to bucket 24, captured at the second
+def test_relocatable_prefills_share_one_graph_whatever_their_slot(t):
+    """A one-row prefill on a slot of a running batch (`relocatable`, as a joining sequence's) runs in the
+    staging cache: prefills landing in slots 1, 3, 2 (with 6 positions already cached) and 1 again replay one
+    graph, and give the logits and cache entries of graphs captured on the slots themselves bit for bit,
+    with the other slots untouched."""
+    from gearshift.model.tiny import build_random_model
+
+    torch.manual_seed(0)
+    model = build_random_model("tiny", weights="int4", device="cuda", dtype=torch.bfloat16)
+    cap = 40
+    first = model.new_cache(4, cap)
+    model(torch.randint(0, 512, (4, 6), device="cuda"), first, [0] * 4, [6] * 4, mode="w4a16", logits="last")
+
+    def run(relocatable):
+        cache = model.new_cache(4, cap)
+        cache.k.copy_(first.k), cache.v.copy_(first.v)
+        cache.lengths = list(first.lengths)
+        before, outs = model._graph_runner().captures, []
+        for slot, start in ((1, 0), (3, 0), (2, 6), (1, 0)):
+            ids = torch.randint(0, 512, (1, t), device="cuda", generator=torch.Generator("cuda").manual_seed(slot))
+            outs.append(model(ids, cache.slots(slot, 1), [start], [t], mode="w4a16", logits="last",
+                              relocatable=relocatable))
+        return outs, cache, model._graph_runner().captures - before
+
+    model.use_cuda_graphs = True
+    try:
+        want, want_cache, per_slot = run(False)
+        got, cache, shared = run(True)
+        assert (per_slot, shared) == ((3, 1) if t <= model.graph_max_tokens else (1, 1))
+        assert all(a.equal(b) for a, b in zip(want, got))
+        assert cache.k[..., :cap, :].equal(want_cache.k[..., :cap, :])  # (position cap is the padding's scratch)
+        assert cache.v[..., :cap, :].equal(want_cache.v[..., :cap, :])
+        assert cache.k[:, 0].equal(first.k[:, 0])  # slot 0 was never written
+    finally:
+        model.use_cuda_graphs = False
+
+
 def _refill_workload(weights: str):
     """A tiny random CUDA model with graphs on, and five requests for a batch of 3 (slots refilled mid-way)."""
     from gearshift.model.config import ModelConfig

@@ -288,6 +288,23 @@ def test_cache_slots_share_storage():
     assert cache.k[0, 2, 0, 3].eq(7.0).all()
     with pytest.raises(ValueError):
         cache.slots(3, 2)
+    assert cache.root is cache and part.root is cache and part.slots(1, 1).root is cache
+
+
+def test_copy_positions_moves_only_the_ranges_asked_for():
+    """What a staged prefill copies between a slot and the staging cache (`GraphRunner.run`): positions
+    start[b] .. stop[b] - 1 of each slot, keys and values, nothing else."""
+    from gearshift.model.kv_cache import KVCache
+
+    src = KVCache(3, 2, 2, 4, 10)
+    src.k.normal_(), src.v.normal_()
+    dst = src.like(2)
+    assert dst.k.shape == src.k.shape and dst.k.dtype == src.k.dtype and dst.capacity == 10
+    dst.k.fill_(-1.0), dst.v.fill_(-2.0)
+    dst.copy_positions(src, [2, 5], [6, 5])  # slot 0: 2..5; slot 1: an empty range
+    assert dst.k[:, 0, :, 2:6].equal(src.k[:, 0, :, 2:6]) and dst.v[:, 0, :, 2:6].equal(src.v[:, 0, :, 2:6])
+    assert dst.k[:, 0, :, :2].eq(-1).all() and dst.k[:, 0, :, 6:].eq(-1).all() and dst.k[:, 1].eq(-1).all()
+    assert dst.v[:, 0, :, :2].eq(-2).all() and dst.v[:, 0, :, 6:].eq(-2).all() and dst.v[:, 1].eq(-2).all()
 
 
 def test_frequency_and_presence_penalties_follow_their_definition(int4_model):

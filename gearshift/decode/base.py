@@ -154,7 +154,7 @@ class DecodePolicy:
         lo, hi = (min(rows), max(rows) + 1) if self.compact_prefill else (0, self.cache.batch)
         cache = self.span(hi - lo, lo)
         tokens, start, n_new = self.batch_tokens([], {slot - lo: v for slot, v in rows.items()}, cache)
-        out = self.model(tokens, cache, start, n_new, mode=mode, logits=logits)
+        out = self.model(tokens, cache, start, n_new, mode=mode, logits=logits, relocatable=True)
         self.unspan(cache, lo)
         return out, lo
 

@@ -60,6 +60,12 @@ def token_bucket(t: int) -> int:
             return b
 
 
+def _layout(cache) -> tuple:
+    """What a cache's slots look like (layers, heads, positions, head size, dtype, device), whatever their count."""
+    k = cache.k
+    return k.shape[0], *k.shape[2:], k.dtype, k.device
+
+
 class _Graph:
     def __init__(self, model, cache, b: int, t: int, upto: int, mode: str, logits: str, pool, warmups: int = 2):
         dev = model.device
@@ -119,6 +125,7 @@ class GraphRunner:
         self.captures = 0
         self.capture_s = 0.0  # host seconds in captures (their warm-up forwards included): a server's stall
         self.recent: deque = deque(maxlen=64)  # the latest captures' shapes: which ones a server's warm-up missed
+        self.staging = None  # the KV cache relocatable steps run in (`run`)
 
     def _stores(self, model) -> tuple:
         v = store_version()
@@ -129,17 +136,42 @@ class GraphRunner:
             self._signature = tuple(t.data_ptr() for _, lin in model.linear_layers() for t in lin.buffers())
         return self._signature
 
-    def run(self, model, tokens, cache, start, n_new, upto, mode, logits, capture_at_once: bool = True) -> torch.Tensor:
+    #: slots of the staging cache that relocatable steps run in (`run`); each costs one slot of the KV cache's memory
+    staging_rows = 1
+
+    def run(self, model, tokens, cache, start, n_new, upto, mode, logits, capture_at_once: bool = True,
+            relocatable: bool = False) -> torch.Tensor:
         """The step's logits from its graph. capture_at_once=False: a key seen for the first time
-        runs eagerly at the graph's shapes (same computation) and is captured when seen again."""
+        runs eagerly at the graph's shapes (same computation) and is captured when seen again.
+
+        relocatable=True (a prefill of sequences joining a running batch, on `KVCache.slots`): a graph holds
+        its cache's addresses, so each slot a prefill lands in would capture its own graph (a server met a
+        100 ms capture per slot and prompt bucket, stalling the batch each time). Views of up to
+        `staging_rows` slots run instead in a staging cache of the same layout: the rows' cached prefixes
+        are copied in, the graph replays there, and the positions it wrote are copied back. One graph then
+        serves every slot; the copies move the prefix and the new positions only."""
         b, t = tokens.shape
-        key, bucket = self._key(model, b, t, cache, upto, mode, logits)
+        at = self._staging(cache, b) if relocatable and cache.root is not cache and b <= self.staging_rows else cache
+        key, bucket = self._key(model, b, t, at, upto, mode, logits)
         if key not in self.graphs and not capture_at_once and key not in self.seen:
             self.seen[key] = True
             while len(self.seen) > 4 * self.max_graphs:
                 self.seen.popitem(last=False)
             return model.forward_lists(tokens, cache, start, n_new, bucket, mode, logits)
-        return self._graph(model, key, b, t, cache, bucket, mode, logits).run(tokens, start, n_new)
+        graph = self._graph(model, key, b, t, at, bucket, mode, logits)
+        if at is cache:
+            return graph.run(tokens, start, n_new)
+        at.copy_positions(cache, [0] * b, [s if n else 0 for s, n in zip(start, n_new)])
+        out = graph.run(tokens, start, n_new)
+        cache.copy_positions(at, start, [s + n for s, n in zip(start, n_new)])
+        return out
+
+    def _staging(self, cache, b: int):
+        """`b` slots of the staging cache, laid out as `cache` (allocated at first use, again if the layout changes)."""
+        root, st = cache.root, self.staging
+        if st is None or _layout(st) != _layout(root):
+            self.staging = st = root.like(self.staging_rows)
+        return st if b == st.batch else st.slots(0, b)
 
     def run_tensors(self, model, tokens, positions, n_new, cache, upto, mode, logits) -> torch.Tensor:
         """`run` on positions [B, T] and lengths [B] already on the device (captured at first sight)."""

@@ -42,7 +42,28 @@ class KVCache:
         v.capacity, v.batch = self.capacity, count
         v.k, v.v = self.k[:, first:first + count], self.v[:, first:first + count]
         v.lengths = self.lengths[first:first + count]
+        v._root = self.root
         return v
+
+    _root: "KVCache | None" = None  # set on views only (a cache naming itself would be a reference cycle)
+
+    @property
+    def root(self) -> "KVCache":
+        """The cache whose storage this one is: itself, or the cache `slots` took a view of."""
+        return self._root or self
+
+    def like(self, batch: int) -> "KVCache":
+        """An empty cache of `batch` slots, laid out as this one (layers, heads, capacity, dtype, device)."""
+        n_layers, _, heads, _, dim = self.k.shape
+        return KVCache(n_layers, batch, heads, dim, self.capacity, self.k.dtype, self.k.device)
+
+    def copy_positions(self, other: "KVCache", start: list[int], stop: list[int]) -> None:
+        """Copy positions start[b] .. stop[b] - 1 of each slot b from `other` (a cache of the same layout)
+        into this one. Nothing else is touched: a slot's other positions keep what they hold."""
+        for b, (a, z) in enumerate(zip(start, stop)):
+            if z > a:
+                self.k[:, b, :, a:z].copy_(other.k[:, b, :, a:z])
+                self.v[:, b, :, a:z].copy_(other.v[:, b, :, a:z])
 
     @property
     def scratch(self) -> int:

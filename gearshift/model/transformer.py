@@ -217,7 +217,7 @@ class Transformer(nn.Module):
 
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, cache: KVCache, start: list[int], n_new: list[int],
-                mode: str = "w4a16", logits: str = "all") -> torch.Tensor:
+                mode: str = "w4a16", logits: str = "all", relocatable: bool = False) -> torch.Tensor:
         """Run `tokens` [B, T] (row b: its first n_new[b] entries are real) at cache offsets `start`.
 
         Returns logits [B, T, V] (`logits="all"`) or [B, 1, V] at each row's last real token
@@ -226,7 +226,8 @@ class Transformer(nn.Module):
         `use_cuda_graphs` is on; the graphs compute exactly what the eager path computes. Longer
         steps of up to `graph_max_rows` rows (prefills) asking for the last logits only then run
         padded to a token bucket, eagerly the first time their shapes are seen and from a graph
-        after that (`cuda_graphs.py`).
+        after that (`cuda_graphs.py`). relocatable=True (prefills on a few slots of a cache, `KVCache.slots`):
+        the graph is one for whichever slots they are (`GraphRunner.run`).
         """
         b, t = tokens.shape
         cache.check_room(start, n_new)
@@ -238,7 +239,8 @@ class Transformer(nn.Module):
         if self.use_cuda_graphs and tokens.is_cuda and (t <= self.graph_max_tokens or long_ok):
             short = t <= self.graph_max_tokens
             run = tokens if padded == t else F.pad(tokens, (0, padded - t))  # padding tokens: n_new masks them
-            out = self._graph_runner().run(self, run, cache, start, n_new, upto, mode, logits, capture_at_once=short)
+            out = self._graph_runner().run(self, run, cache, start, n_new, upto, mode, logits, capture_at_once=short,
+                                           relocatable=relocatable)
         else:
             out = self.forward_lists(tokens, cache, start, n_new, upto, mode, logits)
         cache.commit(start, n_new)
