@@ -63,16 +63,16 @@ def test_penalized_rows_sample_from_the_penalized_logits():
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
     not torch.cuda.is_available(), reason="CUDA's generators"))])
 def test_the_batched_draw_is_torch_multinomials(device):
-    """_draw_rows takes multinomial's one-sample draw without its host-side check: the same tokens, row by row,
+    """draw_rows takes multinomial's one-sample draw without its host-side check: the same tokens, row by row,
     from the same generator states (here on a Llama-3-sized vocabulary)."""
-    from gearshift.decode.sampling import _draw_rows
+    from gearshift.decode.sampling import draw_rows
 
     lp = torch.log_softmax(3 * torch.randn(6, 128256, generator=torch.Generator().manual_seed(0)), -1).to(device)
     for seed in range(5):
         gens = [torch.Generator(device).manual_seed(seed * 10 + j) for j in range(6)]
         want = [int(torch.multinomial(lp[j].exp(), 1, generator=g)) for j, g in enumerate(gens)]
         gens = [torch.Generator(device).manual_seed(seed * 10 + j) for j in range(6)]
-        assert _draw_rows(lp, gens).tolist() == want
+        assert draw_rows(lp.exp(), gens).tolist() == want
 
 
 def test_seeded_rows_repeat():

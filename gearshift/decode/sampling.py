@@ -155,21 +155,20 @@ def put_rows(t: torch.Tensor, rows: list[int], values: torch.Tensor) -> None:
     t[_row_index(rows, t.device)] = values
 
 
-def _draw_rows(lp: torch.Tensor, generators: list[torch.Generator]) -> torch.Tensor:
-    """One token per row of lp [R, V] (log-probabilities), each from its own generator, so a row's draw depends
-    on its own seed only, not on the rows batched with it. The draw is torch.multinomial's for one sample
-    (argmax of p / Exp(1) noise, the noise from the row's generator: the same tokens, checked in
-    tests/test_sampling.py) without its validity check, which reads a flag back to the host and so synced the
-    stream once per row. A generator on another device fills its row's noise there."""
-    probs = lp.exp()
-    noise = torch.empty_like(probs)
+def draw_rows(weights: torch.Tensor, generators: list[torch.Generator]) -> torch.Tensor:
+    """One token per row of weights [R, V] (probabilities, or any nonnegative multiple of them), each from its own
+    generator, so a row's draw depends on its own seed only, not on the rows batched with it. The draw is
+    torch.multinomial's for one sample (argmax of w / Exp(1) noise, the noise from the row's generator: the same
+    tokens, checked in tests/test_sampling.py) without its validity check, which reads a flag back to the host and
+    so synced the stream once per row. A generator on another device fills its row's noise there."""
+    noise = torch.empty_like(weights)
     for j, g in enumerate(generators):
-        if g.device == probs.device:
+        if g.device == weights.device:
             noise[j].exponential_(1, generator=g)
         else:
-            noise[j].copy_(torch.empty(probs.shape[-1], dtype=probs.dtype, device=g.device).exponential_(
+            noise[j].copy_(torch.empty(weights.shape[-1], dtype=weights.dtype, device=g.device).exponential_(
                 1, generator=g), non_blocking=True)
-    return (probs / noise).argmax(-1)
+    return (weights / noise).argmax(-1)
 
 
 def sample_rows(logits: torch.Tensor, params: list[SamplingParams],
@@ -206,6 +205,6 @@ def sample_rows_device(logits: torch.Tensor, params: list[SamplingParams], gener
     js = [j for j, i in enumerate(rows) if not params[i].greedy]
     if js:
         lp = filtered_logprobs_rows(take_rows(z, js), [params[rows[j]] for j in js])
-        put_rows(picked, js, _draw_rows(lp, [generators[rows[j]] for j in js]))
+        put_rows(picked, js, draw_rows(lp.exp(), [generators[rows[j]] for j in js]))
     put_rows(out, rows, picked)
     return out
