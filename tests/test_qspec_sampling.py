@@ -8,13 +8,15 @@ chi-square goodness-of-fit test at significance ALPHA = 1e-3. Seeds are fixed, s
 deterministic. The w4a4 draft's distribution is far from w4a16's here (total variation ~0.14,
 different top-4 sets), so wrong acceptance rules must fail the same test: `test_detects_wrong_rules`
 checks that it rejects "accept every draft" and "resample from p instead of the residual".
+Each test runs both cycles: the step-by-step one, which draws and accepts on the host
+(`accept_sampled`), and the chained one, which does both on the device (`accept_rows`).
 """
 
 import pytest
 import torch
 
 from gearshift.decode.qspec import QSpecPolicy
-from gearshift.decode.sampling import SamplingParams, filtered_logprobs
+from gearshift.decode.sampling import SamplingParams, draw_rows, filtered_logprobs
 from gearshift.engine.engine import Engine, Request
 from gearshift.model.loader import load_model, quantize_linears
 
@@ -25,8 +27,9 @@ N = 2400
 ALPHA = 1e-3
 
 
-def params(seed):
-    return SamplingParams(temperature=1.0, top_k=4, seed=seed, max_new_tokens=3, ignore_eos=True)
+def params(seed, stop=None):
+    return SamplingParams(temperature=1.0, top_k=4, seed=seed, max_new_tokens=3, ignore_eos=True,
+                          stop_token_ids=stop)
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -58,9 +61,9 @@ def exact(lm):
     return exact_pairs(lm)
 
 
-def sample_pairs(lm, policy) -> dict[tuple[int, int], int]:
+def sample_pairs(lm, policy, stop=None) -> dict[tuple[int, int], int]:
     eng = Engine(lm, max_batch=400)
-    res = eng.generate([Request(list(PROMPT), params(seed)) for seed in range(N)], policy)
+    res = eng.generate([Request(list(PROMPT), params(seed, stop)) for seed in range(N)], policy)
     counts: dict[tuple[int, int], int] = {}
     for r in res:
         key = tuple(r.token_ids[:2])
@@ -80,21 +83,63 @@ def goodness_of_fit(exact, counts) -> tuple[int, float, float]:
     return outside, float(stat), float(pval)
 
 
-def test_sampled_qspec_matches_verify_distribution(lm, exact):
+CYCLES = pytest.mark.parametrize("chained", [False, True], ids=["host", "device"])
+
+
+@CYCLES
+def test_sampled_qspec_matches_verify_distribution(lm, exact, chained):
     assert len(exact) == 16 and abs(sum(exact.values()) - 1) < 1e-5
     draft = exact_pairs(lm, "w4a4")
     tv = 0.5 * sum(abs(exact.get(k, 0) - draft.get(k, 0)) for k in set(exact) | set(draft))
     assert tv > 0.05  # the draft really differs: rejections and residual draws happen
-    counts, stats = sample_pairs(lm, QSpecPolicy(lm.model, "w4a4", "w4a16", gamma=2))
+    counts, stats = sample_pairs(lm, QSpecPolicy(lm.model, "w4a4", "w4a16", gamma=2, chained_drafts=chained))
     assert 0.2 < stats["acceptance_rate"] < 0.95
     outside, stat, pval = goodness_of_fit(exact, counts)
     assert outside == 0, f"{outside} samples have zero verify-mode probability"
     assert pval > ALPHA, f"chi-square {stat:.1f} (15 dof), p = {pval:.2g} < {ALPHA}: QSPEC != verify-mode sampling"
 
 
+@CYCLES
+def test_a_stop_token_among_the_drafts_keeps_the_distribution(lm, exact, chained):
+    """With a stop token that both modes draft often, a first token t1 that is a stop ends the output (the
+    chained cycle verified past it and must cut the acceptance there): outcomes (t1,) for the stop and (t1, t2)
+    otherwise, with their verify-mode probabilities."""
+    p1, q1 = next_probs(lm, PROMPT, "w4a16"), next_probs(lm, PROMPT, "w4a4")
+    stop = int(torch.minimum(p1, q1).argmax())
+    assert p1[stop] > 0.1 and q1[stop] > 0.1
+    want: dict[tuple, float] = {}
+    for (a, b), pr in exact.items():
+        key = (a,) if a == stop else (a, b)
+        want[key] = want.get(key, 0.0) + pr
+    counts, _ = sample_pairs(lm, QSpecPolicy(lm.model, "w4a4", "w4a16", gamma=2, chained_drafts=chained), [stop])
+    assert counts.get((stop,), 0) > 0.1 * N
+    outside, stat, pval = goodness_of_fit(want, counts)
+    assert outside == 0 and pval > ALPHA, f"chi-square {stat:.1f}, p = {pval:.2g}"
+
+
+def test_a_row_cut_by_a_stop_draws_its_token_after_the_kept_drafts():
+    """`QSpecPolicy._kept`: the device's (accepted, token) over the whole budget stands where it rejected among
+    the kept drafts or kept them all; where a stop cut the drafts and all kept ones were accepted, the token is
+    drawn at the position after them."""
+
+    class Rows:
+        def bonus(self, slot, at):
+            return 1000 + at
+
+    kept = QSpecPolicy._kept
+    assert kept(Rows(), 0, [1, 7], 2, 3) == (1, 7)  # rejected the second of 2 kept drafts
+    assert kept(Rows(), 0, [3, 7], 3, 3) == (3, 7)  # no stop: the bonus token of the whole budget
+    assert kept(Rows(), 0, [3, 7], 2, 3) == (2, 1002)  # both kept drafts accepted, the third past the stop
+    assert kept(Rows(), 0, [2, 7], 2, 3) == (2, 1002)  # rejected past the stop: not a rejection of the kept ones
+
+
 class AcceptEverything(QSpecPolicy):
     def accept_sampled(self, p, q, d, generator):
         return len(d), self._draw(p[len(d)], generator)
+
+    def accept_rows(self, p, q, d, g, generators):
+        n = torch.tensor(g, device=p.device)
+        return n, draw_rows(p[torch.arange(len(g)), n], generators)
 
 
 class ResampleFromP(QSpecPolicy):
@@ -108,11 +153,16 @@ class ResampleFromP(QSpecPolicy):
             return i, self._draw(p[i], generator)
         return len(d), self._draw(p[len(d)], generator)
 
+    def accept_rows(self, p, q, d, g, generators):
+        n, _ = super().accept_rows(p, q, d, g, generators)  # the right acceptance, then p's draw at n
+        return n, draw_rows(p[torch.arange(len(g)), n], generators)
 
+
+@CYCLES
 @pytest.mark.parametrize("wrong", [AcceptEverything, ResampleFromP])
-def test_detects_wrong_rules(lm, exact, wrong):
+def test_detects_wrong_rules(lm, exact, wrong, chained):
     """The same test, with the same N and ALPHA, rejects deliberately wrong acceptance rules."""
-    counts, _ = sample_pairs(lm, wrong(lm.model, "w4a4", "w4a16", gamma=2))
+    counts, _ = sample_pairs(lm, wrong(lm.model, "w4a4", "w4a16", gamma=2, chained_drafts=chained))
     outside, stat, pval = goodness_of_fit(exact, counts)
     assert outside > 0 or pval < ALPHA, f"{wrong.__name__} passed the goodness-of-fit test (p = {pval:.3g})"
     if wrong is ResampleFromP:  # in-support error: the chi-square statistic itself must catch it

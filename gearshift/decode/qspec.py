@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 import torch
 
 from gearshift.decode.base import DecodePolicy, Sequence
-from gearshift.decode.sampling import filtered_logprobs_rows
+from gearshift.decode.sampling import device_index, draw_rows, filtered_logprobs_rows, put_rows, take_rows
 from gearshift.errors import GearshiftError
 from gearshift.quant.modes import get_mode
 
@@ -55,6 +55,52 @@ class _DraftsAhead:
     events: tuple | None  # CUDA events around the draft steps
     ready: torch.cuda.Event | None = None  # after the last draft step (for `finish`)
     expect: dict[int, tuple[int, int, int]] = field(default_factory=dict)  # slot -> (base, budget, last token)
+
+
+class _SampledDrafts:
+    """A cycle's sampled rows on the device (`QSpecPolicy._cycle_on_device`): each draft step draws their tokens from
+    their filtered draft distribution q and keeps q for the acceptance. A row draws from its own generator only,
+    a fixed amount per cycle (one noise vector per draft, its budget's uniforms and one noise vector at the
+    acceptance), so its tokens do not depend on the rows batched with it."""
+
+    def __init__(self, seqs: list[Sequence], budget: dict[int, int]):
+        self.slots = [s.slot for s in seqs]
+        self.params = [s.params for s in seqs]
+        self.gens = [s.generator for s in seqs]
+        self.budget = [budget[s.slot] for s in seqs]
+        self.steps = max(budget.values(), default=0)  # the cycle's draft steps: the longest budget of any row
+        self.q: torch.Tensor | None = None  # [rows, steps, V]: zero past a row's budget
+        self.p: torch.Tensor | None = None  # [rows, longest budget + 1, V]: the verify distributions
+
+    def draw(self, j: int, logits: torch.Tensor, tokens: torch.Tensor) -> None:
+        """Draft step j: logits [cache.batch, V]; the drafting rows' tokens go into tokens [cache.batch, 1]."""
+        js = [i for i, b in enumerate(self.budget) if b > j]
+        if not js:
+            return
+        if self.q is None:
+            self.q = torch.zeros((len(self.slots), self.steps, logits.shape[-1]), device=logits.device)
+        slots = [self.slots[i] for i in js]
+        q = filtered_logprobs_rows(take_rows(logits, slots).float(), [self.params[i] for i in js]).exp()
+        put_rows(self.q[:, j], js, q)
+        put_rows(tokens[:, 0], slots, draw_rows(q, [self.gens[i] for i in js]))
+
+    def accept(self, policy: "QSpecPolicy", logits: torch.Tensor, picked: list[torch.Tensor]) -> torch.Tensor:
+        """(accepted drafts, token to append) per slot [cache.batch, 2] (zero at other slots) from the verify
+        logits [cache.batch, 1 + longest budget, V] and the drafts picked [cache.batch, 1] per step."""
+        g = len(picked)
+        self.p = filtered_logprobs_rows(take_rows(logits, self.slots).float(), self.params).exp()
+        q = self.q if self.q is not None else self.p.new_zeros((len(self.slots), g, logits.shape[-1]))
+        d = take_rows(torch.cat(picked, 1), self.slots) if g else q.new_zeros((len(self.slots), 0), dtype=torch.long)
+        n, tok = policy.accept_rows(self.p, q, d, self.budget, self.gens)
+        out = torch.zeros((logits.shape[0], 2), dtype=torch.long, device=logits.device)
+        put_rows(out, self.slots, torch.stack([n, tok], 1))
+        return out
+
+    def bonus(self, slot: int, at: int) -> int:
+        """A token from the verify distribution at position `at` of the row in `slot` (a stop token among its
+        drafts ended them early, and every one kept was accepted)."""
+        i = self.slots.index(slot)
+        return int(draw_rows(self.p[i, at].unsqueeze(0), [self.gens[i]])[0])
 
 
 def tokens_per_cycle(alpha: float, gamma: int) -> float:
@@ -116,6 +162,9 @@ class QSpecPolicy(DecodePolicy):
         self.lookahead = self.gamma
         self.kv_overwrite = bool(kv_overwrite)
         self.acceptance = acceptance
+        # chained cycles draw sampled drafts and run the acceptance on the device (`_SampledDrafts`); the
+        # step-by-step cycle draws on the host
+        self.samples_on_device = self.chained_drafts and self.kv_overwrite
         eos = model.config.eos_token_id
         self._model_eos = set(eos if isinstance(eos, (list, tuple)) else ([] if eos is None else [eos]))
         for k in ("cycles", "draft_forwards", "verify_forwards", "drafted", "accepted", "seq_cycles", "emitted",
@@ -178,7 +227,7 @@ class QSpecPolicy(DecodePolicy):
         drafting = [s for s in seqs if budget[s.slot] > 0]
 
         greedy_chain = self.chained_drafts and all(self._greedy(s) for s in seqs)
-        if greedy_chain and self.kv_overwrite:
+        if self.chained_drafts and self.kv_overwrite:
             results = self._cycle_on_device(seqs, drafting, base, budget, drafts)
         else:
             self._discard_ahead()
@@ -237,11 +286,12 @@ class QSpecPolicy(DecodePolicy):
         return results
 
     def _launch_drafts(self, drafting: list[Sequence], base: dict, budget: dict,
-                       tokens: torch.Tensor) -> list[torch.Tensor]:
-        """Enqueue the greedy draft steps without reading any back: step j + 1 reads step j's argmax
-        on the device. tokens: [cache.batch, 1], each drafting row's last token. Returns each step's
-        tokens [cache.batch, 1] (on the device). A row keeps drafting after a stop token: `_keep_drafts`
-        drops what follows it, and the cache positions are truncated before the verify."""
+                       tokens: torch.Tensor, sampled: _SampledDrafts | None = None) -> list[torch.Tensor]:
+        """Enqueue the draft steps without reading any back: step j + 1 reads step j's tokens on the
+        device (the argmax, or for `sampled` rows a draw). tokens: [cache.batch, 1], each drafting row's
+        last token. Returns each step's tokens [cache.batch, 1] (on the device). A row keeps drafting after
+        a stop token: `_keep_drafts` drops what follows it, and the cache positions are truncated before
+        the verify."""
         b = self.cache.batch
         picked = []
         for j in range(max(budget[s.slot] for s in drafting)):
@@ -251,6 +301,8 @@ class QSpecPolicy(DecodePolicy):
                     start[s.slot], n_new[s.slot] = base[s.slot] + j, 1
             logits = self.model(tokens, self.cache, start, n_new, mode=self.draft_mode, logits="last")[:, 0]
             tokens = logits.argmax(-1, keepdim=True)  # [cache.batch, 1]: the next draft step's input
+            if sampled is not None:
+                sampled.draw(j, logits, tokens)
             picked.append(tokens)
             self.counters["draft_forwards"] += 1
         return picked
@@ -272,20 +324,24 @@ class QSpecPolicy(DecodePolicy):
         self._keep_drafts(torch.cat(picked, 1).tolist(), drafting, budget, drafts)
 
     def _cycle_on_device(self, seqs, drafting, base, budget, drafts) -> list[tuple[int, int]]:
-        """A greedy cycle with one read back: the drafts (or the ones queued ahead by the cycle before,
-        where they fit), then the verify pass fed by the drafts on the device (each row verifying its
-        whole budget), then drafts and verify argmaxes read together; with cycle_ahead, the next
-        cycle's drafts are queued before that read. A row whose drafts hold a stop token verifies
-        positions past it too; acceptance stops at the kept drafts, and the verify logits at a
-        position depend on the tokens before it only, so the accepted drafts and the appended token
-        are the step-by-step cycle's. draft_s / verify_s are GPU times between the phases' boundaries
-        (CUDA events) on the GPU."""
+        """A cycle with one read back: the drafts (or the ones queued ahead by the cycle before, where
+        they fit), then the verify pass fed by the drafts on the device (each row verifying its whole
+        budget), then drafts and verify argmaxes read together; with cycle_ahead, the next cycle's
+        drafts are queued before that read (all-greedy batches only). A row whose drafts hold a stop
+        token verifies positions past it too; acceptance stops at the kept drafts, and the verify
+        logits at a position depend on the tokens before it only, so a greedy row's accepted drafts and
+        appended token are the step-by-step cycle's. Sampled rows draw their drafts and run the
+        acceptance on the device too (`_SampledDrafts`, `accept_rows`): the same rule and
+        distribution as the host's, from other draws. draft_s / verify_s are GPU times between the
+        phases' boundaries (CUDA events) on the GPU."""
         cache = self.cache
         cuda = cache.k.is_cuda
         event = (lambda: torch.cuda.Event(enable_timing=True)) if cuda else (lambda: None)
         t0 = time.perf_counter()
+        sampled = [s for s in seqs if not self._greedy(s)]
+        rows = _SampledDrafts(sampled, budget) if sampled else None
         ahead, self._ahead = self._ahead, None
-        if ahead is not None and self._ahead_fits(ahead, seqs, base, budget):
+        if ahead is not None and rows is None and self._ahead_fits(ahead, seqs, base, budget):
             self.counters["cycles_ahead"] += 1
             g = max((budget[s.slot] for s in drafting), default=0)
             self.counters["discarded_draft_forwards"] += len(ahead.picked) - g
@@ -297,7 +353,7 @@ class QSpecPolicy(DecodePolicy):
             if cuda:
                 draft_marks[0].record()
             last, _, _ = self.batch_tokens(seqs, {s.slot: [s.last_token] for s in seqs})  # [cache.batch, 1]
-            picked = self._launch_drafts(drafting, base, budget, last) if drafting else []
+            picked = self._launch_drafts(drafting, base, budget, last, rows) if drafting else []
             if cuda:
                 draft_marks[1].record()
         t1 = time.perf_counter()
@@ -313,11 +369,12 @@ class QSpecPolicy(DecodePolicy):
         logits = self.model(torch.cat([last] + picked, 1), cache, start, n_new, mode=self.verify_mode, logits="all")
         self.counters["verify_forwards"] += 1
         top = logits.argmax(-1)  # [cache.batch, 1 + longest budget]
+        drawn = [rows.accept(self, logits, picked)] if rows is not None else []  # [cache.batch, 2]
         if cuda:
             verify_marks[1].record()
         g = len(picked)
-        state = self._next_state(seqs, base, budget, picked, top) if self.cycle_ahead else None
-        host, ready = self._stage(torch.cat(picked + [top] + ([state[0].view(-1, 1)] if state else []), 1))
+        state = self._next_state(seqs, base, budget, picked, top) if self.cycle_ahead and rows is None else None
+        host, ready = self._stage(torch.cat(picked + [top] + ([state[0].view(-1, 1)] if state else []) + drawn, 1))
         nxt = self._launch_ahead(seqs, base, budget, state) if state else None
         if ready is not None:
             ready.synchronize()  # this cycle's results, not the drafts just queued
@@ -331,7 +388,9 @@ class QSpecPolicy(DecodePolicy):
             self.timer.add("draft", t1 - t0)
             self.timer.add("verify", t2 - t1)
         width = top.shape[1]
-        results = [self._accept_greedy(drafts[s.slot], table[s.slot][g:g + width]) for s in seqs]
+        results = [self._accept_greedy(drafts[s.slot], table[s.slot][g:g + width]) if self._greedy(s)
+                   else self._kept(rows, s.slot, table[s.slot][-2:], len(drafts[s.slot]), budget[s.slot])
+                   for s in seqs]
         if nxt is not None:
             # the next cycle the drafts assumed: the device's accepted count, which must be the host's
             # (it is not where a stop token cut a row's drafts: the drafts are then dropped)
@@ -419,6 +478,42 @@ class QSpecPolicy(DecodePolicy):
         while n < len(drafts) and drafts[n] == top[n]:
             n += 1
         return n, top[n]
+
+    @staticmethod
+    def _kept(rows: _SampledDrafts, slot: int, drawn: list[int], kept: int, budget: int) -> tuple[int, int]:
+        """A sampled row's (drafts accepted, token appended) from the device's rule over its whole budget, where
+        a stop token kept only the first `kept` drafts: a rejection among those is the rule's over the kept
+        drafts; past them, the token follows the accepted stop token, so it is drawn at that position."""
+        n, tok = drawn
+        if n < kept or kept == budget:
+            return n, tok
+        return kept, rows.bonus(slot, kept)
+
+    def accept_rows(self, p: torch.Tensor, q: torch.Tensor, d: torch.Tensor, g: list[int],
+                    generators: list[torch.Generator]) -> tuple[torch.Tensor, torch.Tensor]:
+        """`accept_sampled` for R rows at once, on their device: p [R, G + 1, V] verify probabilities, q [R, G, V]
+        draft probabilities (zero past a row's budget g[r]), d [R, G] drafts. Row r accepts d_i while
+        u_i q_i(d_i) < p_i(d_i) (u_i ~ U[0, 1): accept with probability min(1, p / q)), then draws from
+        max(0, p_n - q_n), which at n = g[r] is p_n itself (the bonus token). Returns (accepted [R], token [R])."""
+        r, width, _ = p.shape
+        gmax = width - 1
+        u = p.new_ones((r, gmax))
+        for i, gen in enumerate(generators):
+            if g[i]:
+                u[i, : g[i]] = torch.rand(g[i], generator=gen, device=gen.device).to(p.device, non_blocking=True)
+        if gmax:
+            pd = p[:, :gmax].gather(-1, d.unsqueeze(-1)).squeeze(-1)
+            qd = q.gather(-1, d.unsqueeze(-1)).squeeze(-1)
+            within = torch.arange(gmax, device=p.device).unsqueeze(0) < device_index(g, p.device).unsqueeze(1)
+            n = (within & (u * qd < pd)).long().cumprod(1).sum(1)
+        else:
+            n = torch.zeros(r, dtype=torch.long, device=p.device)
+        at = n.view(r, 1, 1).expand(r, 1, p.shape[-1])
+        pn = p.gather(1, at).squeeze(1)
+        qn = torch.cat([q, torch.zeros_like(p[:, :1])], 1).gather(1, at).squeeze(1)
+        resid = (pn - qn).clamp_min(0)
+        resid = torch.where(resid.sum(-1, keepdim=True) > 0, resid, pn)  # p == q up to rounding: nothing to correct
+        return n, draw_rows(resid, generators)
 
     def _pick_drafts(self, logits: torch.Tensor, seqs: list[Sequence], qprobs) -> list[int]:
         out = [0] * len(seqs)
