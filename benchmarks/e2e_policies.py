@@ -41,8 +41,13 @@ def main() -> None:
                     help="random prompt length per sequence (longer prompts make every step's attention dearer)")
     ap.add_argument("--policies", default=None,
                     help="comma-separated row names to run (e.g. 'ar w4a16,qspec w4a8->w4a16 g3'); default: all")
+    ap.add_argument("--sampling", default=None, metavar="JSON",
+                    help="SamplingParams fields for every request, e.g. '{\"temperature\": 0.7, \"top_p\": 0.9}' "
+                         "(request i seeded with i; default: greedy). Sampled QSPEC rows are then checked for the "
+                         "same tokens between eager and graphed runs, not against AR's")
     ap.add_argument("--tag", default="", help="suffix of the results file")
     args = ap.parse_args()
+    sampling = json.loads(args.sampling) if args.sampling else {}
 
     from gearshift.decode.autoregressive import AutoregressivePolicy
     from gearshift.decode.gearbox import GearboxPolicy
@@ -105,8 +110,9 @@ def main() -> None:
                         timed = []
                         for i in range(warm + (args.repeats if graphs else 1)):
                             eng = Engine(loaded, max_batch=b)
-                            reqs = [Request(p, SamplingParams(max_new_tokens=args.new_tokens, ignore_eos=True))
-                                    for p in prompts]
+                            reqs = [Request(p, SamplingParams(max_new_tokens=args.new_tokens, ignore_eos=True,
+                                                              **({"seed": j, **sampling} if sampling else {})))
+                                    for j, p in enumerate(prompts)]
                             pol = make(model, b)
                             out = eng.generate(reqs, pol)
                             if hasattr(pol, "close"):
@@ -125,7 +131,7 @@ def main() -> None:
                 ref = False if not args.graphs_only else True
                 if name.startswith("ar ") and ref in res:
                     ar_tokens = res[ref][0]
-                elif name.startswith("qspec") and ar_tokens is not None and ref in res:
+                elif name.startswith("qspec") and ar_tokens is not None and ref in res and not sampling:
                     vs_ar = _first_difference(res[ref][0], ar_tokens)
                 for graphs, (_, st) in res.items():
                     keep = {k: st[k] for k in ("tokens_per_s", "wall_s", "acceptance_rate", "mean_accepted_length",
@@ -139,7 +145,7 @@ def main() -> None:
         del model, loaded
     doc = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "preset": args.preset,
            "new_tokens": args.new_tokens, "prompt_tokens": args.prompt_tokens, "int4_prog": args.int4_prog,
-           "graph_max_rows": args.graph_max_rows,
+           "graph_max_rows": args.graph_max_rows, "sampling": sampling,
            "rows": rows}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

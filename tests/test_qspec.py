@@ -127,8 +127,10 @@ def test_stop_token_inside_a_draft(lm, ar_greedy, draft):
     assert inside > 0, "no cycle accepted a drafted stop token for any candidate stop"
 
 
-def test_mixed_params_in_one_batch(lm, ar_greedy):
-    """Greedy rows stay AR-exact next to sampled rows; sampled rows are seeded and reproducible."""
+@pytest.mark.parametrize("chained", [False, True], ids=["host", "device"])
+def test_mixed_params_in_one_batch(lm, ar_greedy, chained):
+    """Greedy rows stay AR-exact next to sampled rows; sampled rows are seeded and reproducible, drawn and
+    accepted on the host (the step-by-step cycle) or on the device (the chained one)."""
     reqs = lambda: [Request(p, SamplingParams(max_new_tokens=NEW, ignore_eos=True) if i % 2 == 0 else  # noqa: E731
                             SamplingParams(temperature=0.8, top_k=20, top_p=0.95, seed=i, max_new_tokens=NEW,
                                            ignore_eos=True))
@@ -136,7 +138,8 @@ def test_mixed_params_in_one_batch(lm, ar_greedy):
     outs = []
     for _ in range(2):
         eng = Engine(lm, max_batch=5)
-        outs.append([r.token_ids for r in eng.generate(reqs(), QSpecPolicy(lm.model, "w4a4", "w4a16", 3))])
+        pol = QSpecPolicy(lm.model, "w4a4", "w4a16", 3, chained_drafts=chained)
+        outs.append([r.token_ids for r in eng.generate(reqs(), pol)])
     assert outs[0] == outs[1]
     for i, (p, ref) in enumerate(zip(PROMPTS, ar_greedy)):
         assert len(outs[0][i]) == NEW

@@ -18,7 +18,9 @@ so greedy QSPEC is token-for-token greedy autoregressive decoding in the verify 
 rows use the rejection rule of Leviathan et al. (2023): accept d_i ~ q_i with probability
 min(1, p_i(d_i) / q_i(d_i)), else sample from norm(max(0, p_i - q_i)); p and q are both
 `filtered_logprobs` of the request's SamplingParams, so the output follows the verify mode's
-sampling distribution exactly. `acceptance="greedy"` is the paper's evaluation setting: every
+sampling distribution exactly. The chained cycle (the default on CUDA) draws the drafts and runs
+the rule on the device for all sampled rows at once (`accept_rows`), with one read back per cycle;
+the step-by-step cycle runs it on the host, row by row (`accept_sampled`). `acceptance="greedy"` is the paper's evaluation setting: every
 request decodes greedily (draft argmax, accept on top-1 match), whatever its temperature.
 
 Memory: the draft and verify forwards call the same QuantLinear stores and write the same
