@@ -31,6 +31,11 @@ def test_warmup_runs_one_sequence_and_a_full_batch_per_mode():
     assert [t for _, t in short] == [23, 31, 47, 63]  # odd row counts: Triton's other integer specialization
     assert len(runs) == 2 * (len(singles) + len(full) + len(short))
     assert all(n == 1 for n, _, _ in warmup_runs(1, 100, [None]))
+    # with prefill graphs of up to 48 rows: the single sequence's 24-, 32- and 48-token prompts twice (the
+    # second run captures the graph a sequence joining the batch replays), the others once
+    graphed = warmup_runs(4, 64 + WARMUP_NEW_TOKENS, ["w4a8"], graph_rows=48)
+    assert [t for n, t, _ in graphed if n == 1] == list(range(1, 17)) + [24, 24, 32, 32, 48, 48, 64]
+    assert [r for r in graphed if r[0] > 1] == [r for r in runs if r[2] == "w4a8" and r[0] > 1]
 
 
 @pytest.fixture(scope="module")

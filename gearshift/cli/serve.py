@@ -101,7 +101,9 @@ def build_server(args):
         policy = pol.build(args, loaded)
     gib = kv_cache_bytes(loaded.config, args.batch_size, max_len + policy.lookahead + 1,
                          loaded.model.dtype.itemsize) / 2**30
-    note(f"KV cache: {args.batch_size} sequences x {max_len} tokens ({gib:.2f} GiB)")
+    staging = (f"; one slot more, {gib / args.batch_size:.2f} GiB, where prefills joining the batch replay their "
+               "CUDA graphs" if getattr(loaded.model, "use_cuda_graphs", False) and args.batch_size > 1 else "")
+    note(f"KV cache: {args.batch_size} sequences x {max_len} tokens ({gib:.2f} GiB{staging})")
     name = args.served_model_name or os.path.basename(os.path.normpath(str(loaded.source)))
     if getattr(args, "warmup", True) and loaded.model.device.type == "cuda":
         from gearshift.engine.warmup import warm_up

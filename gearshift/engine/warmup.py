@@ -39,7 +39,7 @@ def prompt_lengths(max_prompt: int) -> list[int]:
 
 
 def warmup_runs(max_batch: int, max_seq_len: int, modes: list[str | None],
-                widths: list[int] = ()) -> list[tuple[int, int, str | None]]:
+                widths: list[int] = (), graph_rows: int = 0) -> list[tuple[int, int, str | None]]:
     """(sequences, prompt tokens, mode) of each warm-up run: one sequence at every length; the full batch at
     the bucketed lengths (17+), so prefills of 1..max_batch * max_prompt rows meet their M bucket; and one
     sequence fewer at one token less, since Triton compiles an integer argument divisible by 16 apart from
@@ -48,12 +48,15 @@ def warmup_runs(max_batch: int, max_seq_len: int, modes: list[str | None],
     sequences of 16 and of 17 tokens (decode steps of that many rows, with a key count divisible by 16 and
     one that is not) and of one token under each context bucket (`cuda_graphs.context_buckets`): a decode
     graph per width and bucket, captured here and not in the middle of a server's batch (100-200 ms each at
-    8B scale)."""
+    8B scale). A prefill of 17 or more tokens is captured the second time its shape is seen, so the single
+    sequence's prompts padded to up to `graph_rows` tokens (`Transformer.graph_max_rows`; 0: no graphs) run
+    twice: a sequence joining a running batch then replays that graph, in whichever slot it lands
+    (`GraphRunner.run`), where a server on an H200 captured one per slot while serving (80 ms each)."""
     max_prompt = max_seq_len - WARMUP_NEW_TOKENS
     lengths = prompt_lengths(max_prompt)
     runs = []
     for mode in modes:
-        runs += [(1, t, mode) for t in lengths]
+        runs += [(1, t, mode) for t in lengths for _ in range(2 if 16 < token_bucket(t) <= graph_rows else 1)]
         for t in (t for t in lengths if t > 16):
             runs += [(max_batch, t, mode)] if max_batch > 1 else []
             runs += [(max_batch - 1, t - 1, mode)] if max_batch > 2 else []
@@ -69,7 +72,9 @@ def warm_up(engine: Engine, policy: DecodePolicy, progress: bool = True) -> tupl
     EOS); returns (runs, seconds). The KV cache it used is the one a server's loop takes next, so decode
     graphs captured here are replayed there."""
     modes: list[str | None] = list(policy.modes) if len(policy.modes) > 1 else [None]
-    runs = warmup_runs(engine.max_batch, engine.max_seq_len, modes, policy.decode_widths(engine.max_batch))
+    model = engine.loaded.model
+    graph_rows = model.graph_max_rows if model.use_cuda_graphs else 0
+    runs = warmup_runs(engine.max_batch, engine.max_seq_len, modes, policy.decode_widths(engine.max_batch), graph_rows)
     vocab = engine.loaded.config.vocab_size
     it = runs
     if progress:
