@@ -20,8 +20,9 @@ min(1, p_i(d_i) / q_i(d_i)), else sample from norm(max(0, p_i - q_i)); p and q a
 `filtered_logprobs` of the request's SamplingParams, so the output follows the verify mode's
 sampling distribution exactly. The chained cycle (the default on CUDA) draws the drafts and runs
 the rule on the device for all sampled rows at once (`accept_rows`), with one read back per cycle;
-the step-by-step cycle runs it on the host, row by row (`accept_sampled`). `acceptance="greedy"` is the paper's evaluation setting: every
-request decodes greedily (draft argmax, accept on top-1 match), whatever its temperature.
+the step-by-step cycle runs it on the host, row by row (`accept_sampled`). `acceptance="greedy"`
+is the paper's evaluation setting: every request decodes greedily (draft argmax, accept on top-1
+match), whatever its temperature.
 
 Memory: the draft and verify forwards call the same QuantLinear stores and write the same
 KVCache; nothing of model or cache size is allocated. `kv_overwrite=False` is the ablation in
