@@ -101,9 +101,9 @@ def test_sampled_qspec_matches_verify_distribution(lm, exact, chained):
 
 @CYCLES
 def test_a_stop_token_among_the_drafts_keeps_the_distribution(lm, exact, chained):
-    """With a stop token that both modes draft often, a first token t1 that is a stop ends the output (the
-    chained cycle verified past it and must cut the acceptance there): outcomes (t1,) for the stop and (t1, t2)
-    otherwise, with their verify-mode probabilities."""
+    """With a stop token that both modes draft often, a first token t1 that is a stop ends the output: outcomes
+    (t1,) for the stop and (t1, t2) otherwise, with their verify-mode probabilities. (The chained cycle verifies
+    past a drafted stop; what it then appends is trimmed by the engine, so `_kept`'s cut is tested below.)"""
     p1, q1 = next_probs(lm, PROMPT, "w4a16"), next_probs(lm, PROMPT, "w4a4")
     stop = int(torch.minimum(p1, q1).argmax())
     assert p1[stop] > 0.1 and q1[stop] > 0.1
