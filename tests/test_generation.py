@@ -252,6 +252,45 @@ def test_sequences_joining_a_batch_prefill_their_own_rows(int4_model):
     assert [r.token_ids for r in outs[True]] == [r.token_ids for r in outs[False]]
 
 
+def test_joining_sequences_far_apart_prefill_apart(int4_model):
+    """Two sequences joining slots 0 and 3 around two running ones: one forward over slots 0..3 would run 2 x 70
+    padding token rows, so each gets its own; short prompts, or adjacent slots, stay one forward."""
+    pol = AutoregressivePolicy(int4_model.model, "w4a16")
+    long, short = [1] * 70, [1] * 10
+    assert pol.prefill_groups({0: long, 3: long}) == [{0: long}, {3: long}]
+    assert pol.prefill_groups({3: long, 0: short}) == [{0: short}, {3: long}]  # the longest prompt pads the rest
+    assert pol.prefill_groups({0: short, 3: short}) == [{0: short, 3: short}]  # 2 x 10 rows: cheaper than a forward
+    assert pol.prefill_groups({0: long, 1: long, 5: long}) == [{0: long, 1: long}, {5: long}]
+    pol.compact_prefill = False
+    assert pol.prefill_groups({0: long, 3: long}) == [{0: long, 3: long}]
+
+    # in the engine: the sequences in slots 0 and 3 finish together, and the two waiting ones take their slots
+    model = int4_model.model
+    prompts = [[5, 6], list(range(3, 13)), list(range(20, 30)), [7, 8], list(range(40, 111)), list(range(120, 191))]
+    lengths = [3, 9, 9, 3, 4, 4]
+    shapes, orig = [], type(model).forward
+
+    def spy(self, tokens, *a, **k):
+        shapes.append(tuple(tokens.shape))
+        return orig(self, tokens, *a, **k)
+
+    outs = []
+    try:
+        type(model).forward = spy
+        for split in (128, 10**9):
+            shapes.clear()
+            pol = AutoregressivePolicy(model, "w4a16")
+            pol.split_prefill_rows = split
+            res = Engine(int4_model, max_batch=4).generate(
+                [Request(q, SamplingParams(max_new_tokens=n, ignore_eos=True)) for q, n in zip(prompts, lengths)], pol)
+            outs.append([r.token_ids for r in res])
+            refills = [sh for sh in shapes if sh[1] >= 70]
+            assert refills == ([(1, 70), (1, 70)] if split == 128 else [(4, 70)])
+    finally:
+        type(model).forward = orig
+    assert outs[0] == outs[1]
+
+
 def test_runs_of_one_size_reuse_the_kv_cache(int4_model):
     """A second run of the same batch and capacity takes the first run's cache (CUDA graphs are keyed on
     its addresses), masks what the slots still hold, and gives a fresh engine's tokens; a run closed

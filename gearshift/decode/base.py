@@ -137,7 +137,30 @@ class DecodePolicy:
         rows = {s.slot: s.prompt[s.cached:-1] for s in seqs if len(s.prompt) - 1 > s.cached}
         if rows:
             with self.timer("prefill"):
-                self.prefill_rows(rows, self.prefill_mode(), "last")
+                for part in self.prefill_groups(rows):
+                    self.prefill_rows(part, self.prefill_mode(), "last")
+
+    #: padding token rows (running slots between joining ones, times the group's longest prompt) above which a
+    #: prefill is split there: a forward's weight reads cost about what 75 token rows of compute do at 8B scale
+    #: (the H100's W4A16 linears: 1.54 ms a step at one token, 6.6 ms at 256)
+    split_prefill_rows = 128
+
+    def prefill_groups(self, rows: dict[int, list[int]]) -> list[dict[int, list[int]]]:
+        """`rows` (slot -> tokens) as the groups `prefill` runs one forward each. A forward spans its slots
+        lowest to highest, so the running slots between two joining ones run padding through every layer:
+        where those come to `split_prefill_rows` token rows or more, the group is split there."""
+        if not self.compact_prefill:
+            return [rows]
+        slots = sorted(rows)
+        t = max(len(v) for v in rows.values())
+        groups, cur = [], [slots[0]]
+        for a, b in zip(slots, slots[1:]):
+            if (b - a - 1) * t >= self.split_prefill_rows:
+                groups.append(cur)
+                cur = []
+            cur.append(b)
+        groups.append(cur)
+        return [{slot: rows[slot] for slot in g} for g in groups]
 
     def prefill_mode(self) -> str:
         return self.mode
