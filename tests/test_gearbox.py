@@ -223,3 +223,22 @@ def test_one_step_ahead_gives_the_same_tokens_and_telemetry(dense, rule):
     assert st1["discarded_forwards"] >= 1  # shifts and joining sequences drop the step launched ahead
     assert st1["forwards"] == st0["forwards"]  # the steps whose tokens were used, recomputations included
 
+
+
+def test_joining_sequences_far_apart_prefill_and_calibrate_apart(dense):
+    """GEARBX prefills sequences joining slots 0 and 3 around running ones in a forward each
+    (`DecodePolicy.prefill_groups`), and calibrates each from its own rows: the same tokens, gears and
+    thresholds as one forward over slots 0..3."""
+    prompts = [[5, 6], list(range(3, 13)), list(range(20, 30)), [7, 8], list(range(40, 111)), list(range(120, 191))]
+    lengths = [3, 9, 9, 3, 4, 4]
+    outs = []
+    for split in (128, 10**9):
+        pol = GearboxPolicy(dense.model, monitor_kwargs=NO_CATASTROPHE)
+        pol.split_prefill_rows = split
+        res = Engine(dense, max_batch=4).generate(
+            [Request(q, SamplingParams(max_new_tokens=n, ignore_eos=True)) for q, n in zip(prompts, lengths)], pol)
+        gb = [r.stats["gearbox"] for r in res]
+        outs.append(([r.token_ids for r in res], [(g["gear"], g["calibrated"], g["theta_low"]) for g in gb],
+                     pol.counters["forwards"]))
+    assert outs[0][:2] == outs[1][:2]
+    assert outs[0][2] == outs[1][2] + 1  # the refill took two prefill forwards instead of one

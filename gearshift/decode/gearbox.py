@@ -209,13 +209,14 @@ class GearboxPolicy(DecodePolicy):
             if not rows:
                 continue
             with self.timer("prefill"):
-                logits, lo = self.prefill_rows(rows, MODE, "all" if self.calibrate else "last")
-                self.counters["forwards"] += 1
-                if self.calibrate:
-                    for s in group:
-                        if s.slot in rows:
-                            z = sanitize_logits(logits[s.slot - lo, : len(rows[s.slot])])
-                            pending.append((s, entropy_bits(z)))
+                for part in self.prefill_groups(rows):
+                    logits, lo = self.prefill_rows(part, MODE, "all" if self.calibrate else "last")
+                    self.counters["forwards"] += 1
+                    if self.calibrate:
+                        for s in group:
+                            if s.slot in part:
+                                z = sanitize_logits(logits[s.slot - lo, : len(part[s.slot])])
+                                pending.append((s, entropy_bits(z)))
         if pending:  # one device->host copy for the whole prefill group
             host = torch.cat([e for _, e in pending]).tolist()
             i = 0
