@@ -504,16 +504,21 @@ class QSpecPolicy(DecodePolicy):
         for i, gen in enumerate(generators):
             if g[i]:
                 u[i, : g[i]] = torch.rand(g[i], generator=gen, device=gen.device).to(p.device, non_blocking=True)
+
+        def at(i: torch.Tensor) -> torch.Tensor:  # one position per row, as a gather index over [R, T, V]
+            return i.view(r, 1, 1).expand(r, 1, p.shape[-1])
+
         if gmax:
             pd = p[:, :gmax].gather(-1, d.unsqueeze(-1)).squeeze(-1)
             qd = q.gather(-1, d.unsqueeze(-1)).squeeze(-1)
             within = torch.arange(gmax, device=p.device).unsqueeze(0) < device_index(g, p.device).unsqueeze(1)
             n = (within & (u * qd < pd)).long().cumprod(1).sum(1)
+            # q past the last draft step is zero (no draft there): gather below it, not from a padded copy of q
+            qn = q.gather(1, at(n.clamp(max=gmax - 1))).squeeze(1) * (n < gmax).unsqueeze(1)
         else:
             n = torch.zeros(r, dtype=torch.long, device=p.device)
-        at = n.view(r, 1, 1).expand(r, 1, p.shape[-1])
-        pn = p.gather(1, at).squeeze(1)
-        qn = torch.cat([q, torch.zeros_like(p[:, :1])], 1).gather(1, at).squeeze(1)
+            qn = torch.zeros_like(p[:, 0])
+        pn = p.gather(1, at(n)).squeeze(1)
         resid = (pn - qn).clamp_min(0)
         resid = torch.where(resid.sum(-1, keepdim=True) > 0, resid, pn)  # p == q up to rounding: nothing to correct
         return n, draw_rows(resid, generators)
