@@ -106,10 +106,12 @@ def test_new_requests_take_the_lowest_free_slot(tiny_int4):
 
 def test_the_warmup_runs_every_narrower_width():
     runs = warmup_runs(8, 40, [None], [1, 2, 4, 8])
-    assert [(n, t) for n, t, _ in runs if n in (2, 4)] == [(2, 16), (2, 17), (2, 38), (4, 16), (4, 17), (4, 38)]
+    narrow = [(r.sequences, r.prompt_tokens) for r in runs if r.sequences in (2, 4)]
+    assert narrow == [(2, 16), (2, 17), (2, 38), (4, 16), (4, 17), (4, 38)]
     assert warmup_runs(8, 40, [None]) == [r for r in runs if r[0] not in (2, 4)]
     # one decode graph per width and context bucket: a prompt one token under each bucket (or the longest)
-    assert [t for n, t, _ in warmup_runs(4, 600, [None], [1, 2, 4]) if n == 2] == [16, 17, 127, 255, 511, 598]
+    at_two = [r.prompt_tokens for r in warmup_runs(4, 600, [None], [1, 2, 4]) if r.sequences == 2]
+    assert at_two == [16, 17, 127, 255, 511, 598]
     assert context_buckets(600) == [128, 256, 512, 600] and context_buckets(128) == [128]
 
 

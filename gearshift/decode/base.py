@@ -242,6 +242,11 @@ class DecodePolicy:
             w *= 2
         return out + [b]
 
+    def step_feeds(self) -> range:
+        """Tokens per row one decode step can feed: 1, and up to 1 + `lookahead` for QSPEC's verify pass (the last
+        token and its drafts). Each is a CUDA graph of its own, which a server's warm-up captures (`warmup_runs`)."""
+        return range(1, self.lookahead + 2)
+
     def span(self, width: int, first: int = 0) -> KVCache:
         """The cache's slots first .. first + width - 1 (the cache itself at full width); `unspan` copies the
         lengths back."""
