@@ -187,3 +187,26 @@ def test_qspec_drafts_a_cycle_ahead_on_graphs_give_the_same_cycles():
         assert outs[0] == outs[1] and [len(t) for t in outs[1][0]] == list(lengths)
     finally:
         model.use_cuda_graphs = False
+
+
+def test_graphs_a_warmup_captured_stay_beyond_the_lru_limit():
+    """`GraphRunner.keeping`: nothing is evicted inside it, and afterwards the limit is max_graphs beyond what it
+    held then (the eviction is on the host, so dummy entries stand in for captured graphs here)."""
+    from gearshift.model.cuda_graphs import GraphRunner
+
+    r = GraphRunner(max_graphs=3)
+    with r.keeping():
+        for k in range(5):
+            r.graphs[("warm", k)] = object()
+            r._evict()
+        assert len(r.graphs) == 5
+    assert r.reserved == 5
+    for k in range(4):
+        r.graphs[("served", k)] = object()
+        r._evict()
+    assert len(r.graphs) == 8 and ("warm", 0) not in r.graphs and ("served", 0) in r.graphs  # LRU still orders
+    plain = GraphRunner(max_graphs=3)
+    for k in range(5):
+        plain.graphs[k] = object()
+        plain._evict()
+    assert list(plain.graphs) == [2, 3, 4]

@@ -14,6 +14,7 @@ compiled kernels.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 from typing import NamedTuple
@@ -119,9 +120,11 @@ def warm_up(engine: Engine, policy: DecodePolicy, progress: bool = True) -> tupl
 
         it = tqdm(runs, desc="warming up (kernel compiles)", leave=False, file=sys.stderr, disable=None)
     t0 = time.perf_counter()
-    for r in it:
-        lengths = [r.prompt_tokens] + [r.prompt_tokens if r.others is None else r.others] * (r.sequences - 1)
-        engine.run_in_serving_cache([Request([(7 + 31 * (i + j)) % vocab for j in range(length)],
-                                             SamplingParams(max_new_tokens=r.new_tokens, ignore_eos=True),
-                                             mode=r.mode) for i, length in enumerate(lengths)], policy)
+    cuda_graphs = model.use_cuda_graphs and model.device.type == "cuda"
+    with model._graph_runner().keeping() if cuda_graphs else contextlib.nullcontext():
+        for r in it:
+            lengths = [r.prompt_tokens] + [r.prompt_tokens if r.others is None else r.others] * (r.sequences - 1)
+            engine.run_in_serving_cache([Request([(7 + 31 * (i + j)) % vocab for j in range(length)],
+                                                 SamplingParams(max_new_tokens=r.new_tokens, ignore_eos=True),
+                                                 mode=r.mode) for i, length in enumerate(lengths)], policy)
     return len(runs), time.perf_counter() - t0
