@@ -109,7 +109,7 @@ def build_server(args):
         from gearshift.engine.warmup import warm_up
 
         runs, seconds = warm_up(engine, policy)
-        note(f"warmed up in {seconds:.1f} s ({runs} prefill shapes; --no-warmup skips this)")
+        note(f"warmed up in {seconds:.1f} s ({runs} runs of prefill and decode shapes; --no-warmup skips this)")
     worker = EngineWorker(engine, policy, prefix_reuse=args.prefix_reuse)
     if loaded.model.device.type == "cuda":
         worker.compile_watch = watch_compiles()
