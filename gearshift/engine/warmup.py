@@ -87,8 +87,8 @@ def warmup_runs(max_batch: int, max_seq_len: int, modes: list[str | None], width
     new = max(WARMUP_NEW_TOKENS, *feeds)
     max_prompt = max_seq_len - new
     lengths = prompt_lengths(max_prompt)
-    narrower = [k for k in feeds if k < min(new, max(feeds))]  # a run's first step feeds min(new, max(feeds))
-    every_width = sorted({1, max_batch, *widths})
+    narrower = [k for k in feeds if k < max(feeds)]  # the other runs' first step feeds the widest
+    every_width = sorted({*widths, max_batch})
     runs = []
     for mode in modes:
         runs += [WarmupRun(1, t, mode, new) for t in lengths
