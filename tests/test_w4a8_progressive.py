@@ -115,7 +115,8 @@ def gluon_ptx(bm, bn, warps, stages, layout, maxnreg=None, split_k=1, consumers=
            "mn_desc": mangle_type(md), "units_ptr": "*fp32", "xs_ptr": "*fp32", "y_ptr": "*bf16",
            "ws_ptr": "*fp32", "cnt_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32", "per": "i32",
            "dpt": "i32"}
-    attrs = {(list(sig).index(n),): [["tt.divisibility", 16]] for n in ("y_ptr", "N", "K")}
+    # (the pointers 16-byte aligned, as launches from torch allocations specialize them)
+    attrs = {(list(sig).index(n),): [["tt.divisibility", 16]] for n in ("units_ptr", "xs_ptr", "y_ptr", "N", "K")}
     cx = {"G": 128, "BN": bn, "STAGES": stages, "BLOCKS": layout == "blocks16", "SPLIT_K": split_k,
           "CONSUMERS": consumers, "num_warps": warps, "ABLATE": ablate, "STREAM_K": stream_k, "CMAX": 3, "PDL": pdl,
           "VEC_STORE": vec}
@@ -278,6 +279,18 @@ def test_row_stores_of_the_finished_tile(gluon_ptx, name):
     stores = set(re.findall(r"st\.global(?:\.v\d)?\.b\d+", gluon_ptx[name]))
     vec = name.startswith("vec")
     assert ("st.global.v4.b32" in stores) == vec and ("st.global.b16" in stores) != vec, stores
+
+
+@pytest.mark.parametrize("name", ["vec_bm256_bn128", "bm128_bn128", "stream_k_bm256_bn128"])
+def test_whole_token_tiles_load_their_scales_in_pairs(gluon_ptx, name):
+    """M is unspecialized, so a masked load of the token scales is one 4-byte load per token; tiles that
+    end inside M take an unmasked branch whose loads are 8 bytes (a lane's two tokens), and only the
+    last token tile the masked one (token_scaled)."""
+    import re
+
+    loads = re.findall(r"(@%p\d+ )?ld\.global(\.v2)?\.b32 ", gluon_ptx[name])
+    assert any(not pred and v2 for pred, v2 in loads), "no unmasked 8-byte scale loads"
+    assert any(pred and not v2 for pred, v2 in loads), "no masked scale loads for the last token tile"
 
 
 @pytest.mark.parametrize("name", ["pdl_two_consumers_splitk", "pdl_stream_k", "two_consumers_rows_splitk"])
