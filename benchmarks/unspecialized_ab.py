@@ -10,9 +10,9 @@ specialization costs per call, and counts the compiles each form makes over the 
 Usage: python benchmarks/unspecialized_ab.py [--kernel w4a16|w4a8_progressive] [--m 300,1000,2047,4995]
     [--policy MAP.json] [--shapes qkv,o,gate_up,down] [--rounds 3] [--sustain 0.3] [--dump-ptx DIR] [--out DIR]
 --policy adds each shape's pick in that map at each M (where it is this kernel's strategy) to the fixed tiles.
-The two forms are timed alternately (ABBA...), each after --sustain seconds of its own replays: one timing
-each, forms in a fixed order, moved 1-4% with the clocks (stop 62). A token count that is not a multiple of
-16 compiles the same code in both forms, so its ratio is the noise.
+The two forms are timed alternately (ABBA...), each after --sustain seconds of its own replays, so that
+neither always runs on a cooler GPU. A token count that is not a multiple of 16 compiles the same code in
+both forms, so its ratio is the noise.
 Writes DIR/unspecialized_ab_<device>.json (w4a16) or unspecialized_ab_w4a8_progressive_<device>.json, prints a
 table last.
 """
