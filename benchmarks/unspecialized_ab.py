@@ -74,21 +74,27 @@ class Form:
         return wp.progressive_codes(inputs[0], inputs[1], store, cfg, torch.bfloat16)
 
 
-def compiles(kernel) -> int:
-    """Variants the kernel holds compiled for this device (-1 where this Triton keeps them elsewhere)."""
+def compiled_variants(kernel) -> dict | None:
+    """The variants the kernel holds compiled for this device, by specialization key (None where this Triton
+    keeps them elsewhere)."""
     try:
-        return len(kernel.device_caches[torch.cuda.current_device()][0])
+        return kernel.device_caches[torch.cuda.current_device()][0]
     except (AttributeError, KeyError, IndexError, TypeError):
-        return -1
+        return None
+
+
+def compiles(kernel) -> int:
+    """How many variants the kernel holds compiled for this device (-1: unknown)."""
+    compiled = compiled_variants(kernel)
+    return -1 if compiled is None else len(compiled)
 
 
 def dump_ptx(folder: Path, kernels: dict) -> None:
     """Each variant the kernels hold compiled, as PTX files named by form and compile order."""
     folder.mkdir(parents=True, exist_ok=True)
     for form, kernel in kernels.items():
-        try:
-            compiled = kernel.device_caches[torch.cuda.current_device()][0]
-        except (AttributeError, KeyError, IndexError, TypeError):
+        compiled = compiled_variants(kernel)
+        if compiled is None:
             print(f"{form}: this Triton keeps its compiled kernels elsewhere; no PTX written")
             continue
         for i, (key, ck) in enumerate(compiled.items()):

@@ -619,7 +619,7 @@ if HAS_GLUON:
     # (M and stream-K's run lengths change with every prefill's token count, and Triton compiles a variant per
     # class of an int argument (= 1, divisible by 16, or neither): a server met one the warm-up had not, a 4.4 s
     # stall on an H200. Unspecialized: the same time per call, fewer variants (`benchmarks/unspecialized_ab.py`;
-    # the kernels on codes lost 2-4% at token counts divisible by 16 until `token_scaled` loaded whole tiles'
+    # the kernels on codes lost 1-5% at token counts divisible by 16 until `token_scaled` loaded whole tiles'
     # scales unmasked, stop 62); CMAX and PACKED still vary with M)
     @gluon.jit(do_not_specialize=("M", "per", "dpt"))
     def w4a16_wgmma_kernel(x_desc, w_desc, s_ptr, mn_ptr, y_ptr, ws_ptr, cnt_ptr, xs_ptr, M, N, K, per, dpt,
