@@ -155,11 +155,8 @@ def run(asm: str, operands: dict[int, np.ndarray], memories: dict[str, Memory], 
                     byte = np.where(byte & 0x80, 0xFF, 0).astype(np.uint32)
                 r |= byte << np.uint32(8 * i)
             put(args[0], r)
-        elif op == "add.s32":
-            put(args[0], (val(args[1]).astype(np.uint64) + val(args[2])) & 0xFFFFFFFF)
-        elif op in ("add.f32", "sub.f32"):
-            a, b = val(args[1]).view(np.float32), val(args[2]).view(np.float32)
-            put(args[0], (a + b if op == "add.f32" else a - b).view(np.uint32))
+        elif op == "add.f32":
+            put(args[0], (val(args[1]).view(np.float32) + val(args[2]).view(np.float32)).view(np.uint32))
         elif op == "cvt.rn.f32.s32":
             put(args[0], val(args[1]).view(np.int32).astype(np.float32).view(np.uint32))
         else:

@@ -111,28 +111,6 @@ def test_block_asm_gives_the_block_sums(dt, rows, tiles, shared):
         assert np.all(np.abs(got - want) <= 1e-6 * scale + 1e-6), np.abs(got - want).max()
 
 
-@pytest.mark.parametrize("rows,tiles,shared", [(r, t, s) for dt, r, t, s in CASES if dt == "s8"])
-def test_int8_block_conversions_give_the_same_bits(rows, tiles, shared):
-    """The int8 block's int32 sums become fp32 by I2F ("cvt"), by the 1.5 * 2^23 add and subtract
-    ("magic") or by both in turn ("mixed"): every form's outputs are the exact sums, lane for lane."""
-    ops, memories, n_out, want, _ = _case("s8", rows, tiles, shared, seed=rows + 3 * tiles)
-    for cv in mg.S8_CONVERTS:
-        asm = mg.MMA_ASM_S8[(rows, tiles, shared, cv)]
-        got = _outputs(asm, ops, memories, n_out)[:, _reorder(rows // 8, tiles)]
-        assert np.array_equal(got, want), cv
-        n_cvt, n_magic = asm.count("cvt.rn.f32.s32"), asm.count("sub.f32")
-        assert (n_cvt, n_magic) == {"cvt": (n_out, 0), "magic": (0, n_out),
-                                    "mixed": ((n_out + 1) // 2, n_out // 2)}[cv]
-
-
-def test_int8_conversion_switch_picks_the_block(monkeypatch):
-    monkeypatch.setattr(mg, "S8_CONVERT", "magic")
-    assert mg.block_asm("s8", 16, 2) == mg.MMA_ASM_S8[(16, 2, False, "magic")]
-    monkeypatch.setattr(mg, "S8_CONVERT", "i2f")
-    with pytest.raises(ValueError, match="S8_CONVERT"):
-        mg.block_asm("s8", 16, 2)
-
-
 @pytest.mark.parametrize("dt,rows,tiles", [("bf16", 16, 1), ("f16", 32, 2), ("bf16", 8, 2)])
 def test_ablation_forms_give_the_same_outputs(dt, rows, tiles):
     """AND + OR per nibble pair (`FUSED_LOP3 = False`) and inputs loaded ahead (`x_ahead`) run the same

@@ -98,12 +98,9 @@ def bf16_dequant(asm: str) -> str:
 
 
 def variants(s8: bool, shared: bool = False) -> dict:
-    if s8:  # (rows, tiles, shared, convert): the shipped conversion's blocks
-        base = {k: v for k, v in mg.MMA_ASM_S8.items() if k[2] == shared and k[3] == mg.S8_CONVERT}
-    else:
-        base = mg.MMA_ASM_SHARED if shared else mg.MMA_ASM
+    base = (mg.MMA_ASM_S8_SHARED if shared else mg.MMA_ASM_S8) if s8 else (mg.MMA_ASM_SHARED if shared else mg.MMA_ASM)
     keys = list(base)
-    rt = (lambda k: k[:2]) if s8 else (lambda k: k[1:])
+    rt = (lambda k: k) if s8 else (lambda k: k[1:])
     out = {"shipped": dict(base),
            "no sum MMAs": {k: no_sum_mma(base[k]) for k in keys},
            "bf16 dequant": {k: bf16_dequant(base[k]) for k in keys}}
@@ -150,7 +147,7 @@ def main() -> None:
         sk = skeleton(SimpleNamespace(layers=layers, per_sm=""), 16 * 256, 8 * 256, persistent_too=False)
         res["skeleton"] = sk
     table = mg.MMA_ASM_S8 if s8 else mg.MMA_ASM
-    table_shared = mg.MMA_ASM_S8 if s8 else mg.MMA_ASM_SHARED
+    table_shared = mg.MMA_ASM_S8_SHARED if s8 else mg.MMA_ASM_SHARED
     asms = variants(s8)
     asms_shared = variants(s8, shared=True)
     # label -> (block PTX table, int4_mma_gemv switches)

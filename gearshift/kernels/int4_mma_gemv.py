@@ -207,7 +207,7 @@ def _mma_asm(dt: str, magic: int, rows: int, tiles: int = 1, chains: int = 1, fu
     return "\n".join(lines)
 
 
-def _mma_asm_s8(rows: int, tiles: int = 1, shared: bool = False, convert: str = "magic") -> str:
+def _mma_asm_s8(rows: int, tiles: int = 1, shared: bool = False) -> str:
     """PTX for one 128-column block on int8 activation codes (W4A8 / W4A4): `mma.m16n8k32` s8.
 
     Same operands and outputs as `_mma_asm` (the outputs as fp32), but a nibble becomes an int8 in
@@ -218,10 +218,6 @@ def _mma_asm_s8(rows: int, tiles: int = 1, shared: bool = False, convert: str = 
     exact int32 (|x| <= 127, q <= 15), converted to fp32 once per block; no +128 offset. A lane
     reads 32 bytes of each token per block, half of the 16-bit codes' traffic, and runs half the MMAs.
     shared: the codes come from shared memory at two 32-bit addresses per token tile (`TileConfig.xshare`).
-    convert: how the int32 outputs become fp32 (the same values either way, since |v| < 2^22): "cvt" is
-    one I2F each, which Hopper issues at 16 per clock per SM (an eighth of FADD's rate) and the 16-token
-    tiles need 12-20 of per block; "magic" adds v to the bits of 1.5 * 2^23 and subtracts 1.5 * 2^23 as
-    fp32 (an integer add and an FADD, as `w4a8_wgmma` does); "mixed" alternates the two (`S8_CONVERT`).
     """
     per_lane = rows // 8
     mma = "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32"
@@ -255,11 +251,7 @@ def _mma_asm_s8(rows: int, tiles: int = 1, shared: bool = False, convert: str = 
         lines += _tile_ksteps(mma, per_lane, tiles, 0, lambda tile: (f"x{8 * tile + 2 * j}", f"x{8 * tile + 2 * j + 1}"),
                               ("0x6420", "0x7531"))
     for i, v in enumerate(_block_outputs(per_lane, tiles)):
-        if convert == "cvt" or (convert == "mixed" and i % 2 == 0):
-            lines += [f"cvt.rn.f32.s32 cv, {v};", f"mov.b32 ${i}, cv;"]
-        else:  # (1.5 * 2^23 + v) - 1.5 * 2^23, both steps exact for |v| < 2^22
-            lines += [f"add.s32 t, {v}, 0x4B400000;", "mov.b32 cv, t;", "sub.f32 cv, cv, 0f4B400000;",
-                      f"mov.b32 ${i}, cv;"]
+        lines += [f"cvt.rn.f32.s32 cv, {v};", f"mov.b32 ${i}, cv;"]
     lines.append("}")
     return "\n".join(lines)
 
@@ -282,11 +274,9 @@ MMA_ASM_FRAGMENT = {(dt, rows, tiles, shared): _mma_asm(dt, magic, rows, tiles, 
 MMA_ASM_DQ = {(dt, rows, tiles, shared): _mma_asm(dt, magic, rows, tiles, shared=shared, dequant=True)
               for dt, magic in (("bf16", 0x4300), ("f16", 0x6400)) for rows in ROWS_PER_WARP for tiles in (1, 2)
               for shared in (False, True)}
-#: int8 activation codes: `_mma_asm_s8`, keyed (rows, tiles, shared, convert)
-S8_CONVERTS = ("magic", "cvt", "mixed")
-S8_CONVERT = "cvt"  # how the int8 block's int32 sums become fp32 (timing only: same bits; `_mma_asm_s8`)
-MMA_ASM_S8 = {(rows, tiles, shared, cv): _mma_asm_s8(rows, tiles, shared=shared, convert=cv)
-              for rows in ROWS_PER_WARP for tiles in (1, 2) for shared in (False, True) for cv in S8_CONVERTS}
+#: int8 activation codes: `_mma_asm_s8`
+MMA_ASM_S8 = {(rows, tiles): _mma_asm_s8(rows, tiles) for rows in ROWS_PER_WARP for tiles in (1, 2)}
+MMA_ASM_S8_SHARED = {(rows, tiles): _mma_asm_s8(rows, tiles, shared=True) for rows in ROWS_PER_WARP for tiles in (1, 2)}
 OFFSET = {"bf16": 128.0, "f16": 1024.0, "s8": 0.0}
 # PTX of the weight loads (16 bytes per lane and row, read once: no L1 allocation). The L2 prefetch-size
 # forms make the row's next blocks L2 hits; benchmarks/mma_ablations/loads.py times them.
@@ -1277,9 +1267,7 @@ def block_asm(dt: str, rows: int, tiles: int, shared: bool = False, fragment_ord
             raise ValueError("fragment-order inputs are 16-bit; int8 codes have their own gather")
         return MMA_ASM_FRAGMENT[(dt, rows, tiles, shared)]
     if dt == "s8":
-        if S8_CONVERT not in S8_CONVERTS:
-            raise ValueError(f"S8_CONVERT must be one of {S8_CONVERTS}, not {S8_CONVERT!r}")
-        return MMA_ASM_S8[(rows, tiles, shared, S8_CONVERT)]
+        return (MMA_ASM_S8_SHARED if shared else MMA_ASM_S8)[(rows, tiles)]
     if shared:
         return MMA_ASM_SHARED[(dt, rows, tiles)]
     return (MMA_ASM if FUSED_LOP3 else MMA_ASM_ANDOR)[(dt, rows, tiles)]
