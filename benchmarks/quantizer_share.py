@@ -29,6 +29,11 @@ from gearshift.kernels.act_quant import ActCodes, quantize_act_triton  # noqa: E
 from gearshift.quant.modes import MODES  # noqa: E402
 
 
+def label(choice) -> str:
+    """A map choice as strategy@tile key."""
+    return f"{choice.strategy}@{choice.config.key() if choice.config else '-'}"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--policy", default="gearshift/data/policy/NVIDIA_H100_80GB_HBM3.json")
@@ -41,11 +46,11 @@ def main() -> None:
         raise SystemExit("quantizer_share.py times CUDA kernels: no GPU here")
     d = AdaptiveDispatcher(PolicyMap.load(a.policy), autoload=False)
     act = MODES[a.mode].act
+    fmt = "int4p" if a.int4_prog else "int4"
     rows = []
     for name, n, k in PRESETS["llama3-8b"]["shapes"]:
-        probe = random_store("int4p" if a.int4_prog else "int4", n, k, 128, "cuda", layout="blocks16")
-        stores = [probe] + [random_store("int4p" if a.int4_prog else "int4", n, k, 128, "cuda", layout="blocks16")
-                            for _ in range(n_copies(probe) - 1)]
+        probe = random_store(fmt, n, k, 128, "cuda", layout="blocks16")
+        stores = [probe] + [random_store(fmt, n, k, 128, "cuda", layout="blocks16") for _ in range(n_copies(probe) - 1)]
         for m in (int(v) for v in a.m.split(",")):
             x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
             pick, pick16 = d.choose(probe, act, m), d.choose(probe, None, m)
@@ -59,11 +64,10 @@ def main() -> None:
             y_codes = d.linear(x, probe, act, codes=codes)
             if not torch.equal(y_profiled, y_codes):
                 raise SystemExit(f"{name} M={m}: the pick on codes gives other bits than on bf16 inputs")
-            row = {"shape": name, "n": n, "k": k, "m": m, "pick": f"{pick.strategy}@{pick.config.key() if pick.config else '-'}",
-                   "map_us": pick.us,
+            row = {"shape": name, "n": n, "k": k, "m": m, "pick": label(pick), "map_us": pick.us,
                    "profiled_us": time_us([lambda s=s: strat.run(x, s, act, pick.config) for s in stores]),
                    "codes_us": time_us([lambda s=s: d.linear(x, s, act, codes=codes) for s in stores]),
-                   "w4a16_pick": f"{pick16.strategy}@{pick16.config.key() if pick16.config else '-'}",
+                   "w4a16_pick": label(pick16),
                    "w4a16_us": time_us([lambda s=s: d.linear(x, s, None) for s in stores])}
             rows.append(row)
             print(json.dumps(row), flush=True)
