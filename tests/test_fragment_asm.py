@@ -23,9 +23,10 @@ def _lane_rows(per_lane: int) -> np.ndarray:
     return GROUP[:, None] + 8 * np.arange(per_lane)[None, :]
 
 
-def _case(dt: str, rows: int, tiles: int, shared: bool, seed: int, fragment_order: bool = False):
+def _case(dt: str, rows: int, tiles: int, shared: bool, seed: int, fragment_order: bool = False,
+          x_tiles: bool = False):
     """Operands, memories and the expected [32, n_out] outputs of one warp's block; fragment_order: the
-    inputs stored in `to_fragment_order`'s column order."""
+    inputs stored in `to_fragment_order`'s column order; x_tiles: in `to_x_tiles`' layout."""
     rng = np.random.default_rng(seed)
     per_lane = rows // 8
     q = rng.integers(0, 16, size=(rows, mg.BLOCK_COLS))
@@ -51,6 +52,8 @@ def _case(dt: str, rows: int, tiles: int, shared: bool, seed: int, fragment_orde
     xp0 = n_out + 4 * per_lane
     row_bytes = mg.BLOCK_COLS * esize
     first = BASE + (GROUP * row_bytes + 32 * THREAD * esize).astype(np.int64)  # token g, the lane's first word
+    if x_tiles:  # the lane's first chunk of the tile: 16 bytes at 16 * lane
+        first = BASE + 16 * (4 * GROUP + THREAD).astype(np.int64)
     for tile in range(tiles):
         start = first + tile * 8 * row_bytes
         if shared:
@@ -58,7 +61,8 @@ def _case(dt: str, rows: int, tiles: int, shared: bool, seed: int, fragment_orde
                 ops[xp0 + chunks * tile + j] = start + 16 * j
         else:
             ops[xp0 + tile] = start
-    mem = Memory(mg.to_fragment_order(torch.from_numpy(x)).numpy() if fragment_order else x, BASE)
+    xm = mg.to_fragment_order(torch.from_numpy(x)) if fragment_order else torch.from_numpy(x)
+    mem = Memory((mg.to_x_tiles(xm) if x_tiles else xm).numpy(), BASE)
     memories = {"shared": mem} if shared else {"global": mem}
     offset = mg.OFFSET[dt]
     d = (offset + q.astype(np.float64)) @ xv.T  # [rows, tokens]
@@ -155,3 +159,38 @@ def test_fragment_order_is_the_nibble_pairs_order():
     assert torch.equal(mg.from_fragment_order(f), x)
     with pytest.raises(ValueError):
         mg.block_asm("s8", 16, 1, fragment_order=True)
+
+
+@pytest.mark.parametrize("dt,rows,tiles,fragment_order", [(dt, rows, tiles, f) for dt, rows, tiles, _ in CASES
+                                                        if not _ for f in ((False, True) if dt != "s8" else (False,))])
+def test_x_tile_block_gives_the_same_bits(dt, rows, tiles, fragment_order):
+    """Inputs in `to_x_tiles`' layout (each chunk load of the warp reads 512 contiguous bytes): the block
+    gives, lane for lane, the bits the shipped block gives on natural-order inputs."""
+    ops, memories, n_out, _, _ = _case(dt, rows, tiles, False, seed=13)
+    ops_t, memories_t, _, _, _ = _case(dt, rows, tiles, False, seed=13, fragment_order=fragment_order, x_tiles=True)
+    asm = mg.block_asm(dt, rows, tiles, x_tiles=True, fragment_order=fragment_order)
+    assert "+512]" in asm and "+16]" not in asm
+    got = run(asm, ops_t, memories_t, n_out)
+    want = run(mg.block_asm(dt, rows, tiles), ops, memories, n_out)
+    assert all(np.array_equal(a, b) for a, b in zip(got, want))
+
+
+@pytest.mark.parametrize("dtype,m", [(torch.bfloat16, 1), (torch.bfloat16, 13), (torch.int8, 8), (torch.int8, 40),
+                                     (torch.float16, 16)])
+def test_x_tiles_layout(dtype, m):
+    """Lane (g, t)'s chunk j of a tile's block b sits at 512 j + 16 (4 g + t) bytes from the block's start
+    and holds token g's columns 32 t + e j ... (e elements per 16 bytes); padding repeats the last token."""
+    k = 256
+    x = (torch.arange(m * k) % 127).reshape(m, k).to(dtype)
+    xt = mg.to_x_tiles(x)
+    rows = mg.x_tile_rows(m)
+    assert xt.shape == (rows, k) and rows % 8 == 0 and (m <= 8 or rows % 16 == 0)
+    assert torch.equal(mg.from_x_tiles(xt, m), x)
+    e = 16 // x.element_size()
+    flat = xt.reshape(-1)
+    xp = torch.cat([x, x[-1:].expand(rows - m, k)])
+    for tile, b, j, g, t in itertools.product(range(rows // 8), range(k // 128), range(128 // 4 // e), range(8), range(4)):
+        at = (tile * (k // 128) + b) * 8 * 128 + (j * 32 + 4 * g + t) * e
+        assert torch.equal(flat[at: at + e], xp[8 * tile + g, 128 * b + 32 * t + e * j: 128 * b + 32 * t + e * (j + 1)])
+    with pytest.raises(ValueError):
+        mg.block_asm("bf16", 16, 1, shared=True, x_tiles=True)

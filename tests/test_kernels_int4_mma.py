@@ -794,6 +794,70 @@ def test_gpu_fragment_order_inputs_give_the_same_bits(cfg):
                                mma_gemv(x, store, cfg)), (m, dt)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the PTX needs a CUDA GPU")
+@pytest.mark.parametrize("cfg", [
+    TileConfig(16, 0, 128, 1, 2, 1, kwarps=2), TileConfig(8, 0, 128, 1, 8, 1, kwarps=8, preload=True, ksum=True),
+    TileConfig(16, 0, 128, 1, 16, 1, kwarps=8, pairs=True, ksum=True), TileConfig(32, 0, 128, 2, 2, 1, prefetch=True),
+    TileConfig(32, 0, 128, 1, 8, 1, kwarps=8, pairs=True, ksum=True, trigger=2)])
+def test_gpu_x_tile_inputs_give_the_same_bits(cfg):
+    """`mma_gemv(to_x_tiles(x), ..., x_tiles=M)`, whose warps load 512 contiguous input bytes at a time, gives
+    the shipped kernel's bits on x: bf16 / fp16 inputs (also in fragment order), int8 codes, up to 40 tokens
+    (CPU: test_fragment_asm)."""
+    from gearshift.kernels.int4_mma_gemv import mma_gemv, to_fragment_order, to_x_tiles
+
+    torch.manual_seed(cfg.bm + cfg.warps)
+    store = quantize_int4(torch.randn(256, 2048), 128).cuda().to_layout("blocks16")
+    ran = 0
+    for m in (1, 5, 8, 9, 16, 40):
+        if not mma_gemv_supports(store, cfg, m):
+            continue
+        for dt in (torch.bfloat16, torch.float16):
+            x = torch.randn(m, 2048, device="cuda", dtype=dt)
+            want = mma_gemv(x, store, cfg)
+            assert torch.equal(mma_gemv(to_x_tiles(x), store, cfg, x_tiles=m), want), (m, dt)
+            assert torch.equal(mma_gemv(to_x_tiles(to_fragment_order(x)), store, cfg, fragment_order=True,
+                                        x_tiles=m), want), (m, dt)
+        codes = torch.randint(-127, 128, (m, 2048), device="cuda", dtype=torch.int8)
+        ts = torch.rand(m, device="cuda") + 0.5
+        assert torch.equal(mma_gemv(to_x_tiles(codes), store, cfg, ts, torch.bfloat16, x_tiles=m),
+                           mma_gemv(codes, store, cfg, ts, torch.bfloat16)), m
+        ran += 1
+    assert ran >= 4
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the PTX needs a CUDA GPU")
+@pytest.mark.parametrize("cfg", [TileConfig(32, 0, 128, 1, 2, 1, kwarps=2, maxnreg=128),
+                                 TileConfig(16, 0, 128, 1, 8, 1, kwarps=4, pairs=True)])
+def test_gpu_glu_x_tile_outputs_are_the_row_outputs_in_the_fragment_layout(cfg):
+    """`mma_gemv(..., glu=True, y_tiles=True)` stores SwiGLU's product in `x_tiles`' layout: `to_x_tiles` of
+    the row-order product, bit for bit (padding rows too), from row-order or x-tile inputs."""
+    from gearshift.kernels.int4_mma_gemv import mma_gemv, mma_glu_supports, to_x_tiles
+
+    torch.manual_seed(3)
+    store = quantize_int4(torch.randn(512, 1024), 128).cuda().to_layout("blocks16")
+    ran = 0
+    for m in (9, 12, 16):
+        x = torch.randn(m, 1024, device="cuda", dtype=torch.bfloat16)
+        if not mma_glu_supports(store, cfg, m, x.dtype):
+            continue
+        want = to_x_tiles(mma_gemv(x, store, cfg, glu=True))
+        assert torch.equal(mma_gemv(x, store, cfg, glu=True, y_tiles=True), want), m
+        assert torch.equal(mma_gemv(to_x_tiles(x), store, cfg, glu=True, y_tiles=True, x_tiles=m), want), m
+        ran += 1
+    assert ran == 3
+
+
+def test_x_tile_inputs_refuse_what_the_layout_cannot_serve():
+    from gearshift.kernels.int4_mma_gemv import mma_gemv, to_x_tiles
+
+    store = quantize_int4(torch.randn(64, 512), 128).to_layout("blocks16")
+    x = torch.randn(5, 512, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="x-tile"):
+        mma_gemv(x, store, TileConfig(16, 0, 128, 1, 2, 1, kwarps=2), x_tiles=5)  # not the tiled shape
+    with pytest.raises(ValueError, match="x-tile"):
+        mma_gemv(to_x_tiles(x), store, TileConfig(16, 0, 128, 1, 4, 1, kwarps=2, xshare=True), x_tiles=5)
+
+
 # --- groups of 32 / 64 columns (GGUF Q4_0 / Q4_1): weights dequantized before the MMA ---------------------
 
 def dequantized_weights(store, dtype) -> torch.Tensor:

@@ -33,11 +33,12 @@ SIG = dict(x_ptr="*bf16", qw_ptr="*u8", s_ptr="*bf16", mn_ptr="*bf16", y_ptr="*b
            cnt_ptr="*i32", xs_ptr="*fp32", M="i32", N="i32", K="i32", stride_xm="i32", stride_ym="i32")
 
 
-def compile_tile(cfg: TileConfig, dt: str, m: int, k: int, fragment_order: bool = False):
+def compile_tile(cfg: TileConfig, dt: str, m: int, k: int, fragment_order: bool = False, x_tiles: bool = False):
     tiles = 2 if m > 8 else 1
     sig = dict(SIG) | ({"x_ptr": "*i8"} if dt == "s8" else {})
     blocks = k // (mg.BLOCK_COLS * cfg.split_k * cfg.kwarps)
-    cx = dict(G=128, WARPS=cfg.warps, SPLIT_K=cfg.split_k, ASM=mg.block_asm(dt, cfg.bm, tiles, cfg.xshare, fragment_order),
+    asm = mg.block_asm(dt, cfg.bm, tiles, cfg.xshare, fragment_order, x_tiles=x_tiles)
+    cx = dict(G=128, WARPS=cfg.warps, SPLIT_K=cfg.split_k, ASM=asm,
               CONSTRAINTS=mg.block_constraints(dt, cfg.bm, tiles, cfg.xshare), ROWS=cfg.bm, TILES=tiles, TG=1,
               ZPID=dt != "s8" and bool(mg.ONE_GROUP_Z), OFFSET=mg.OFFSET[dt], U=2 if cfg.prefetch else 1,
               HAS_XS=dt == "s8", PDL=True, L2_PREFETCH=False, LOAD=mg.WEIGHT_LOADS["plain"], SHINT=0, TILED=True,
@@ -45,6 +46,8 @@ def compile_tile(cfg: TileConfig, dt: str, m: int, k: int, fragment_order: bool 
               L2_AHEAD=0, EVEN=int(cfg.pairs), RES=0)
     dtype = torch.int8 if dt == "s8" else torch.bfloat16
     cx |= mg.ksum_args(cfg, tiles)
+    if x_tiles:  # inputs in `to_x_tiles`' layout
+        cx |= {"XT": 16 if dt == "s8" else 8, "XW": 64}
     if cfg.xshare:
         cx |= mg.xshare_args(tiles, cfg.kwarps, dtype)
     import inspect

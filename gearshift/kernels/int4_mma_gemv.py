@@ -47,6 +47,10 @@ from gearshift.kernels.config import TileConfig
 from gearshift.kernels.pdl import l2_prefetch_enabled, launch_kwargs, pdl_enabled
 from gearshift.kernels.reference import linear_reference
 from gearshift.kernels.splitk import splitk_buffers
+from gearshift.kernels.x_tiles import X_TILE_CHUNK, from_x_tiles, to_x_tiles, x_tile_rows  # noqa: F401
+
+if HAS_TRITON:
+    from gearshift.kernels.x_tiles import x_tile_offsets
 from gearshift.quant.int4 import BLOCKS16, Int4Weight
 
 BLOCK_COLS = 128  # columns per fragment call: 4 lanes x 4 words x 8 nibbles
@@ -101,7 +105,7 @@ def _block_outputs(per_lane: int, tiles: int) -> list[str]:
 
 def _mma_asm(dt: str, magic: int, rows: int, tiles: int = 1, chains: int = 1, fused: bool = True,
              shared: bool = False, x_ahead: int | None = None, fragment_order: bool = False,
-             dequant: bool = False) -> str:
+             dequant: bool = False, x_step: int = 16) -> str:
     """PTX for one 128-column block of one warp, run once per lane (pack 1).
 
     rows: weight rows per warp (8, 16 or 32), i.e. 1, 2 or 4 rows per lane (g, g+8, g+16, g+24).
@@ -128,6 +132,8 @@ def _mma_asm(dt: str, magic: int, rows: int, tiles: int = 1, chains: int = 1, fu
     each weight is rounded once to the activation dtype, and no token-sum MMA is needed (two more
     instructions per weight pair, one fewer MMA per k-step at 16 and 32 rows); the outputs' X values are 0
     (8 rows: rows 8..15 are still sums, unused).
+    x_step: bytes from one of a lane's 16-byte input chunks to its next (16: its token row's 64 bytes in
+    order; 512: `to_x_tiles`' layout, where each chunk load of the warp reads 512 contiguous bytes).
     """
     per_lane = rows // 8
     mm = f"0x{magic:04X}{magic:04X}"
@@ -169,7 +175,7 @@ def _mma_asm(dt: str, magic: int, rows: int, tiles: int = 1, chains: int = 1, fu
         if shared:
             lines.append(f"ld.shared.v4.b32 {{{', '.join(x)}}}, [${xp0 + 4 * tile + j}];")
         else:
-            lines.append(f"ld.global.v4.b32 {{{', '.join(x)}}}, [${xp0 + tile}+{16 * j}];")
+            lines.append(f"ld.global.v4.b32 {{{', '.join(x)}}}, [${xp0 + tile}+{x_step * j}];")
 
     if x_ahead is None:  # all of the block's inputs first: one L1 round trip
         for tile in range(tiles):
@@ -207,7 +213,7 @@ def _mma_asm(dt: str, magic: int, rows: int, tiles: int = 1, chains: int = 1, fu
     return "\n".join(lines)
 
 
-def _mma_asm_s8(rows: int, tiles: int = 1, shared: bool = False) -> str:
+def _mma_asm_s8(rows: int, tiles: int = 1, shared: bool = False, x_step: int = 16) -> str:
     """PTX for one 128-column block on int8 activation codes (W4A8 / W4A4): `mma.m16n8k32` s8.
 
     Same operands and outputs as `_mma_asm` (the outputs as fp32), but a nibble becomes an int8 in
@@ -218,6 +224,7 @@ def _mma_asm_s8(rows: int, tiles: int = 1, shared: bool = False) -> str:
     exact int32 (|x| <= 127, q <= 15), converted to fp32 once per block; no +128 offset. A lane
     reads 32 bytes of each token per block, half of the 16-bit codes' traffic, and runs half the MMAs.
     shared: the codes come from shared memory at two 32-bit addresses per token tile (`TileConfig.xshare`).
+    x_step: as in `_mma_asm` (512: `to_x_tiles`' layout).
     """
     per_lane = rows // 8
     mma = "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32"
@@ -235,7 +242,7 @@ def _mma_asm_s8(rows: int, tiles: int = 1, shared: bool = False) -> str:
             if shared:
                 lines.append(f"ld.shared.v4.b32 {{{', '.join(x)}}}, [${xp0 + 2 * tile + j}];")
             else:
-                lines.append(f"ld.global.v4.b32 {{{', '.join(x)}}}, [${xp0 + tile}+{16 * j}];")
+                lines.append(f"ld.global.v4.b32 {{{', '.join(x)}}}, [${xp0 + tile}+{x_step * j}];")
 
     def split(even: str, odd: str, word: str) -> None:
         lines.extend([f"and.b32 {even}, {word}, 0x0F0F0F0F;", f"shr.b32 t, {word}, 4;",
@@ -751,7 +758,8 @@ if HAS_TRITON:
                          RES: tl.constexpr = 0, XS: tl.constexpr = 0, XS_DECL: tl.constexpr = "",
                          XS_ROWB: tl.constexpr = 256, KSUM: tl.constexpr = 0, KSUM_DECL: tl.constexpr = "",
                          KSUM_ST: tl.constexpr = "", KSUM_STC: tl.constexpr = "", KSUM_LD: tl.constexpr = "",
-                         TRACE: tl.constexpr = 0, GLU: tl.constexpr = 0, DQ: tl.constexpr = 0):
+                         TRACE: tl.constexpr = 0, GLU: tl.constexpr = 0, DQ: tl.constexpr = 0,
+                         XT: tl.constexpr = 0, XW: tl.constexpr = 8, YT: tl.constexpr = 0):
         # Every per-lane quantity comes from the lane's own %tid.x, so the fragment plan holds
         # whatever layout Triton picks for these [32 * WARPS] tensors (one element per thread).
         # ROWS: weight rows per warp; lane (g, t) holds rows g, g+8, g+16, g+24 of them.
@@ -817,8 +825,12 @@ if HAS_TRITON:
             wc_ptr = qw32 + rc.to(tl.int64) * KW + 4 * t
             wd_ptr = qw32 + rd.to(tl.int64) * KW + 4 * t
         w_ptrs = (wa_ptr, wb_ptr, wc_ptr, wd_ptr)
-        x0 = x_ptr + tok0 * stride_xm + 32 * t
-        x1 = x_ptr + tok1 * stride_xm + 32 * t
+        if XT:  # x in `to_x_tiles`' layout: XT elements per 16-byte chunk, the lanes' chunks side by side
+            x0 = x_ptr + (m0_tok // 8) * (K * 8) + lane * XT
+            x1 = x0 + K * 8
+        else:
+            x0 = x_ptr + tok0 * stride_xm + 32 * t
+            x1 = x_ptr + tok1 * stride_xm + 32 * t
         if G < 128:  # DQ: the lane's 32 columns of each block lie in group (block start + 32 t) / G
             lg = (32 * t) // G
             s_offs = (ra * n_groups + lg, rb * n_groups + lg, rc * n_groups + lg, rd * n_groups + lg)
@@ -868,8 +880,8 @@ if HAS_TRITON:
                                    XS_NCH, XS_BUFB, XS_ROWB, DQ)
             else:
                 for i in tl.static_range(PRE):
-                    acc = _block(ASM, CONSTRAINTS, ROWS, TILES, OFFSET, wl[i], x0 + (k_lo + 16 * i) * 8,
-                                 x1 + (k_lo + 16 * i) * 8, sl[i], acc, 0, DQ)
+                    acc = _block(ASM, CONSTRAINTS, ROWS, TILES, OFFSET, wl[i], x0 + (k_lo + 16 * i) * XW,
+                                 x1 + (k_lo + 16 * i) * XW, sl[i], acc, 0, DQ)
         else:
             # U blocks per step, the next step's weights and scales loaded before this step's math:
             # 16*U bytes per lane and row in flight. Past the slice's end the last step re-reads itself.
@@ -910,10 +922,10 @@ if HAS_TRITON:
                 for it in range(0, kws, 32):
                     kw0 = k_lo + it
                     wn, sn, _, _ = _load_step(w_ptrs, s_ptr, mn_ptr, s_offs, kw0 + 16, G, ROWS, LOAD, TILED, SHINT, 1)
-                    acc = _block(ASM, CONSTRAINTS, ROWS, TILES, OFFSET, w, x0 + kw0 * 8, x1 + kw0 * 8, sc, acc, 0, DQ)
+                    acc = _block(ASM, CONSTRAINTS, ROWS, TILES, OFFSET, w, x0 + kw0 * XW, x1 + kw0 * XW, sc, acc, 0, DQ)
                     w, sc, _, _ = _load_step(w_ptrs, s_ptr, mn_ptr, s_offs, tl.minimum(kw0 + 32, k_last), G, ROWS,
                                              LOAD, TILED, SHINT, 1)
-                    acc = _block(ASM, CONSTRAINTS, ROWS, TILES, OFFSET, wn, x0 + (kw0 + 16) * 8, x1 + (kw0 + 16) * 8,
+                    acc = _block(ASM, CONSTRAINTS, ROWS, TILES, OFFSET, wn, x0 + (kw0 + 16) * XW, x1 + (kw0 + 16) * XW,
                                  sn, acc, 0, DQ)
                 kws = 0  # the stepped loop below has nothing left to do
             for it in range(0, kws, 16 * U):
@@ -924,11 +936,11 @@ if HAS_TRITON:
                     ahead = kw0 + 16 * U * (L2_AHEAD + 1)
                     _prefetch_blocks(qw32, ra, rc, KW, ahead, tl.where(ahead < k_lo + kws, 16 * U, 0), lane, t,
                                      row_a, N, ROWS, TILED)
-                acc = _block(ASM, CONSTRAINTS, ROWS, TILES, OFFSET, w, x0 + kw0 * 8, x1 + kw0 * 8, sc, acc, 0, DQ)
+                acc = _block(ASM, CONSTRAINTS, ROWS, TILES, OFFSET, w, x0 + kw0 * XW, x1 + kw0 * XW, sc, acc, 0, DQ)
                 w = wn
                 sc = sn
                 if U == 2:
-                    acc = _block(ASM, CONSTRAINTS, ROWS, TILES, OFFSET, w2, x0 + (kw0 + 16) * 8, x1 + (kw0 + 16) * 8,
+                    acc = _block(ASM, CONSTRAINTS, ROWS, TILES, OFFSET, w2, x0 + (kw0 + 16) * XW, x1 + (kw0 + 16) * XW,
                                  sc2, acc, 0, DQ)
                     w2 = wn2
                     sc2 = sn2
@@ -947,7 +959,7 @@ if HAS_TRITON:
                                RG, KWARPS, NV, KSUM_LD, HAS_XS)
         elif GLU:
             _glu_epilogue(acc, pid_n, m0_tok, xs_ptr, y_ptr, M, N // 2, stride_ym, row_a, t, ROWS, TILES, RG, KWARPS,
-                          HAS_XS)
+                          HAS_XS, YT)
         else:
             _mma_epilogue(acc, pid_n, pid_k, m0_tok, xs_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, stride_ym, row_a, t,
                           ROWS, TILES, RG, KWARPS, HAS_XS, ZPID, SPLIT_K, TAIL)
@@ -1046,10 +1058,13 @@ if HAS_TRITON:
 
     @triton.jit
     def _glu_epilogue(acc, pid_n, m0_tok, xs_ptr, y_ptr, M, I, stride_ym, row_p, t, ROWS: tl.constexpr,
-                      TILES: tl.constexpr, RG: tl.constexpr, KWARPS: tl.constexpr, HAS_XS: tl.constexpr):
+                      TILES: tl.constexpr, RG: tl.constexpr, KWARPS: tl.constexpr, HAS_XS: tl.constexpr,
+                      YT: tl.constexpr = 0):
         """GLU launches (split_k 1): the lane's pairs p (rows a / b) and p + 8 (rows c / d) for its tokens,
         stored as silu(gate) * up into y [M, I]. HAS_XS: activation codes in, each token's scale applied to
-        both halves before they are rounded (as `_mma_epilogue` applies it before the store)."""
+        both halves before they are rounded (as `_mma_epilogue` applies it before the store). YT > 0: y is
+        down's input in `x_tiles`' layout of YT token rows (the absent tokens' rows too: they repeat token
+        M - 1, as `to_x_tiles` pads)."""
         if KWARPS > 1:
             acc = _kwarps_sum(acc, ROWS, TILES, RG, KWARPS)
             r = tl.arange(0, RG * 32)
@@ -1080,7 +1095,10 @@ if HAS_TRITON:
             out = _cat2(out, out2)
             row = _cat2(row, row2)
             col = _cat2(col, col + 8)
-        tl.store(y_ptr + col * stride_ym + row, out, mask=(row < I) & (col < M))
+        if YT:
+            tl.store(y_ptr + x_tile_offsets(col, row, I // 128), out, mask=(row < I) & (col < YT))
+        else:
+            tl.store(y_ptr + col * stride_ym + row, out, mask=(row < I) & (col < M))
 
 
     @triton.jit
@@ -1171,7 +1189,8 @@ def xshare_fits(cfg: TileConfig, m: int, dtype=torch.bfloat16) -> bool:
 def mma_gemv(x: torch.Tensor, store: Int4Weight, cfg: TileConfig, token_scales: torch.Tensor | None = None,
              out_dtype: torch.dtype | None = None, pdl: bool | None = None,
              l2_prefetch: bool | None = None, trigger: int | None = None, tail: int = 0,
-             glu: bool = False, fragment_order: bool = False) -> torch.Tensor:
+             glu: bool = False, fragment_order: bool = False, x_tiles: int = 0,
+             y_tiles: bool = False) -> torch.Tensor:
     """y [M, N] = x [M, K] @ dequant(W).T for 1 <= M <= 64, 16 tokens per program (cfg: bm = 8, 16 or
     32 weight rows per warp, warps, split_k over programs, kwarps = warps sharing rows that split K inside the CTA,
     prefetch = 2 blocks per step, preload = the warp's whole K slice loaded before the PDL wait,
@@ -1183,9 +1202,17 @@ def mma_gemv(x: torch.Tensor, store: Int4Weight, cfg: TileConfig, token_scales: 
     [M, N / 2] = silu(gate) * up, bit for bit what the unfused gate_up and `silu_mul_triton` give
     (`mma_glu_supports` says which tiles can). fragment_order: x is bf16 / fp16 in `to_fragment_order`'s
     column order, and y is bit for bit what natural-order x gives (a kernel without the input PRMTs, for
-    timing: stop 52; no producer writes this order yet)."""
+    timing: stop 52; no producer writes this order yet). x_tiles = M > 0: x is `to_x_tiles` of M tokens,
+    which every warp loads 512 contiguous bytes at a time; y is bit for bit what x in order gives (stop 64;
+    global-memory inputs only). y_tiles (with glu, 16-bit inputs): y, down's input, in that layout, as
+    [`x_tile_rows(M)`, N / 2]."""
     x2 = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])  # (host time: eager decode pays every line)
-    m = x2.shape[0]
+    m = x_tiles or x2.shape[0]
+    if x_tiles and (x2.shape[0] != x_tile_rows(m) or cfg.xshare or store.group_size % BLOCK_COLS
+                    or not x2.is_contiguous()):
+        raise ValueError(f"x-tile inputs: a contiguous [{x_tile_rows(m)}, K] tensor (to_x_tiles) for a tile "
+                         f"without xshare and groups of a multiple of {BLOCK_COLS}; got {tuple(x2.shape)}, "
+                         f"tile {cfg.key()}, group {store.group_size}")
     if not mma_gemv_supports(store, cfg, m, x2.dtype):
         raise ValueError(f"mma_gemv serves 1..{MAX_TOKENS} bf16/fp16 tokens with groups of a multiple of "
                          f"{BLOCK_COLS}; got M={m}, {x2.dtype}, group {store.group_size}, K={store.in_features}, "
@@ -1199,7 +1226,11 @@ def mma_gemv(x: torch.Tensor, store: Int4Weight, cfg: TileConfig, token_scales: 
     if x2.stride(-1) != 1 or (x2.stride(0) * x2.element_size()) % 16 or x2.data_ptr() % 16:
         x2 = x2.contiguous()
     n = store.out_features
-    y = torch.empty((m, n // 2 if glu else n), device=x2.device, dtype=out_dtype or x2.dtype)
+    if y_tiles and (not glu or token_scales is not None or (n // 2) % BLOCK_COLS):
+        raise ValueError(f"x-tile outputs come from the SwiGLU epilogue on 16-bit inputs with N / 2 a multiple of "
+                         f"{BLOCK_COLS}; got glu={glu}, codes={token_scales is not None}, N={n}")
+    y = torch.empty((x_tile_rows(m) if y_tiles else m, n // 2 if glu else n), device=x2.device,
+                    dtype=out_dtype or x2.dtype)
     # TileConfig.bm: weight rows per warp (8: A rows 8..15 give sum(x); 16: an extra MMA does; 32: two
     # A fragments per B fragment, half the activation loads per weight)
     tiles = 2 if m > 8 else 1  # 9..16 tokens: both token tiles share each A fragment (weights read once)
@@ -1231,7 +1262,7 @@ def mma_gemv(x: torch.Tensor, store: Int4Weight, cfg: TileConfig, token_scales: 
             trigger = cfg.trigger if cfg.trigger >= 0 else pdl_trigger(m, token_scales is not None)
     kernel = _mma_gemv_kernel[grid](x2, store.qweight, store.scales, store.mins, y, ws, cnt, xs, m, n, store.in_features,
                            x2.stride(0), y.stride(0), G=store.group_size, WARPS=cfg.warps, SPLIT_K=cfg.split_k,
-                           ASM=block_asm(dt, cfg.bm, tiles, cfg.xshare, fragment_order, dequant),
+                           ASM=block_asm(dt, cfg.bm, tiles, cfg.xshare, fragment_order, dequant, bool(x_tiles)),
                            CONSTRAINTS=block_constraints(dt, cfg.bm, tiles, cfg.xshare, dequant),
                            ROWS=cfg.bm, TG=tg,
                            ZPID=tg == 1 and bool(ONE_GROUP_Z) and token_scales is None,
@@ -1247,17 +1278,24 @@ def mma_gemv(x: torch.Tensor, store: Int4Weight, cfg: TileConfig, token_scales: 
                            **ksum_args(cfg, tiles),
                            **({"TRACE": 2 if TRACE_WAIT else 1} if trace else {}),
                            **({"GLU": 1} if glu else {}),
-                           **({"DQ": 1 if dt == "bf16" else 2} if dequant else {}))
+                           **({"DQ": 1 if dt == "bf16" else 2} if dequant else {}),
+                           **({"XT": 16 // x2.element_size(), "XW": 64} if x_tiles else {}),
+                           **({"YT": x_tile_rows(m)} if y_tiles else {}))
     if RESIDENCY and kernel is not None:  # (RES keys a compiled kernel per cap)
         residency.cap(kernel, RESIDENCY)
-    return y if x.dim() == 2 else y.reshape(*x.shape[:-1], n)
+    return y if x.dim() == 2 or y_tiles else y.reshape(*x.shape[:-1], n)
 
 
 def block_asm(dt: str, rows: int, tiles: int, shared: bool = False, fragment_order: bool = False,
-              dequant: bool = False) -> str:
+              dequant: bool = False, x_tiles: bool = False) -> str:
     """The block PTX for activations of kind dt ('bf16', 'f16' or int8 codes 's8'), read from global
     memory or (`TileConfig.xshare`) from shared memory; fragment_order: 16-bit inputs stored in
-    fragment order (`to_fragment_order`); dequant: weights dequantized before the MMA (groups of 32 / 64)."""
+    fragment order (`to_fragment_order`); dequant: weights dequantized before the MMA (groups of 32 / 64);
+    x_tiles: the inputs in `to_x_tiles`' layout (global memory only)."""
+    if x_tiles:
+        if shared or dequant:
+            raise ValueError("x-tile inputs are read from global memory by blocks of groups of 128")
+        return _x_tiles_asm(dt, rows, tiles, fragment_order)
     if dequant:
         if dt == "s8" or fragment_order:
             raise ValueError("dequantize-first blocks take 16-bit inputs in natural order")
@@ -1291,6 +1329,16 @@ def to_fragment_order(x: torch.Tensor) -> torch.Tensor:
 def from_fragment_order(x: torch.Tensor) -> torch.Tensor:
     """The inverse of `to_fragment_order`."""
     return _reorder_eights(x, [FRAGMENT_ORDER.index(c) for c in range(8)])
+
+
+@functools.cache
+def _x_tiles_asm(dt: str, rows: int, tiles: int, fragment_order: bool) -> str:
+    if dt == "s8":
+        if fragment_order:
+            raise ValueError("fragment-order inputs are 16-bit; int8 codes have their own gather")
+        return _mma_asm_s8(rows, tiles, x_step=X_TILE_CHUNK)
+    return _mma_asm(dt, {"bf16": 0x4300, "f16": 0x6400}[dt], rows, tiles, fragment_order=fragment_order,
+                    x_step=X_TILE_CHUNK)
 
 
 def block_constraints(dt: str, rows: int, tiles: int, shared: bool = False, dequant: bool = False) -> str:

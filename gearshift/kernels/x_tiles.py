@@ -1,0 +1,86 @@
+"""The fragment kernel's input tiles: activations stored the way its lanes load them.
+
+Why: a warp of the fragment kernel (`int4_mma_gemv`) loads 16 bytes per lane of each of 8 token rows at
+once. In row order one such load gathers 16-byte pieces of 8 rows (16 cache lines, half of every 32-byte
+sector), and at 9..16 tokens those loads keep the L1/TEX unit busier than DRAM (stop 46's counters: 79%
+of its peak on gate_up's 16-token tile, DRAM at 55%). In this layout each load of a warp reads 512
+contiguous bytes: per 8-token tile and 128-column block, chunk j of lane (g, t), its 16 bytes of token
+g's columns 32 t + (16 / size) j ..., sits at 512 j + 16 (4 g + t) bytes. The producer of a linear's input
+(RMSNorm, gate_up's SwiGLU epilogue) writes it there when the linear's kernel asks (`XTiles`); the values
+and the kernel's results are the same bits as in row order.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from gearshift.kernels._triton import HAS_TRITON, tl, triton  # noqa: F401  (the interpreter needs tl in a jit function's module)
+
+BLOCK_COLS = 128  # columns of one fragment block (the kernel's `BLOCK_COLS`)
+#: bytes one chunk load of a warp reads (32 lanes x 16 bytes)
+X_TILE_CHUNK = 512
+#: token counts whose fragment tiles take x tiles (at 1..8 they were even or slower, H200, stop 64)
+X_TILE_TOKENS = range(9, 17)
+
+
+def x_tile_rows(m: int) -> int:
+    """Token rows of the layout for m tokens: whole 8-token tiles, and from 9 tokens whole 16-token
+    programs (each reads two tiles)."""
+    return 8 * -(-m // 8) if m <= 8 else 16 * -(-m // 16)
+
+
+def to_x_tiles(x: torch.Tensor) -> torch.Tensor:
+    """x [M, K] (16-bit inputs or int8 codes) in the layout, a copy of [`x_tile_rows(M)`, K] elements.
+    Absent tokens repeat token M - 1 (their outputs are never stored), as the kernel's row-order loads do."""
+    m, k = x.shape
+    if k % BLOCK_COLS:
+        raise ValueError(f"x-tile inputs need K a multiple of {BLOCK_COLS}; got {k}")
+    e = 16 // x.element_size()  # elements per 16-byte chunk
+    t = x_tile_rows(m) // 8
+    xp = torch.cat([x, x[-1:].expand(8 * t - m, k)]) if 8 * t > m else x
+    v = xp.reshape(t, 8, k // BLOCK_COLS, 4, BLOCK_COLS // 4 // e, e)  # (tile, g, block, lane t, chunk j, e)
+    return v.permute(0, 2, 4, 1, 3, 5).contiguous().reshape(8 * t, k)
+
+
+def from_x_tiles(xt: torch.Tensor, m: int) -> torch.Tensor:
+    """The inverse of `to_x_tiles` for its first m tokens."""
+    k = xt.shape[1]
+    e = 16 // xt.element_size()
+    t = xt.shape[0] // 8
+    v = xt.reshape(t, k // BLOCK_COLS, BLOCK_COLS // 4 // e, 8, 4, e).permute(0, 3, 1, 4, 2, 5)
+    return v.reshape(8 * t, k)[:m]
+
+
+@dataclass
+class XTiles:
+    """Activations a producer stored in the layout because the next linear's kernel takes it
+    (`QuantLinear.x_tiles_for`): data [`x_tile_rows(M)`, K], and the shape and dtype they stand for."""
+    data: torch.Tensor
+    shape: tuple[int, ...]
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.data.dtype
+
+    @property
+    def is_cuda(self) -> bool:
+        return self.data.is_cuda
+
+    @property
+    def tokens(self) -> int:
+        return math.prod(self.shape[:-1])
+
+    def rows(self) -> torch.Tensor:
+        """The activations in row order, [*shape] (a copy: for kernels and hooks that want them so)."""
+        return from_x_tiles(self.data, self.tokens).reshape(self.shape)
+
+
+if HAS_TRITON:
+    @triton.jit
+    def x_tile_offsets(tok, col, NB):
+        """Element offsets of (token, column) in the layout of 16-bit inputs, NB = K / 128 blocks per row."""
+        block = (tok // 8) * NB + col // 128
+        return block * 1024 + ((col % 32) // 8) * 256 + (tok % 8) * 32 + ((col % 128) // 32) * 8 + col % 8
