@@ -30,8 +30,8 @@ def test_gpu_decode_steps_are_bit_identical_with_the_epilogue(monkeypatch):
     calls = []
     real = strategies.STRATEGIES["w4a16_mma"]
 
-    def spy(x2, store, cfg):
-        y = real.run_glu(x2, store, cfg)
+    def spy(x2, store, cfg, **kw):  # (kw: the fragment layout's x_tiles / y_tiles)
+        y = real.run_glu(x2, store, cfg, **kw)
         calls.append(y is not None)
         return y
 

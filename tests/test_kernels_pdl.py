@@ -40,8 +40,8 @@ _COMPILE = r"""
 from gearshift.kernels import int4_mma_gemv as mg
 from gearshift.kernels.rmsnorm import _rms_norm_kernel
 
-sig = dict(x_ptr="*bf16", w_ptr="*bf16", y_ptr="*bf16", q_ptr="*i8", qs_ptr="*fp32", D="i32", stride_x="i32",
-           stride_y="i32", stride_q="i32", eps="fp32")
+sig = dict(x_ptr="*bf16", w_ptr="*bf16", y_ptr="*bf16", q_ptr="*i8", qs_ptr="*fp32", M="i32", D="i32",
+           stride_x="i32", stride_y="i32", stride_q="i32", eps="fp32")
 for on in (True, False):
     out[f"rms{int(on)}"] = ptx(_rms_norm_kernel, sig, dict(BD=1024, PDL=on, QMAX=0.0))
 out["rms_codes"] = ptx(_rms_norm_kernel, sig, dict(BD=1024, PDL=True, QMAX=127.0))

@@ -95,3 +95,26 @@ def test_norm_codes_need_an_integer_range():
     x = torch.randn(2, 64, device=DEV)
     with pytest.raises(ValueError, match="qmax"):
         rms_norm_codes_triton(x, torch.ones(64, device=DEV), 1e-5, 448.0)
+
+
+@pytest.mark.parametrize("m,add", [(9, False), (13, True), (16, True), (3, False)])
+def test_norm_x_tile_outputs_are_the_row_outputs_in_the_fragment_layout(m, add):
+    """tiles=True: the same normed bits in `x_tiles`' layout (`to_x_tiles` of the row-order output, padding
+    rows repeating the last token), and the residual sum unchanged."""
+    from gearshift.kernels.rmsnorm import add_rms_norm_triton
+    from gearshift.kernels.x_tiles import XTiles, to_x_tiles
+
+    g = torch.Generator().manual_seed(m)
+    x = (torch.randn(m, 256, generator=g) * 3).to(DEV, torch.float16)
+    d = torch.randn(m, 256, generator=g).to(DEV, torch.float16)
+    w = (1 + 0.1 * torch.randn(256, generator=g)).to(DEV, torch.float16)
+    if add:
+        s, y = add_rms_norm_triton(x, d, w, 1e-5)
+        s_t, y_t = add_rms_norm_triton(x, d, w, 1e-5, tiles=True)
+        assert torch.equal(s_t, s)
+    else:
+        y, y_t = rms_norm_triton(x, w, 1e-5), rms_norm_triton(x, w, 1e-5, tiles=True)
+    assert isinstance(y_t, XTiles) and y_t.shape == (m, 256) and y_t.tokens == m
+    assert torch.equal(y_t.data, to_x_tiles(y)) and torch.equal(y_t.rows(), y)
+    with pytest.raises(ValueError, match="x-tile"):
+        rms_norm_triton(torch.zeros(2, 96, device=DEV, dtype=torch.float16), w[:96], 1e-5, tiles=True)

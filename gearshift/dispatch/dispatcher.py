@@ -26,7 +26,8 @@ from gearshift.kernels._triton import HAS_TRITON
 from gearshift.kernels.act_quant import ActCodes, CodesSpec, codes_qmax
 from gearshift.kernels.config import TileConfig, block_m_for
 from gearshift.kernels.reference import linear_reference, linear_reference_codes
-from gearshift.kernels.switches import glu_epilogue_codes_on, glu_epilogue_on
+from gearshift.kernels.switches import glu_epilogue_codes_on, glu_epilogue_on, x_tiles_on
+from gearshift.kernels.x_tiles import X_TILE_TOKENS, XTiles
 from gearshift.quant.activations import ActQuantSpec
 from gearshift.quant.base import WeightFormat
 from gearshift.quant.int4 import Int4Weight
@@ -321,8 +322,34 @@ class AdaptiveDispatcher(Dispatcher):
             return None
         return CodesSpec(qmax, dtype if s.codes_float else torch.int8)
 
+    def x_tiles_for(self, store: WeightFormat, act: ActQuantSpec | None, m: int, dtype: torch.dtype) -> bool:
+        """Whether the kernel chosen for m tokens reads its inputs in `x_tiles`' layout, so that their producer
+        writes them so (`XTiles`): W4A16 fragment tiles without xshare at 9..16 tokens, where the switch is on."""
+        if (not x_tiles_on() or act is not None or m not in X_TILE_TOKENS
+                or dtype not in (torch.float16, torch.bfloat16) or not HAS_TRITON or store.device.type != "cuda"):
+            return False
+        planned = self.kernel_for(store, act, m)
+        return planned is not None and planned[0].run_tiles is not None and _tiles_serve(store, planned[1].config)
+
+    def linear_tiles(self, x: XTiles, store: WeightFormat, act: ActQuantSpec | None,
+                     bias: torch.Tensor | None = None) -> torch.Tensor:
+        """`linear` on inputs a producer stored in `x_tiles`' layout (`x_tiles_for` asked for them); where the
+        kernel for these tokens does not read them, `linear` runs on their rows (a copy; the same bits)."""
+        m = x.tokens
+        planned = self.kernel_for(store, act, m) if x.is_cuda and act is None else None
+        y = None
+        if planned is not None and planned[0].run_tiles is not None:
+            y = planned[0].run_tiles(x.data, m, store, planned[1].config)
+        if y is None:
+            return self.linear(x.rows(), store, act, bias)
+        if bias is not None:
+            y = y + bias.to(y.dtype)
+        return y.reshape(*x.shape[:-1], store.out_features)
+
     def linear(self, x: torch.Tensor, store: WeightFormat, act: ActQuantSpec | None,
                bias: torch.Tensor | None = None, codes: ActCodes | None = None) -> torch.Tensor:
+        if isinstance(x, XTiles):
+            return self.linear_tiles(x, store, act, bias)
         if (not x.is_cuda or not HAS_TRITON or x.dtype not in (torch.float16, torch.bfloat16)
                 or not (act is None or isinstance(act, ActQuantSpec)) or x.numel() == 0):
             return linear_reference(x, store, act, bias)
@@ -342,17 +369,18 @@ class AdaptiveDispatcher(Dispatcher):
             y = y + bias.to(y.dtype)
         return y if x.dim() == 2 else y.reshape(*x.shape[:-1], store.out_features)
 
-    def linear_glu(self, x: torch.Tensor | None, store: WeightFormat, act: ActQuantSpec | None,
+    def linear_glu(self, x: torch.Tensor | XTiles | None, store: WeightFormat, act: ActQuantSpec | None,
                    codes: ActCodes | None = None, shape: tuple | None = None,
-                   dtype: torch.dtype | None = None) -> torch.Tensor | None:
+                   dtype: torch.dtype | None = None, y_tiles: bool = False) -> torch.Tensor | XTiles | None:
         """SwiGLU's silu(gate) * up [..., N / 2] from the fused gate_up store, computed in the epilogue of
         the kernel that `linear` would run for these tokens, where that kernel has such an epilogue (fragment
         tiles: W4A16 on x, W4A8 / W4A4 on the `codes` of x); None elsewhere (the caller runs `linear` and the
         SwiGLU kernel: same bits). x may be None where the producer stored only the codes: `shape` and `dtype`
-        are then x's."""
+        are then x's. x may be `XTiles`; y_tiles: the product as `XTiles` where this kernel can store it so
+        (down's kernel reads that layout: `x_tiles_for`), else in rows."""
         shape = tuple(x.shape) if x is not None else tuple(shape)
         dtype = x.dtype if x is not None else dtype
-        dev = (x if x is not None else codes.codes).device
+        dev = (x.data if isinstance(x, XTiles) else x if x is not None else codes.codes).device
         if (not (glu_epilogue_on() if codes is None else glu_epilogue_codes_on()) or dev.type != "cuda"
                 or not HAS_TRITON or math.prod(shape) == 0
                 or dtype not in (torch.float16, torch.bfloat16) or (act is None) != (codes is None)):
@@ -365,6 +393,10 @@ class AdaptiveDispatcher(Dispatcher):
         if codes is None:
             if strat.run_glu is None:
                 return None
+            if strat.run_tiles is not None and (isinstance(x, XTiles) or y_tiles):
+                return self._glu_tiles(x, strat, store, c, m, shape, y_tiles)
+            if isinstance(x, XTiles):
+                x = x.rows()
             x2 = x if x.dim() == 2 else x.reshape(-1, store.in_features)
             y = strat.run_glu(x2 if x2.stride(-1) == 1 else x2.contiguous(), store, c.config)
         else:
@@ -372,6 +404,24 @@ class AdaptiveDispatcher(Dispatcher):
                 return None
             y = strat.run_glu_codes(codes, store, c.config, dtype)
         return None if y is None else y.reshape(*shape[:-1], store.out_features // 2)
+
+    @staticmethod
+    def _glu_tiles(x, strat, store: WeightFormat, c: Choice, m: int, shape: tuple, y_tiles: bool):
+        """`linear_glu` where the inputs are `XTiles` or the product is wanted so: the tile's epilogue reads and
+        stores what layouts it can (its inputs in rows where it cannot read tiles); None where it has no
+        epilogue for these tokens."""
+        served = _tiles_serve(store, c.config)
+        if isinstance(x, XTiles) and not served:
+            x = x.rows()
+        if isinstance(x, XTiles):
+            data, kw = x.data, {"x_tiles": m}
+        else:
+            x2 = x.reshape(-1, store.in_features)
+            data, kw = (x2 if x2.stride(-1) == 1 else x2.contiguous()), {}
+        y = strat.run_glu(data, store, c.config, y_tiles=y_tiles, **kw)
+        if y is None:
+            return None
+        return XTiles(y, (*shape[:-1], store.out_features // 2)) if y_tiles else y.reshape(*shape[:-1], -1)
 
     def kernel_for(self, store: WeightFormat, act: ActQuantSpec | None, m: int):
         """(strategy, choice) that runs m tokens of this store on the GPU, or None where none serves it
@@ -405,6 +455,12 @@ class AdaptiveDispatcher(Dispatcher):
                 "unless codes_for() asked for the codes")
         y = strat.run_codes(codes, store, c.config, dtype)
         return y if bias is None else y + bias.to(y.dtype)
+
+
+def _tiles_serve(store: WeightFormat, cfg) -> bool:
+    from gearshift.dispatch.strategies import tiles_serve
+
+    return isinstance(store, Int4Weight) and tiles_serve(store, cfg)
 
 
 def _takes(strat, codes: ActCodes, act, shape, dtype: torch.dtype) -> bool:

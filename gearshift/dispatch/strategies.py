@@ -55,6 +55,10 @@ class Strategy:
     run_glu: Callable[[torch.Tensor, WeightFormat, TileConfig | None], torch.Tensor | None] | None = None
     #: the same on activation codes (`ActCodes`, as `run_codes` takes them): (codes, store, config, out dtype)
     run_glu_codes: Callable[[object, WeightFormat, TileConfig | None, torch.dtype], torch.Tensor | None] | None = None
+    #: the kernel on inputs in `x_tiles`' layout: (data, tokens, store, config) -> y [M, N], or None where this
+    #: tile does not read them (the caller then runs `run` on the rows); where set, `run_glu` also takes
+    #: x_tiles=M (inputs) and y_tiles=True (the product in the layout)
+    run_tiles: Callable[[torch.Tensor, int, WeightFormat, TileConfig | None], torch.Tensor | None] | None = None
 
 
 STRATEGIES: dict[str, Strategy] = {}
@@ -239,12 +243,24 @@ def _run_w4a16_mma(x2, store, act, cfg):
     return mma_gemv(x2, store, cfg)
 
 
-def _run_w4a16_mma_glu(x2, store, cfg):
+def _run_w4a16_mma_glu(x2, store, cfg, x_tiles: int = 0, y_tiles: bool = False):
     from gearshift.kernels.int4_mma_gemv import mma_gemv, mma_glu_supports
 
-    if not mma_glu_supports(store, cfg, x2.shape[0], x2.dtype):
+    if not mma_glu_supports(store, cfg, x_tiles or x2.shape[0], x2.dtype) or (x_tiles and not tiles_serve(store, cfg)):
         return None
-    return mma_gemv(x2, store, cfg, glu=True)
+    return mma_gemv(x2, store, cfg, glu=True, x_tiles=x_tiles, y_tiles=y_tiles)
+
+
+def tiles_serve(store, cfg) -> bool:
+    """Whether a fragment tile reads inputs in `x_tiles`' layout: from global memory (not xshare), in blocks
+    of groups of a multiple of 128 columns."""
+    return cfg is not None and not cfg.xshare and store.group_size % 128 == 0 and store.in_features % 128 == 0
+
+
+def _run_w4a16_mma_tiles(data, m, store, cfg):
+    from gearshift.kernels.int4_mma_gemv import mma_gemv
+
+    return mma_gemv(data, store, cfg, x_tiles=m) if tiles_serve(store, cfg) else None
 
 
 def _run_w4a8_mma_glu_codes(codes, store, cfg, out_dtype):
@@ -509,7 +525,8 @@ register(Strategy("w4a16_gemv", DPRPartition((4,), (16,), "fp32-fma", "padding")
 register(Strategy("w4a16_rowgemv", DPRPartition((4,), (16,), "fp32-fma", "padding"), ("w4a16",),
                   _run_w4a16_rowgemv, rowgemv_configs, _sup_rowgemv))
 register(Strategy("w4a16_mma", DPRPartition((4,), (16,), "bf16-mma.sync", "padding"), ("w4a16",),
-                  _run_w4a16_mma, mma_configs, _sup_mma(False), run_glu=_run_w4a16_mma_glu))
+                  _run_w4a16_mma, mma_configs, _sup_mma(False), run_glu=_run_w4a16_mma_glu,
+                  run_tiles=_run_w4a16_mma_tiles))
 register(Strategy("w4a16_fma", DPRPartition((4,), (16,), "fp32-fma", "padding"), ("w4a16",), _run_w4a16_fma,
                   fma_gemv_configs, _sup_fma))
 register(Strategy("w4a8_mma", DPRPartition((4,), (8,), "bf16-mma.sync", "padding"), ("w4a8", "w4a4", "w4a8fp8"),

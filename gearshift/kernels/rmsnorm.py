@@ -15,6 +15,7 @@ from gearshift.kernels._triton import HAS_TRITON, next_pow2, tl, triton
 from gearshift.kernels.act_quant import ActCodes, codes_buffers
 from gearshift.kernels.pdl import launch_kwargs, pdl_enabled, small_pdl
 from gearshift.kernels.switches import norm_warps
+from gearshift.kernels.x_tiles import XTiles, x_tile_rows
 
 
 def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -34,21 +35,32 @@ def add_rms_norm_reference(x: torch.Tensor, delta: torch.Tensor, weight: torch.T
 if HAS_TRITON:
     from gearshift.kernels.act_quant import row_codes
     from gearshift.kernels.pdl import small_prologue
+    from gearshift.kernels.x_tiles import x_tile_offsets
 
     @triton.jit
-    def _rms_norm_kernel(x_ptr, w_ptr, y_ptr, q_ptr, qs_ptr, D, stride_x, stride_y, stride_q, eps, BD: tl.constexpr,
-                         PDL: tl.constexpr, QMAX: tl.constexpr, STORE_Y: tl.constexpr = True):
+    def _y_ptrs(y_ptr, r, stride_y, offs, D, YT: tl.constexpr):
+        """Where program r stores its normed row: row r, or (YT) its place in `x_tiles`' layout."""
+        if YT:
+            return y_ptr + x_tile_offsets(r, offs, D // 128)
+        return y_ptr + r * stride_y + offs
+
+    @triton.jit
+    def _rms_norm_kernel(x_ptr, w_ptr, y_ptr, q_ptr, qs_ptr, M, D, stride_x, stride_y, stride_q, eps,
+                         BD: tl.constexpr, PDL: tl.constexpr, QMAX: tl.constexpr, STORE_Y: tl.constexpr = True,
+                         YT: tl.constexpr = False):
+        # YT: the normed rows in `x_tiles`' layout, one program per row of it (absent tokens repeat row M - 1)
         small_prologue(PDL)
-        row = tl.program_id(0)
+        r = tl.program_id(0)
+        row = tl.minimum(r, M - 1)
         offs = tl.arange(0, BD)
         mask = offs < D
         x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0)
-        y = _norm_row(x, w_ptr, y_ptr + row * stride_y, offs, mask, D, eps, STORE_Y)
+        y = _norm_row(x, w_ptr, _y_ptrs(y_ptr, r, stride_y, offs, D, YT), offs, mask, D, eps, STORE_Y)
         if QMAX > 0:
             row_codes(y, q_ptr + row * stride_q, qs_ptr + row, offs, mask, QMAX)
 
     @triton.jit
-    def _norm_row(x, w_ptr, y_row_ptr, offs, mask, D, eps, STORE_Y: tl.constexpr = True):
+    def _norm_row(x, w_ptr, y_ptrs, offs, mask, D, eps, STORE_Y: tl.constexpr = True):
         """One row's RMSNorm: fp32 statistics, the normalized row rounded to x's dtype, then the
         weight multiply rounded to y's (both kernels share it: the same arithmetic). Returns the
         row, stored unless STORE_Y is off (the next linear takes only its codes)."""
@@ -56,24 +68,26 @@ if HAS_TRITON:
         var = tl.sum(xf * xf, 0) / D
         h = (xf * (1.0 / tl.sqrt(var + eps))).to(x.dtype)
         w = tl.load(w_ptr + offs, mask=mask, other=0.0)
-        y = (w.to(tl.float32) * h.to(tl.float32)).to(y_row_ptr.dtype.element_ty)
+        y = (w.to(tl.float32) * h.to(tl.float32)).to(y_ptrs.dtype.element_ty)
         if STORE_Y:
-            tl.store(y_row_ptr + offs, y, mask=mask)
+            tl.store(y_ptrs, y, mask=mask)
         return y
 
     @triton.jit
-    def _add_rms_norm_kernel(x_ptr, d_ptr, w_ptr, s_ptr, y_ptr, q_ptr, qs_ptr, D, stride_x, stride_d, stride_s,
+    def _add_rms_norm_kernel(x_ptr, d_ptr, w_ptr, s_ptr, y_ptr, q_ptr, qs_ptr, M, D, stride_x, stride_d, stride_s,
                              stride_y, stride_q, eps, BD: tl.constexpr, PDL: tl.constexpr, QMAX: tl.constexpr,
-                             STORE_Y: tl.constexpr = True):
+                             STORE_Y: tl.constexpr = True, YT: tl.constexpr = False):
         small_prologue(PDL)
-        row = tl.program_id(0)
+        r = tl.program_id(0)
+        row = tl.minimum(r, M - 1)
         offs = tl.arange(0, BD)
         mask = offs < D
         x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0)
         d = tl.load(d_ptr + row * stride_d + offs, mask=mask, other=0.0)
         s = (x.to(tl.float32) + d.to(tl.float32)).to(x.dtype)  # torch's x + delta: one rounding
-        tl.store(s_ptr + row * stride_s + offs, s, mask=mask)
-        y = _norm_row(s, w_ptr, y_ptr + row * stride_y, offs, mask, D, eps, STORE_Y)
+        if r < M:  # (a padding program of YT only stores its normed row)
+            tl.store(s_ptr + row * stride_s + offs, s, mask=mask)
+        y = _norm_row(s, w_ptr, _y_ptrs(y_ptr, r, stride_y, offs, D, YT), offs, mask, D, eps, STORE_Y)
         if QMAX > 0:
             row_codes(y, q_ptr + row * stride_q, qs_ptr + row, offs, mask, QMAX)
 
@@ -99,21 +113,35 @@ def _normed_buffer(rows: int, d: int, x: torch.Tensor, weight: torch.Tensor, nor
 
 
 def _launch_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, qmax: float | None,
-                 codes_dtype: torch.dtype = torch.int8, normed: bool = True):
+                 codes_dtype: torch.dtype = torch.int8, normed: bool = True, tiles: bool = False):
     d = x.shape[-1]
     x2 = _rows(x)
-    y = _normed_buffer(x2.shape[0], d, x, weight, normed)
-    q, qs, sq = codes_buffers(x2.shape[0], d, qmax, y, codes_dtype)
+    m = x2.shape[0]
+    rows = _out_rows(m, d, tiles, qmax)
+    y = _normed_buffer(rows, d, x, weight, normed)
+    q, qs, sq = codes_buffers(m, d, qmax, y, codes_dtype)
     bd = next_pow2(d)
     pdl = small_pdl(pdl_enabled(y))
-    _rms_norm_kernel[(x2.shape[0],)](x2, weight, y, q, qs, d, x2.stride(0), y.stride(0), sq, eps, BD=bd, PDL=pdl,
-                                     QMAX=qmax or 0.0, STORE_Y=normed, num_warps=_warps(bd, qmax is not None),
-                                     **launch_kwargs(pdl))
+    _rms_norm_kernel[(rows,)](x2, weight, y, q, qs, m, d, x2.stride(0), y.stride(0), sq, eps, BD=bd, PDL=pdl,
+                              QMAX=qmax or 0.0, STORE_Y=normed, YT=tiles, num_warps=_warps(bd, qmax is not None),
+                              **launch_kwargs(pdl))
+    if tiles:
+        return XTiles(y, tuple(x.shape)), None
     return (y.reshape(*x.shape[:-1], d) if normed else None), (None if qmax is None else ActCodes(q, qs, qmax))
 
 
-def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    return _launch_norm(x, weight, eps, None)[0]
+def _out_rows(m: int, d: int, tiles: bool, qmax: float | None) -> int:
+    """Programs (rows of the normed output): m, or with tiles `x_tile_rows(m)`."""
+    if not tiles:
+        return m
+    if qmax is not None or d % 128:
+        raise ValueError(f"x-tile outputs are 16-bit rows of a multiple of 128 columns, without codes; got D={d}")
+    return x_tile_rows(m)
+
+
+def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float, tiles: bool = False) -> torch.Tensor | XTiles:
+    """tiles: the normed rows as `XTiles` (the next linear's kernel takes `x_tiles`' layout)."""
+    return _launch_norm(x, weight, eps, None, tiles=tiles)[0]
 
 
 def rms_norm_codes_triton(x: torch.Tensor, weight: torch.Tensor, eps: float, qmax: float,
@@ -127,28 +155,33 @@ def rms_norm_codes_triton(x: torch.Tensor, weight: torch.Tensor, eps: float, qma
 
 
 def _launch_add_norm(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float, qmax: float | None,
-                     codes_dtype: torch.dtype = torch.int8, normed: bool = True):
+                     codes_dtype: torch.dtype = torch.int8, normed: bool = True, tiles: bool = False):
     if x.shape != delta.shape or x.dtype != delta.dtype:
         raise ValueError(f"residual {tuple(x.shape)} {x.dtype} and update {tuple(delta.shape)} {delta.dtype} differ")
     d = x.shape[-1]
     x2, d2 = _rows(x), _rows(delta)
-    s = torch.empty((x2.shape[0], d), device=x.device, dtype=x.dtype)
-    y = _normed_buffer(x2.shape[0], d, x, weight, normed)
-    q, qs, sq = codes_buffers(x2.shape[0], d, qmax, y, codes_dtype)
+    m = x2.shape[0]
+    rows = _out_rows(m, d, tiles, qmax)
+    s = torch.empty((m, d), device=x.device, dtype=x.dtype)
+    y = _normed_buffer(rows, d, x, weight, normed)
+    q, qs, sq = codes_buffers(m, d, qmax, y, codes_dtype)
     bd = next_pow2(d)
     pdl = small_pdl(pdl_enabled(y))
-    _add_rms_norm_kernel[(x2.shape[0],)](x2, d2, weight, s, y, q, qs, d, x2.stride(0), d2.stride(0), s.stride(0),
-                                         y.stride(0), sq, eps, BD=bd, PDL=pdl, QMAX=qmax or 0.0, STORE_Y=normed,
-                                         num_warps=_warps(bd, qmax is not None), **launch_kwargs(pdl))
+    _add_rms_norm_kernel[(rows,)](x2, d2, weight, s, y, q, qs, m, d, x2.stride(0), d2.stride(0), s.stride(0),
+                                  y.stride(0), sq, eps, BD=bd, PDL=pdl, QMAX=qmax or 0.0, STORE_Y=normed, YT=tiles,
+                                  num_warps=_warps(bd, qmax is not None), **launch_kwargs(pdl))
+    if tiles:
+        return s.reshape(x.shape), XTiles(y, tuple(x.shape)), None
     return (s.reshape(x.shape), y.reshape(*x.shape[:-1], d) if normed else None,
             None if qmax is None else ActCodes(q, qs, qmax))
 
 
 def add_rms_norm_triton(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor,
-                        eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+                        eps: float, tiles: bool = False) -> tuple[torch.Tensor, torch.Tensor | XTiles]:
     """(x + delta, rms_norm(x + delta)) in one pass: the residual update of a decoder layer and the
-    next norm, which torch runs as an add kernel and a norm reading its result back."""
-    return _launch_add_norm(x, delta, weight, eps, None)[:2]
+    next norm, which torch runs as an add kernel and a norm reading its result back. tiles: the normed
+    rows as `XTiles`."""
+    return _launch_add_norm(x, delta, weight, eps, None, tiles=tiles)[:2]
 
 
 def add_rms_norm_codes_triton(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float, qmax: float,

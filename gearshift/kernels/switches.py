@@ -13,7 +13,7 @@ from gearshift.kernels._triton import HAS_TRITON
 _FUSED = {"enabled": True, "on_cpu": False, "swiglu_codes": True, "swiglu_codes_min_rows": 1,
           "decode_attention": True, "decode_attention_codes": False, "decode_attention_min_batch": 1,
           "decode_attention_launch": "rule", "gemv_trigger": -1, "small_trigger": "rule", "glu_epilogue": True,
-          "glu_epilogue_codes": False, "norm_warps": 0, "norm_codes_warps": 0, "sdpa_backend": "efficient"}
+          "glu_epilogue_codes": False, "x_tiles": True, "norm_warps": 0, "norm_codes_warps": 0, "sdpa_backend": "efficient"}
 
 
 def state() -> tuple:
@@ -79,6 +79,13 @@ def glu_epilogue_on() -> bool:
     """Whether the gate_up projection's kernel may store silu(gate) * up itself where it can (W4A16 fragment
     tiles, `int4_mma_gemv.mma_glu_supports`), so SwiGLU is no kernel of its own (same bits either way)."""
     return _FUSED["glu_epilogue"]
+
+
+def x_tiles_on() -> bool:
+    """Whether the producers of a linear's input (RMSNorm, gate_up's SwiGLU epilogue) write it in `x_tiles`'
+    layout where the linear's kernel reads it so (W4A16 fragment tiles at 9..16 tokens): same bits, fewer
+    L1 wavefronts per input load (stop 64)."""
+    return _FUSED["x_tiles"]
 
 
 def glu_epilogue_codes_on() -> bool:

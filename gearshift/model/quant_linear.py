@@ -15,6 +15,7 @@ from torch import nn
 from gearshift.dispatch import get_dispatcher, run_linear, run_linear_codes
 from gearshift.errors import GearshiftError
 from gearshift.kernels.act_quant import ActCodes, CodesSpec
+from gearshift.kernels.x_tiles import XTiles
 from gearshift.quant.base import WeightFormat
 from gearshift.quant.modes import PrecisionMode, get_mode
 
@@ -71,29 +72,39 @@ class QuantLinear(nn.Module):
                 f"{self.store.format_name} ({self.store.weight_bits}-bit); load or quantize the model for it")
         return self.act_overrides.get(m.name, m.act)
 
-    def forward(self, x: torch.Tensor | CodesOnly, mode: str | PrecisionMode = "w4a16",
+    def forward(self, x: torch.Tensor | CodesOnly | XTiles, mode: str | PrecisionMode = "w4a16",
                 codes: ActCodes | None = None) -> torch.Tensor:
         """codes: x already quantized per token (from the RMSNorm before this layer, in the range
         `codes_qmax` asked for); the kernel then skips its own quantizer. Same result either way.
-        x may be `CodesOnly` (the codes without the activations)."""
+        x may be `CodesOnly` (the codes without the activations) or `XTiles` (in the fragment kernel's
+        layout, where `x_tiles_for` asked for it)."""
         if isinstance(x, CodesOnly):
             return self.forward_codes(x.codes, mode, x.dtype, x.shape[:-1])
+        if isinstance(x, XTiles):
+            ask = getattr(get_dispatcher(), "linear_tiles", None)
+            if ask is not None:
+                act = self._act(mode)
+                return ask(x, self.store, act, None if self.bias is None else self.bias.to(x.dtype))
+            x = x.rows()
         act = self._act(mode)
         bias = None if self.bias is None else self.bias.to(x.dtype)
         return run_linear(x, self.store, act, bias, codes)
 
-    def glu(self, x: torch.Tensor | CodesOnly, mode: str | PrecisionMode = "w4a16",
-            codes: ActCodes | None = None) -> torch.Tensor | None:
+    def glu(self, x: torch.Tensor | CodesOnly | XTiles, mode: str | PrecisionMode = "w4a16",
+            codes: ActCodes | None = None, y_tiles: bool = False) -> torch.Tensor | XTiles | None:
         """For a fused gate_up layer (gate rows, then up rows): silu(gate) * up from its kernel's epilogue,
         where the dispatcher's kernel for these tokens has one (on x, or on its `codes` in W4A8 / W4A4); None
         elsewhere, and for a layer that forward hooks observe (they want gate_up's own output). Same bits as
-        `forward` then SwiGLU."""
+        `forward` then SwiGLU. y_tiles: the product as `XTiles` where the epilogue can store it so (down's
+        `x_tiles_for`), else in rows."""
         ask = getattr(get_dispatcher(), "linear_glu", None)
         if ask is None or self.bias is not None or self.observed():
             return None
         act = self._act(mode)
         if isinstance(x, CodesOnly):
             return ask(None, self.store, act, x.codes, x.shape, x.dtype)
+        if isinstance(x, XTiles) or y_tiles:
+            return ask(x, self.store, act, codes, y_tiles=y_tiles)
         return ask(x, self.store, act, codes)
 
     def forward_codes(self, codes: ActCodes, mode: str | PrecisionMode, dtype: torch.dtype,
@@ -117,6 +128,12 @@ class QuantLinear(nn.Module):
         quantized (their integer range), so the producer of x can emit them in the same pass."""
         ask = getattr(get_dispatcher(), "codes_qmax", None)  # absent on a dispatcher that takes no codes
         return None if ask is None else ask(self.store, self._act(mode), tokens)
+
+    def x_tiles_for(self, mode: str | PrecisionMode, tokens: int, dtype: torch.dtype) -> bool:
+        """Whether the producer of x should store it in the fragment kernel's layout (`XTiles`) because the
+        kernel for these tokens reads it so; never for a layer that hooks observe (they want the rows)."""
+        ask = getattr(get_dispatcher(), "x_tiles_for", None)
+        return ask is not None and not self.observed() and ask(self.store, self._act(mode), tokens, dtype)
 
     def codes_for(self, mode: str | PrecisionMode, tokens: int, dtype: torch.dtype) -> CodesSpec | None:
         """`codes_qmax` and the dtype (int8, or `dtype` itself) the kernel takes the codes in."""

@@ -7,6 +7,7 @@ and its overwrite of draft entries are all the same call with different (start, 
 
 from __future__ import annotations
 
+import math
 from typing import Iterator
 
 import torch
@@ -20,6 +21,7 @@ from gearshift.kernels.rmsnorm import (add_rms_norm_codes_triton, add_rms_norm_r
 from gearshift.kernels.rope import rope_triton
 from gearshift.kernels.rope_kv_write import split_qkv
 from gearshift.kernels.silu_mul import emits_codes, silu_mul_codes_triton, silu_mul_reference, silu_mul_triton
+from gearshift.kernels.x_tiles import XTiles
 from gearshift.kernels.switches import (decode_attention_codes_on, decode_attention_min_batch,  # noqa: F401
                                        decode_attention_on, fused_for, set_fused_kernels,
                                        pdl_pass)  # (set_fused_kernels: re-exported)
@@ -38,15 +40,18 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(weight, requires_grad=False)
         self.eps = eps
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, tiles: bool = False) -> torch.Tensor | XTiles:
+        """tiles (fused kernels): the normed rows as `XTiles`, for a linear whose kernel reads that layout."""
         if fused_for(x):
-            return rms_norm_triton(x, self.weight, self.eps)
+            return rms_norm_triton(x, self.weight, self.eps, tiles=tiles)
         return rms_norm_reference(x, self.weight, self.eps)
 
-    def add(self, x: torch.Tensor, delta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(x + delta, norm(x + delta)): a residual update and the norm after it, one pass on GPU."""
+    def add(self, x: torch.Tensor, delta: torch.Tensor,
+            tiles: bool = False) -> tuple[torch.Tensor, torch.Tensor | XTiles]:
+        """(x + delta, norm(x + delta)): a residual update and the norm after it, one pass on GPU (tiles: as
+        in `forward`)."""
         if fused_for(x):
-            return add_rms_norm_triton(x, delta, self.weight, self.eps)
+            return add_rms_norm_triton(x, delta, self.weight, self.eps, tiles=tiles)
         return add_rms_norm_reference(x, delta, self.weight, self.eps)
 
     def with_codes(self, x: torch.Tensor, delta: torch.Tensor | None, qmax: float,
@@ -117,8 +122,10 @@ class MLP(nn.Module):
 
     def forward(self, x, mode, codes=None):
         if fused_for(x.codes.codes if isinstance(x, CodesOnly) else x):  # SwiGLU in gate_up's epilogue where its
-            # kernel has one (fragment tiles: few tokens); down then quantizes its own input in W4A8 / W4A4
-            h = self.gate_up_proj.glu(x, mode, codes)
+            # kernel has one (fragment tiles: few tokens); down then quantizes its own input in W4A8 / W4A4. Where
+            # down's kernel reads the fragment layout, the epilogue stores the product so (`XTiles`)
+            rows = math.prod(x.shape[:-1])
+            h = self.gate_up_proj.glu(x, mode, codes, self.down_proj.x_tiles_for(mode, rows, x.dtype))
             if h is not None:
                 return self.down_proj(h, mode)
         gate_up = self.gate_up_proj(x, mode, codes)
@@ -164,7 +171,8 @@ class DecoderLayer(nn.Module):
             spec = linear.codes_for(mode, x.shape[0] * x.shape[1], x.dtype)
         if spec is not None:  # the normed rows are stored only for an observed linear (calibration)
             return norm.with_codes(x, delta, spec.qmax, spec.dtype, normed=linear.observed())
-        x, h = (x, norm(x)) if delta is None else norm.add(x, delta)
+        tiles = fused_for(x) and linear.x_tiles_for(mode, x.shape[0] * x.shape[1], x.dtype)  # (`XTiles`)
+        x, h = (x, norm(x, tiles)) if delta is None else norm.add(x, delta, tiles)
         return x, h, None
 
 
