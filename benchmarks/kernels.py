@@ -33,6 +33,7 @@ from gearshift.kernels.act_quant import ActCodes, quantize_act_triton  # noqa: E
 from gearshift.kernels.library import scaled_mm_fp8_linear, tinygemm_linear, to_fp8_rowwise, to_tinygemm  # noqa
 from gearshift.kernels.reference import linear_reference  # noqa: E402
 from gearshift.kernels.silu_mul import emits_codes  # noqa: E402
+from gearshift.kernels.x_tiles import XTiles, to_x_tiles  # noqa: E402
 from gearshift.quant.modes import MODES  # noqa: E402
 
 PEAK = {"bf16_tflops": 989.0, "int8_tops": 1979.0, "fp8_tflops": 1979.0}  # H100 SXM dense datasheet (leads)
@@ -168,6 +169,19 @@ def producer_codes(d, shapes, stores, xs, act, m, fed=PRODUCER_FED, every_m: boo
     return out
 
 
+#: the linears whose input a producer writes in the fragment kernel's layout (`XTiles`) in the engine where their
+#: kernel reads it (W4A16, 9..16 tokens): qkv and gate_up from an RMSNorm, down from gate_up's SwiGLU epilogue.
+#: o's producer, decode attention, writes rows
+TILES_FED = ("qkv", "gate_up", "down")
+
+
+def producer_tiles(d, shapes, stores, xs, act, m, fed=TILES_FED) -> list:
+    """Per shape: x as `XTiles` (made here, the bits the producers store) where the engine's producer would
+    write it so for dispatcher d's kernel at m tokens (`x_tiles_for`), else x itself."""
+    return [XTiles(to_x_tiles(x), tuple(x.shape)) if name in fed and d.x_tiles_for(store, act, m, x.dtype) else x
+            for (name, _, _), store, x in zip(shapes, stores, xs)]
+
+
 def codes_step_fn(model, xs, d, act, codes):
     """step_fn through d, each linear given its entry of `codes` (producer_codes) where not None."""
     by_x = {id(x): c for x, c in zip(xs, codes)}
@@ -217,6 +231,11 @@ def stage_bench(pm, m_list, bw, log, dtype=torch.bfloat16, layers=32, layout="bl
                 codes = producer_codes(disp, shapes, int4.stores[0], xs, act, m) if act is not None else []
                 if any(c is not None for c in codes):  # as the engine runs it: codes from the norms and SwiGLU
                     record(f"{mode}:norm_codes_dispatch", m, time_step(codes_step_fn(int4, xs, disp, act, codes)))
+                xt = producer_tiles(disp, shapes, int4.stores[0], xs, act, m)
+                if any(isinstance(t, XTiles) for t in xt):  # as the engine runs it: the fragment layout from the
+                    # norms and SwiGLU's epilogue (W4A16, 9..16 tokens)
+                    record(f"{mode}:x_tiles_dispatch", m,
+                           time_step(step_fn(int4, xt, lambda x, s: disp.linear(x, s, act))))
             except Exception as e:
                 log(f"dispatch {mode} M={m}: {e!r}"[:300])
             for strat in strategies_for(mode):

@@ -24,8 +24,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from kernels import (Model, codes_step_fn, kernel_switches, producer_codes, step_fn, tag_suffix, time_step,  # noqa: E402
-                     tinygemm_step, write_json)
+from kernels import (Model, codes_step_fn, kernel_switches, producer_codes, producer_tiles,  # noqa: E402
+                     step_fn, tag_suffix, time_step, tinygemm_step, write_json)
 
 from gearshift.dispatch.dispatcher import AdaptiveDispatcher  # noqa: E402
 from gearshift.dispatch.policy import PolicyMap, device_slug  # noqa: E402
@@ -69,6 +69,10 @@ def main() -> None:
                     help="what-if timing: side B hands these linears (e.g. qkv,o,gate_up,down) codes made before "
                     "timing at every M, as if every producer wrote them at no cost; side A keeps --norm-codes. "
                     "B - A is then what the remaining quantizer launches cost in the step")
+    ap.add_argument("--x-tiles", action="store_true",
+                    help="W4A16: hand qkv, gate_up and down their inputs in the fragment kernel's layout where that "
+                    "side's kernel reads it (9..16 tokens), as the engine's RMSNorms and SwiGLU epilogue write them "
+                    "(QuantLinear.x_tiles_for); o gets rows, as decode attention writes them")
     a = ap.parse_args()
     sets = {"a": kernel_switches(a.set_a), "b": kernel_switches(a.set_b)}
     defaults = {key: getattr(*key) for s in sets.values() for key in s}
@@ -107,6 +111,8 @@ def main() -> None:
         codes = {name: producer_codes(d, shapes, models[side(name)].stores[0], xs, act, m, fed[name],
                                       every_m=name == "b" and bool(a.free_codes_b))
                  for name, d in maps.items()}
+        ins = {name: producer_tiles(d, shapes, models[side(name)].stores[0], xs, act, m) if a.x_tiles else xs
+               for name, d in maps.items()}
         for i, store in enumerate(model.stores[0]):  # every choice of both maps against the reference
             ref = linear_reference(xs[i].float(), store, act)
             ys = {}
@@ -115,6 +121,9 @@ def main() -> None:
                 err = ((ys[name].float() - ref).norm() / ref.norm()).item()
                 if not err < tol:
                     raise SystemExit(f"map {name} M={m} shape {shapes[i][0]}: relative error {err:.2e} > {tol}")
+                if ins[name][i] is not xs[i] and not torch.equal(d.linear(ins[name][i], models[side(name)].stores[0][i],
+                                                                          act), ys[name]):
+                    raise SystemExit(f"map {name} M={m} shape {shapes[i][0]}: the fragment layout gives other bits")
                 if codes[name][i] is not None and not torch.equal(
                         d.linear(xs[i], models[side(name)].stores[0][i], act, codes=codes[name][i]), ys[name]):
                     raise SystemExit(f"map {name} M={m} shape {shapes[i][0]}: the producer's codes give other bits")
@@ -125,7 +134,7 @@ def main() -> None:
         t = {"a": [], "b": []}
         for _ in range(a.rounds):
             for name, d in maps.items():
-                t[side(name)].append(time_step(codes_step_fn(models[name], xs, d, act, codes[name])))
+                t[side(name)].append(time_step(codes_step_fn(models[name], ins[name], d, act, codes[name])))
         res[m] = {name: statistics.median(v) for name, v in t.items()} | {"runs": t}
         line = f"M={m:2}: A {res[m]['a']:.3f} ms  B {res[m]['b']:.3f} ms  B/A {res[m]['b'] / res[m]['a']:.3f}"
         if dense is not None:
@@ -140,7 +149,8 @@ def main() -> None:
     write_json(a.out, f"policy_ab_{device_slug(dev)}{tag_suffix(a.tag)}_{a.mode}.json",
                {"device": dev, "preset": a.preset, "a": a.a, "b": a.b, "layout_a": a.layout_a, "layout_b": a.layout_b,
                 "mode": a.mode, "int4_prog": a.int4_prog, "set_a": a.set_a, "set_b": a.set_b,
-                "norm_codes": a.norm_codes, "free_codes_b": a.free_codes_b, "weight_bytes": model.nbytes(),
+                "norm_codes": a.norm_codes, "free_codes_b": a.free_codes_b, "x_tiles": a.x_tiles,
+                "weight_bytes": model.nbytes(),
                 "copy_bw_Bps": copy_bandwidth(), "ms": res})
 
 if __name__ == "__main__":

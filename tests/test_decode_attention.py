@@ -219,3 +219,20 @@ def test_the_model_runs_it_from_the_min_batch_switch(monkeypatch):
         switches.fused_on_cpu(False)
         switches.set_switches(**dict(before))
     torch.testing.assert_close(outs[0], outs[1], atol=0.05, rtol=0.05)
+
+
+@pytest.mark.parametrize("b,t", [(3, 3), (12, 1)])
+def test_x_tile_outputs_are_the_rows_in_the_fragment_layout(b, t):
+    """tiles=True: every token's output bits at its place in `x_tiles`' layout (the padding rows, which no
+    fragment kernel output reads, are left unwritten)."""
+    from gearshift.kernels.x_tiles import XTiles, to_x_tiles
+
+    cap = 40
+    q, k, v = _inputs(b, t, 8, 2, 32, cap, seed=5)
+    slots = (torch.arange(b * t, device=DEV).view(b, t) % 30) + 3
+    want, _ = decode_attention_triton(q, k, v, slots, 36, **SMALL)
+    got, codes = decode_attention_triton(q, k, v, slots, 36, tiles=True, **SMALL)
+    assert codes is None and isinstance(got, XTiles) and got.shape == (b, t, 256)
+    assert got.data.shape == to_x_tiles(want.view(b * t, -1)).shape and torch.equal(got.rows(), want)
+    with pytest.raises(ValueError, match="x-tile"):
+        decode_attention_triton(q, k, v, slots, 36, qmax=127.0, tiles=True)

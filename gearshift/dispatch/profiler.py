@@ -21,7 +21,9 @@ import torch
 
 from gearshift.dispatch.policy import (M_BUCKETS, Choice, PolicyMap, candidate_name, gpu_traits, nearest_shape_keys,
                                       parse_candidate, parse_type_key, triton_version, type_key)
-from gearshift.dispatch.strategies import STRATEGIES, group_of, mode_key, rule_strategies, strategies_for
+from gearshift.dispatch.strategies import STRATEGIES, group_of, mode_key, rule_strategies, strategies_for, tiles_serve
+from gearshift.kernels.switches import x_tiles_on
+from gearshift.kernels.x_tiles import X_TILE_TOKENS, to_x_tiles
 from gearshift.kernels.reference import linear_reference
 from gearshift.quant.activations import ActQuantSpec
 from gearshift.quant.base import DenseWeight, WeightFormat
@@ -257,6 +259,10 @@ def profile(shapes: Iterable[tuple[str, int, int]], modes: Iterable[str], m_list
             tol = PROFILE_TOLERANCE.get(mode_name, DEFAULT_TOLERANCE)
             for m in todo:
                 x = torch.randn(m, k, device=dev, dtype=dtype)
+                # where the engine's producers hand a fragment tile its inputs in that kernel's layout (W4A16,
+                # 9..16 tokens: `AdaptiveDispatcher.x_tiles_for`), the tile is timed on them
+                xt = (to_x_tiles(x) if x_tiles_on() and act is None and m in X_TILE_TOKENS and k % 128 == 0
+                      and isinstance(stores[0], Int4Weight) else None)
                 hot = sustain_s > 0 and m >= sustain_from_m
                 ref = None  # computed at the first candidate: a bucket no strategy serves needs none
                 cands: dict[str, float | None] = {}
@@ -272,14 +278,18 @@ def profile(shapes: Iterable[tuple[str, int, int]], modes: Iterable[str], m_list
                     try:
                         if ref is None:
                             ref = linear_reference(x.float(), stores[0], act)
-                        err = relative_error(strat.run(x, stores[0], act, cfg), ref)
+                        if xt is not None and strat.run_tiles is not None and tiles_serve(stores[0], cfg):
+                            run = (lambda s, st=strat, c=cfg: st.run_tiles(xt, m, s, c))
+                        else:
+                            run = (lambda s, st=strat, c=cfg: st.run(x, s, act, c))
+                        err = relative_error(run(stores[0]), ref)
                         if not err <= tol:  # NaN fails too
                             cands[name] = None
                             if log:
                                 log(f"{key} M={m} {name}: wrong result (relative error {err:.2e} > {tol:.0e}), "
                                     "not timed")
                             continue
-                        calls = [lambda s=s, st=strat, c=cfg: st.run(x, s, act, c) for s in stores]
+                        calls = [lambda s=s, r=run: r(s) for s in stores]
                         cands[name] = timer(calls, sustain_s=sustain_s) if hot else timer(calls)
                     except Exception as e:  # a config that fails to compile/launch is skipped
                         cands[name] = None

@@ -32,6 +32,7 @@ from gearshift.kernels.act_quant import ActCodes, codes_buffers
 from gearshift.kernels.pdl import launch_kwargs, pdl_enabled
 from gearshift.kernels.splitk import zeroed_words
 from gearshift.kernels.switches import attention_launch
+from gearshift.kernels.x_tiles import XTiles, x_tile_rows
 
 #: query tokens per sequence up to which the engine runs this kernel (decode, QSPEC draft and verify
 #: passes); longer passes (prefill) run SDPA, whose tiles reuse each key over many queries. From how
@@ -64,6 +65,7 @@ def decode_attention_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: 
 if HAS_TRITON:
     from gearshift.kernels.act_quant import row_codes
     from gearshift.kernels.pdl import grid_wait, launch_dependents
+    from gearshift.kernels.x_tiles import x_tile_offsets
 
     @triton.jit
     def _dot(a, b, F32_DOT: tl.constexpr):
@@ -80,10 +82,12 @@ if HAS_TRITON:
                                  HDP: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr, MAX_SPLITS: tl.constexpr,
                                  SPLIT: tl.constexpr,
                                  CODES: tl.constexpr,
-                                 QMAX: tl.constexpr, PDL: tl.constexpr, LAUNCH: tl.constexpr, F32_DOT: tl.constexpr):
+                                 QMAX: tl.constexpr, PDL: tl.constexpr, LAUNCH: tl.constexpr, F32_DOT: tl.constexpr,
+                                 YT: tl.constexpr = False):
         """Program (token row, KV head, key chunk). ws [rows, KV, chunks, G, D] fp32 partial outputs,
         stat [rows, KV, chunks, 2, GP] (running max in log2 units, sum of exponentials);
-        cnt: rows * KV chunk arrivals, then rows KV-head arrivals (zero between launches)."""
+        cnt: rows * KV chunk arrivals, then rows KV-head arrivals (zero between launches). YT: out in
+        `x_tiles`' layout (for an o projection whose kernel reads it; no codes then)."""
         if LAUNCH == 0:
             launch_dependents(PDL)
         grid_wait(PDL)
@@ -150,7 +154,11 @@ if HAS_TRITON:
                                        other=0.0, cache_modifier=".cg") * w[:, None]
         if last:
             o = (acc / l_sum[:, None]).to(out_ptr.dtype.element_ty)
-            tl.store(out_ptr + row * so_row + (kvh * G + g)[:, None] * D + d[None, :], o, mask=(g < G)[:, None])
+            col = (kvh * G + g)[:, None] * D + d[None, :]
+            if YT:
+                tl.store(out_ptr + x_tile_offsets(row, col, HD // 128), o, mask=(g < G)[:, None])
+            else:
+                tl.store(out_ptr + row * so_row + col, o, mask=(g < G)[:, None])
             if CODES:  # the token's last KV head quantizes the whole row, as the quantizer would
                 tl.debug_barrier()
                 cnt_row = cnt_ptr + tl.num_programs(0) * n_kv + row
@@ -164,12 +172,14 @@ if HAS_TRITON:
 def decode_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
                             upto: int, qmax: float | None = None, codes_dtype: torch.dtype = torch.int8,
                             chunk: int = KV_CHUNK, block: int = KV_BLOCK, max_splits: int = MAX_SPLITS,
-                            warps: int = WARPS,
-                            stages: int = STAGES) -> tuple[torch.Tensor, ActCodes | None]:
+                            warps: int = WARPS, stages: int = STAGES,
+                            tiles: bool = False) -> tuple[torch.Tensor | XTiles, ActCodes | None]:
     """`decode_attention_reference` as one launch: (out [B, T, H * D], codes or None). qmax: also
     emit out's per-token integer codes in that range and `codes_dtype` (what `quantize_act_triton`
     makes of out, bit for bit) for an o projection that takes them. chunk / block / max_splits /
-    warps / stages: for timing (a token's bits depend on the first three)."""
+    warps / stages: for timing (a token's bits depend on the first three). tiles: out as `XTiles`
+    (for an o projection whose kernel reads the fragment layout; its padding rows are left unwritten:
+    a fragment kernel's outputs for a token never read another token's inputs)."""
     b, t, h, d = q.shape
     n_kv = k_cache.shape[1]
     if h % n_kv or d != next_pow2(d) or d < 16 or k_cache.stride(-1) != 1 or q.stride(-1) != 1:
@@ -187,7 +197,9 @@ def decode_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     g = h // n_kv
     rows = b * t
     slots = slots.reshape(rows).contiguous()  # the kernel reads token row's slot at offset row
-    out = torch.empty((rows, h * d), device=q.device, dtype=q.dtype)
+    if tiles and (qmax is not None or (h * d) % 128):
+        raise ValueError(f"x-tile outputs are rows of a multiple of 128 columns, without codes; got H * D = {h * d}")
+    out = torch.empty((x_tile_rows(rows) if tiles else rows, h * d), device=q.device, dtype=q.dtype)
     n_chunks = min(cdiv(upto, chunk), max_splits)  # the most any token of the launch splits into
     gp = max(16, next_pow2(g))  # tl.dot wants 16 rows
     ws = torch.empty((rows * n_kv * n_chunks * g * d,) if n_chunks > 1 else (1,), device=q.device,
@@ -203,6 +215,8 @@ def decode_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         q.stride(0), q.stride(1), q.stride(2), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         out.stride(0), s_codes, G=g, GP=gp, D=d, HD=h * d, HDP=next_pow2(h * d), CHUNK=chunk, BLOCK=block, MAX_SPLITS=max_splits,
         SPLIT=n_chunks > 1, CODES=qmax is not None,
-        QMAX=qmax or 0.0, PDL=pdl, LAUNCH=0 if launch == "start" else 1, F32_DOT=interpreting(), num_warps=warps,
-        num_stages=stages, **launch_kwargs(pdl))
+        QMAX=qmax or 0.0, PDL=pdl, LAUNCH=0 if launch == "start" else 1, F32_DOT=interpreting(), YT=tiles,
+        num_warps=warps, num_stages=stages, **launch_kwargs(pdl))
+    if tiles:
+        return XTiles(out, (b, t, h * d)), None
     return out.view(b, t, h * d), (None if qmax is None else ActCodes(codes, scales, qmax))

@@ -92,11 +92,13 @@ class Attention(nn.Module):
                 q = apply_rotary(q.transpose(1, 2), cos, sin).transpose(1, 2)
                 k = apply_rotary(k.transpose(1, 2), cos, sin).transpose(1, 2)
             cache.write(layer, k, v, targets)
-        if fused and self._decode_kernel(q, cache):  # one launch (and o's W4A8 codes, where switched on)
+        if fused and self._decode_kernel(q, cache):  # one launch (and o's W4A8 codes, where switched on; o's
+            # input in the fragment layout, `XTiles`, where its kernel reads that)
             spec = self.o_proj.codes_for(mode, b * t, q.dtype) if decode_attention_codes_on() else None
+            tiles = spec is None and self.o_proj.x_tiles_for(mode, b * t, q.dtype)
             out, codes = decode_attention_triton(q, cache.k[layer], cache.v[layer], targets, upto,
                                                  None if spec is None else spec.qmax,
-                                                 torch.int8 if spec is None else spec.dtype)
+                                                 torch.int8 if spec is None else spec.dtype, tiles=tiles)
             return self.o_proj(out, mode, codes)
         q = q.transpose(1, 2)
         keys, values = cache.view(layer, upto)
