@@ -189,7 +189,8 @@ def test_x_tiles_layout(dtype, m):
     e = 16 // x.element_size()
     flat = xt.reshape(-1)
     xp = torch.cat([x, x[-1:].expand(rows - m, k)])
-    for tile, b, j, g, t in itertools.product(range(rows // 8), range(k // 128), range(128 // 4 // e), range(8), range(4)):
+    for tile, b, j, g, t in itertools.product(range(rows // 8), range(k // 128), range(128 // 4 // e), range(8),
+                                              range(4)):
         at = (tile * (k // 128) + b) * 8 * 128 + (j * 32 + 4 * g + t) * e
         assert torch.equal(flat[at: at + e], xp[8 * tile + g, 128 * b + 32 * t + e * j: 128 * b + 32 * t + e * (j + 1)])
     with pytest.raises(ValueError):

@@ -13,7 +13,8 @@ from gearshift.kernels._triton import HAS_TRITON
 _FUSED = {"enabled": True, "on_cpu": False, "swiglu_codes": True, "swiglu_codes_min_rows": 1,
           "decode_attention": True, "decode_attention_codes": False, "decode_attention_min_batch": 1,
           "decode_attention_launch": "rule", "gemv_trigger": -1, "small_trigger": "rule", "glu_epilogue": True,
-          "glu_epilogue_codes": False, "x_tiles": True, "norm_warps": 0, "norm_codes_warps": 0, "sdpa_backend": "efficient"}
+          "glu_epilogue_codes": False, "x_tiles": True, "norm_warps": 0, "norm_codes_warps": 0,
+          "sdpa_backend": "efficient"}
 
 
 def state() -> tuple:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from gearshift.kernels._triton import HAS_TRITON, tl, triton  # noqa: F401  (the interpreter needs tl in a jit function's module)
+from gearshift.kernels._triton import HAS_TRITON, tl, triton  # noqa: F401  (tl: the interpreter wants it here)
 
 BLOCK_COLS = 128  # columns of one fragment block (the kernel's `BLOCK_COLS`)
 #: bytes one chunk load of a warp reads (32 lanes x 16 bytes)

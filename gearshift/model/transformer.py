@@ -21,10 +21,10 @@ from gearshift.kernels.rmsnorm import (add_rms_norm_codes_triton, add_rms_norm_r
 from gearshift.kernels.rope import rope_triton
 from gearshift.kernels.rope_kv_write import split_qkv
 from gearshift.kernels.silu_mul import emits_codes, silu_mul_codes_triton, silu_mul_reference, silu_mul_triton
-from gearshift.kernels.x_tiles import XTiles
 from gearshift.kernels.switches import (decode_attention_codes_on, decode_attention_min_batch,  # noqa: F401
                                        decode_attention_on, fused_for, set_fused_kernels,
                                        pdl_pass)  # (set_fused_kernels: re-exported)
+from gearshift.kernels.x_tiles import XTiles
 from gearshift.model.attention import cache_attention
 from gearshift.model.config import ModelConfig
 from gearshift.model.cuda_graphs import token_bucket
