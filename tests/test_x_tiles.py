@@ -30,9 +30,7 @@ def test_cpu_linears_take_xtiles_and_never_ask_for_them(model_dir):
     lin = lm.model.model.layers[0].mlp.gate_up_proj
     assert not lin.x_tiles_for("w4a16", 12, torch.float32)
     x = torch.randn(12, lm.model.config.hidden_size)
-    k = x.shape[-1]
-    if k % 128 == 0:
-        assert torch.equal(lin(XTiles(to_x_tiles(x), tuple(x.shape)), "w4a16"), lin(x, "w4a16"))
+    assert torch.equal(lin(XTiles(to_x_tiles(x), tuple(x.shape)), "w4a16"), lin(x, "w4a16"))  # (hidden 128)
     assert ("x_tiles", True) in switches.state()
 
 

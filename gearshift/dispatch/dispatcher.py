@@ -20,7 +20,7 @@ import warnings
 import torch
 
 from gearshift.dispatch.policy import Choice, PolicyMap, load_policy_for_device, nearest_shape_keys, type_key
-from gearshift.dispatch.strategies import MAX_TOKENS, STRATEGIES, group_of, mode_key, strategies_for
+from gearshift.dispatch.strategies import MAX_TOKENS, STRATEGIES, group_of, mode_key, strategies_for, tiles_serve
 from gearshift.errors import GearshiftError
 from gearshift.kernels._triton import HAS_TRITON
 from gearshift.kernels.act_quant import ActCodes, CodesSpec, codes_qmax
@@ -410,13 +410,10 @@ class AdaptiveDispatcher(Dispatcher):
         """`linear_glu` where the inputs are `XTiles` or the product is wanted so: the tile's epilogue reads and
         stores what layouts it can (its inputs in rows where it cannot read tiles); None where it has no
         epilogue for these tokens."""
-        served = _tiles_serve(store, c.config)
-        if isinstance(x, XTiles) and not served:
-            x = x.rows()
-        if isinstance(x, XTiles):
+        if isinstance(x, XTiles) and _tiles_serve(store, c.config):
             data, kw = x.data, {"x_tiles": m}
         else:
-            x2 = x.reshape(-1, store.in_features)
+            x2 = (x.rows() if isinstance(x, XTiles) else x).reshape(-1, store.in_features)
             data, kw = (x2 if x2.stride(-1) == 1 else x2.contiguous()), {}
         y = strat.run_glu(data, store, c.config, y_tiles=y_tiles, **kw)
         if y is None:
@@ -458,8 +455,6 @@ class AdaptiveDispatcher(Dispatcher):
 
 
 def _tiles_serve(store: WeightFormat, cfg) -> bool:
-    from gearshift.dispatch.strategies import tiles_serve
-
     return isinstance(store, Int4Weight) and tiles_serve(store, cfg)
 
 
