@@ -23,10 +23,13 @@ def main() -> None:
     ap.add_argument("--m", required=True, help="comma-separated M buckets to take from --new")
     ap.add_argument("--note", default="", help="recorded in meta.merged")
     ap.add_argument("--out", required=True)
+    ap.add_argument("--foreign", action="store_true",
+                    help="take --new although another GPU profiled it: a what-if map for A/Bs on that GPU (e.g. an "
+                    "H200 borrowing the H100's map), never one to ship; meta.merged records the other device")
     a = ap.parse_args()
     base, new = read_json(a.base), read_json(a.new)
-    if base["device"] != new["device"]:
-        raise SystemExit(f"device mismatch: {base['device']} vs {new['device']}")
+    if base["device"] != new["device"] and not a.foreign:
+        raise SystemExit(f"device mismatch: {base['device']} vs {new['device']} (--foreign for a what-if map)")
     modes, ms = a.modes.split(","), a.m.split(",")
     taken = 0
     for key, per_m in new["entries"].items():
@@ -46,11 +49,14 @@ def main() -> None:
                 pid = point_id(key, int(m))
                 mark_regime(base.setdefault("meta", {}), pid, point,
                             pid in new.get("meta", {}).get("sustained_points", []))
+                if a.foreign:  # timings of two GPUs do not compare: the point's are the new GPU's alone
+                    point.clear()
                 point.update(timed)
     meta = base.setdefault("meta", {})
     history = meta.get("merged", [])
     history = [history] if isinstance(history, str) else list(history)  # earlier maps kept one string
-    meta["merged"] = history + [f"{a.modes} M={a.m} from {a.new}" + (f": {a.note}" if a.note else "")]
+    source = f" (profiled on {new['device']})" if base["device"] != new["device"] else ""
+    meta["merged"] = history + [f"{a.modes} M={a.m} from {a.new}{source}" + (f": {a.note}" if a.note else "")]
     Path(a.out).write_text(json.dumps(base, indent=1))
     print(f"merged {taken} entries into {a.out}")
 

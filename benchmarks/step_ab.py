@@ -55,6 +55,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--side", action="append", default=[], metavar="LABEL=SWITCHES",
                     help="one setting: a label, '=', then NAME=VALUE[,NAME=VALUE...] (repeat; the first is the base)")
+    ap.add_argument("--map", action="append", default=[], metavar="LABEL=PATH",
+                    help="side LABEL runs under this policy map (a what-if map, e.g. from policy_merge.py --foreign); "
+                    "the other sides run under the map the engine loads on this GPU")
     ap.add_argument("--preset", default="llama3-8b")
     ap.add_argument("--mode", default="w4a16", help="w4a16, w4a8, w4a4 or w4a8-fp8")
     ap.add_argument("--int4-prog", action="store_true", help="int4-prog weights (how W4A8 / W4A4 run in the engine)")
@@ -67,27 +70,31 @@ def main() -> None:
     ap.add_argument("--out", default="benchmarks/results")
     a = ap.parse_args()
     sides = parse_sides(a.side)
+    maps = dict(spec.partition("=")[::2] for spec in a.map)
+    if set(maps) - set(sides) or not all(maps.values()):
+        raise SystemExit(f"--map {a.map}: LABEL=PATH for labels among the sides {sorted(sides)}")
     if not torch.cuda.is_available():
         raise SystemExit("step_ab.py times CUDA graphs: it needs a GPU")
 
     from e2e import model_for
-    from gearshift.dispatch import get_dispatcher
-    from gearshift.dispatch.policy import device_slug
+    from gearshift.dispatch import AdaptiveDispatcher, get_dispatcher
+    from gearshift.dispatch.policy import PolicyMap, device_slug
     from gearshift.model.step_timer import DecodeStepTimer
 
     model = model_for({}, a.preset, a.mode, a.int4_prog)
-    dispatcher = get_dispatcher()
+    dispatchers = {label: AdaptiveDispatcher(PolicyMap.load(maps[label]), autoload=False) if label in maps
+                   else get_dispatcher() for label in sides}  # (graphs are keyed by the dispatcher too)
     before = dict(switches.state())
     labels = list(sides)
     result = {"device": torch.cuda.get_device_name(), "mode": a.mode, "int4_prog": a.int4_prog, "tokens": a.tokens,
-              "sides": sides, "base": labels[0], "cases": {}}
+              "sides": sides, "maps": maps, "base": labels[0], "cases": {}}
     try:
         for ctx in (int(c) for c in a.context.split(",")):
             for b in (int(x) for x in a.batches.split(",")):
                 timer = DecodeStepTimer(model, a.mode, b, ctx, max_graphs=len(sides) + 1, tokens=a.tokens)
                 def run(label, timer=timer):
                     switches.set_switches(**(before | sides[label]))
-                    return timer.ms(dispatcher)
+                    return timer.ms(dispatchers[label])
 
                 times = alternate(labels, a.rounds, run)
                 result["cases"][f"{b}x{ctx}"] = summarize(times, labels[0])
