@@ -179,9 +179,19 @@ def test_x_tile_block_gives_the_same_bits(dt, rows, tiles, fragment_order):
                                      (torch.float16, 16)])
 def test_x_tiles_layout(dtype, m):
     """Lane (g, t)'s chunk j of a tile's block b sits at 512 j + 16 (4 g + t) bytes from the block's start
-    and holds token g's columns 32 t + e j ... (e elements per 16 bytes); padding repeats the last token."""
+    and holds token g's columns 32 t + e j ... (e elements per 16 bytes), 16-bit ones in fragment order unless
+    told otherwise; padding repeats the last token."""
     k = 256
     x = (torch.arange(m * k) % 127).reshape(m, k).to(dtype)
+    sixteen = dtype != torch.int8
+    assert sixteen == mg.tiles_in_fragment_order(dtype)
+    if sixteen:  # the layout is the natural-chunk tiles of the columns in fragment order
+        nat = mg.to_x_tiles(x, fragment_order=False)
+        assert torch.equal(mg.to_x_tiles(x), mg.to_x_tiles(mg.to_fragment_order(x), fragment_order=False))
+        assert torch.equal(mg.from_x_tiles(nat, m, fragment_order=False), x)
+    else:
+        with pytest.raises(ValueError):
+            mg.to_x_tiles(x, fragment_order=True)
     xt = mg.to_x_tiles(x)
     rows = mg.x_tile_rows(m)
     assert xt.shape == (rows, k) and rows % 8 == 0 and (m <= 8 or rows % 16 == 0)
@@ -189,6 +199,8 @@ def test_x_tiles_layout(dtype, m):
     e = 16 // x.element_size()
     flat = xt.reshape(-1)
     xp = torch.cat([x, x[-1:].expand(rows - m, k)])
+    if sixteen:
+        xp = mg.to_fragment_order(xp)
     for tile, b, j, g, t in itertools.product(range(rows // 8), range(k // 128), range(128 // 4 // e), range(8),
                                               range(4)):
         at = (tile * (k // 128) + b) * 8 * 128 + (j * 32 + 4 * g + t) * e

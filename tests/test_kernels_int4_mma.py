@@ -801,9 +801,9 @@ def test_gpu_fragment_order_inputs_give_the_same_bits(cfg):
     TileConfig(32, 0, 128, 1, 8, 1, kwarps=8, pairs=True, ksum=True, trigger=2)])
 def test_gpu_x_tile_inputs_give_the_same_bits(cfg):
     """`mma_gemv(to_x_tiles(x), ..., x_tiles=M)`, whose warps load 512 contiguous input bytes at a time, gives
-    the shipped kernel's bits on x: bf16 / fp16 inputs (also in fragment order), int8 codes, up to 40 tokens
-    (CPU: test_fragment_asm)."""
-    from gearshift.kernels.int4_mma_gemv import mma_gemv, to_fragment_order, to_x_tiles
+    the shipped kernel's bits on x: bf16 / fp16 inputs (their chunks in fragment order, and in natural order),
+    int8 codes, up to 40 tokens (CPU: test_fragment_asm)."""
+    from gearshift.kernels.int4_mma_gemv import mma_gemv, to_x_tiles
 
     torch.manual_seed(cfg.bm + cfg.warps)
     store = quantize_int4(torch.randn(256, 2048), 128).cuda().to_layout("blocks16")
@@ -815,7 +815,7 @@ def test_gpu_x_tile_inputs_give_the_same_bits(cfg):
             x = torch.randn(m, 2048, device="cuda", dtype=dt)
             want = mma_gemv(x, store, cfg)
             assert torch.equal(mma_gemv(to_x_tiles(x), store, cfg, x_tiles=m), want), (m, dt)
-            assert torch.equal(mma_gemv(to_x_tiles(to_fragment_order(x)), store, cfg, fragment_order=True,
+            assert torch.equal(mma_gemv(to_x_tiles(x, fragment_order=False), store, cfg, fragment_order=False,
                                         x_tiles=m), want), (m, dt)
         codes = torch.randint(-127, 128, (m, 2048), device="cuda", dtype=torch.int8)
         ts = torch.rand(m, device="cuda") + 0.5

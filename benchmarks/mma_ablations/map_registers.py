@@ -33,7 +33,10 @@ SIG = dict(x_ptr="*bf16", qw_ptr="*u8", s_ptr="*bf16", mn_ptr="*bf16", y_ptr="*b
            cnt_ptr="*i32", xs_ptr="*fp32", M="i32", N="i32", K="i32", stride_xm="i32", stride_ym="i32")
 
 
-def compile_tile(cfg: TileConfig, dt: str, m: int, k: int, fragment_order: bool = False, x_tiles: bool = False):
+def compile_tile(cfg: TileConfig, dt: str, m: int, k: int, fragment_order: bool | None = None, x_tiles: bool = False):
+    """The fragment kernel of cfg for m tokens, compiled for sm_90 (no GPU needed). fragment_order (default: as
+    the inputs' layout has it, `mma_gemv`'s rule): 16-bit inputs in fragment order."""
+    fragment_order = (dt != "s8") if fragment_order is None and x_tiles else bool(fragment_order)
     tiles = 2 if m > 8 else 1
     sig = dict(SIG) | ({"x_ptr": "*i8"} if dt == "s8" else {})
     blocks = k // (mg.BLOCK_COLS * cfg.split_k * cfg.kwarps)

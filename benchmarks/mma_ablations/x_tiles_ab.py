@@ -5,14 +5,17 @@ Why: at 16 tokens a warp of the 32-row tiles loads twice its weight bytes of inp
 16-byte input loads gathers 16-byte pieces of 8 token rows (16 cache lines, half of every 32-byte sector).
 Stop 46's counters put the L1/TEX unit at 79% of its peak on gate_up's 16-token tile with DRAM at 55%.
 In `to_x_tiles`' layout every input load of a warp reads 512 contiguous bytes (4 lines, whole sectors).
-The inputs are permuted before timing: no producer writes the layout, so this measures the upper bound
-of building one. Per mode, shape and M, in one process:
+The inputs are permuted before timing (the engine's producers write the layout since stop 64), so this
+measures the kernels alone. W4A16 times two x-tile layouts: "tiles", stop 64's, whose 16-bit chunks hold
+their columns in natural order, and "tiles_fragment", the shipped one since stop 65, in fragment order (no
+input PRMTs in the block). Per mode, shape and M, in one process:
 - the map's pick and its next fastest fragment-kernel tiles (`--top`, from the map's timings), natural
   and x-tile inputs (the same bits, checked on every tile), us per call; x-tile inputs cannot run xshare
   tiles (whose warps share each block's inputs through shared memory), so an xshare tile runs them as the
   same tile without xshare;
 - the whole 32-layer step of the four linears (CUDA-graph replay, `kernels.step_fn`): the map's picks
-  natural, each shape's best natural tile, and each shape's best x-tile tile, `--rounds` times alternating.
+  natural, each shape's best natural tile, and each shape's best tile on each x-tile layout, `--rounds` times
+  alternating.
 W4A8 runs int8 codes through `w4a8_mma_int8`'s tiles (codes made before timing, as the producers hand them).
 
     PYTHONPATH=. python benchmarks/mma_ablations/x_tiles_ab.py --modes w4a16,w4a8 --m 1,4,8,16 --out $OUT
@@ -63,8 +66,6 @@ def main() -> None:
     ap.add_argument("--m", default="1,4,8,16")
     ap.add_argument("--top", type=int, default=4, help="fragment-kernel tiles per point: the pick and the next fastest")
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--fragment-order", action="store_true",
-                    help="W4A16: also time x-tile inputs in fragment order (no input PRMTs)")
     ap.add_argument("--tag", default="")
     ap.add_argument("--out", default="benchmarks/results")
     a = ap.parse_args()
@@ -82,7 +83,8 @@ def main() -> None:
     res["floor_ms"] = model.nbytes() / bw * 1000
     t0 = time.time()
     for mode in a.modes.split(","):
-        variants = ["natural", "tiles"] + (["tiles_fragment"] if a.fragment_order and mode == "w4a16" else [])
+        # W4A16: "tiles" is stop 64's layout (16-bit chunks in natural order), "tiles_fragment" the shipped one
+        variants = ["natural", "tiles"] + (["tiles_fragment"] if mode == "w4a16" else [])
         for m in (int(v) for v in a.m.split(",")):
             best = {v: {} for v in variants}  # shape -> (us, cfg)
             picks = {}
@@ -98,10 +100,10 @@ def main() -> None:
                     x = torch.randint(-127, 128, (m, k), device="cuda", dtype=torch.int8)
                     ts = torch.rand(m, device="cuda") + 0.5
                 od = dtype if ts is not None else None
-                xin = {"natural": (x, {}), "tiles": (mg.to_x_tiles(x), {"x_tiles": m})}
+                xin = {"natural": (x, {}), "tiles": (mg.to_x_tiles(x, fragment_order=False),
+                                                      {"x_tiles": m, "fragment_order": False})}
                 if "tiles_fragment" in variants:
-                    xin["tiles_fragment"] = (mg.to_x_tiles(mg.to_fragment_order(x)),
-                                             {"x_tiles": m, "fragment_order": True})
+                    xin["tiles_fragment"] = (mg.to_x_tiles(x), {"x_tiles": m})
                 cands = candidates(pm, raw, mode, key, m, a.top)
                 picks[name] = cands[0]
                 rows = []
@@ -137,11 +139,12 @@ def main() -> None:
 
             runs = {"map_natural": run_for([picks[nm] for nm, _, _ in shapes], lambda x: x, {}),
                     "best_natural": run_for([best["natural"][nm][1] for nm, _, _ in shapes], lambda x: x, {})}
-            runs["best_tiles"] = run_for([best["tiles"][nm][1] for nm, _, _ in shapes], mg.to_x_tiles, {"x_tiles": m})
+            runs["best_tiles"] = run_for([best["tiles"][nm][1] for nm, _, _ in shapes],
+                                         lambda x: mg.to_x_tiles(x, fragment_order=False),
+                                         {"x_tiles": m, "fragment_order": False})
             if "tiles_fragment" in variants:
                 runs["best_tiles_fragment"] = run_for([best["tiles_fragment"][nm][1] for nm, _, _ in shapes],
-                                                      lambda x: mg.to_x_tiles(mg.to_fragment_order(x)),
-                                                      {"x_tiles": m, "fragment_order": True})
+                                                      mg.to_x_tiles, {"x_tiles": m})
             times = {r: [] for r in runs}
             for _ in range(a.rounds):
                 for r, run in runs.items():

@@ -47,7 +47,8 @@ from gearshift.kernels.config import TileConfig
 from gearshift.kernels.pdl import l2_prefetch_enabled, launch_kwargs, pdl_enabled
 from gearshift.kernels.reference import linear_reference
 from gearshift.kernels.splitk import splitk_buffers
-from gearshift.kernels.x_tiles import X_TILE_CHUNK, from_x_tiles, to_x_tiles, x_tile_rows  # noqa: F401
+from gearshift.kernels.x_tiles import (FRAGMENT_ORDER, X_TILE_CHUNK, from_fragment_order, from_x_tiles,  # noqa: F401
+                                       tiles_in_fragment_order, to_fragment_order, to_x_tiles, x_tile_rows)
 
 if HAS_TRITON:
     from gearshift.kernels.x_tiles import x_tile_offsets
@@ -124,7 +125,7 @@ def _mma_asm(dt: str, magic: int, rows: int, tiles: int = 1, chains: int = 1, fu
     many words ahead of their k-steps instead of all at the block's top (fewer live input registers).
     fragment_order: the inputs are stored in fragment order (`to_fragment_order`: columns 0, 4, 1, 5, 2, 6,
     3, 7 of every 8), so each input register already is a B operand and the 16 PRMTs per token tile and
-    block go; the same MMAs on the same operands, so the same bits (stop 52; not used by the engine yet).
+    block go; the same MMAs on the same operands, so the same bits (stop 52; the engine's x tiles, stop 65).
     dequant: groups of 32 or 64 columns (GGUF Q4_0 / Q4_1), which the scale-after fold cannot serve, since
     every k-step mixes the 32-column runs of the four lanes t (one group each at group 32). Each pair is
     dequantized before its MMA instead: (128 + q) - 128 = q exactly, then one `fma.rn` with the row's scale
@@ -1189,7 +1190,7 @@ def xshare_fits(cfg: TileConfig, m: int, dtype=torch.bfloat16) -> bool:
 def mma_gemv(x: torch.Tensor, store: Int4Weight, cfg: TileConfig, token_scales: torch.Tensor | None = None,
              out_dtype: torch.dtype | None = None, pdl: bool | None = None,
              l2_prefetch: bool | None = None, trigger: int | None = None, tail: int = 0,
-             glu: bool = False, fragment_order: bool = False, x_tiles: int = 0,
+             glu: bool = False, fragment_order: bool | None = None, x_tiles: int = 0,
              y_tiles: bool = False) -> torch.Tensor:
     """y [M, N] = x [M, K] @ dequant(W).T for 1 <= M <= 64, 16 tokens per program (cfg: bm = 8, 16 or
     32 weight rows per warp, warps, split_k over programs, kwarps = warps sharing rows that split K inside the CTA,
@@ -1201,11 +1202,11 @@ def mma_gemv(x: torch.Tensor, store: Int4Weight, cfg: TileConfig, token_scales: 
     wrong results (`splitk_finish`). glu: the store is SwiGLU's gate_up (gate rows, then up rows) and y
     [M, N / 2] = silu(gate) * up, bit for bit what the unfused gate_up and `silu_mul_triton` give
     (`mma_glu_supports` says which tiles can). fragment_order: x is bf16 / fp16 in `to_fragment_order`'s
-    column order, and y is bit for bit what natural-order x gives (a kernel without the input PRMTs, for
-    timing: stop 52; no producer writes this order yet). x_tiles = M > 0: x is `to_x_tiles` of M tokens,
-    which every warp loads 512 contiguous bytes at a time; y is bit for bit what x in order gives (stop 64;
-    global-memory inputs only). y_tiles (with glu, 16-bit inputs): y, down's input, in that layout, as
-    [`x_tile_rows(M)`, N / 2]."""
+    column order, and y is bit for bit what natural-order x gives (a kernel without the input PRMTs: stop
+    52). x_tiles = M > 0: x is `to_x_tiles` of M tokens, which every warp loads 512 contiguous bytes at a
+    time; y is bit for bit what x in order gives (stop 64; global-memory inputs only). Their 16-bit chunks
+    are in fragment order unless fragment_order=False says they are not (`tiles_in_fragment_order`).
+    y_tiles (with glu, 16-bit inputs): y, down's input, in that layout, as [`x_tile_rows(M)`, N / 2]."""
     x2 = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])  # (host time: eager decode pays every line)
     m = x_tiles or x2.shape[0]
     if x_tiles and (x2.shape[0] != x_tile_rows(m) or cfg.xshare or store.group_size % BLOCK_COLS
@@ -1218,6 +1219,7 @@ def mma_gemv(x: torch.Tensor, store: Int4Weight, cfg: TileConfig, token_scales: 
                          f"{BLOCK_COLS}; got M={m}, {x2.dtype}, group {store.group_size}, K={store.in_features}, "
                          f"tile {cfg.key()}")
     dequant = store.group_size % BLOCK_COLS != 0
+    fragment_order = tiles_in_fragment_order(x2.dtype, fragment_order) if x_tiles else bool(fragment_order)
     if dequant and fragment_order:
         raise ValueError("fragment-order inputs need groups of a multiple of 128")
     if glu and not mma_glu_supports(store, cfg, m, x2.dtype, codes=token_scales is not None):
@@ -1309,26 +1311,6 @@ def block_asm(dt: str, rows: int, tiles: int, shared: bool = False, fragment_ord
     if shared:
         return MMA_ASM_SHARED[(dt, rows, tiles)]
     return (MMA_ASM if FUSED_LOP3 else MMA_ASM_ANDOR)[(dt, rows, tiles)]
-
-
-#: column order of every 8 in fragment order: position p holds natural column FRAGMENT_ORDER[p]
-FRAGMENT_ORDER = (0, 4, 1, 5, 2, 6, 3, 7)
-
-
-def _reorder_eights(x: torch.Tensor, order) -> torch.Tensor:
-    """x [..., K] with position p of every 8 columns taking column order[p] (a copy)."""
-    return x.reshape(*x.shape[:-1], x.shape[-1] // 8, 8)[..., list(order)].reshape(x.shape)
-
-
-def to_fragment_order(x: torch.Tensor) -> torch.Tensor:
-    """x [..., K] with each 8 columns' values in FRAGMENT_ORDER, the pairs one weight word's LOP3s make:
-    what `mma_gemv(..., fragment_order=True)` reads (a copy)."""
-    return _reorder_eights(x, FRAGMENT_ORDER)
-
-
-def from_fragment_order(x: torch.Tensor) -> torch.Tensor:
-    """The inverse of `to_fragment_order`."""
-    return _reorder_eights(x, [FRAGMENT_ORDER.index(c) for c in range(8)])
 
 
 @functools.cache

@@ -5,11 +5,12 @@ once. In row order one such load gathers 16-byte pieces of 8 rows (16 cache line
 sector), and at 9..16 tokens those loads keep the L1/TEX unit busier than DRAM (stop 46's counters: 79%
 of its peak on gate_up's 16-token tile, DRAM at 55%). In this layout each load of a warp reads 512
 contiguous bytes: per 8-token tile and 128-column block, chunk j of lane (g, t), its 16 bytes of token
-g's columns 32 t + (16 / size) j ..., sits at 512 j + 16 (4 g + t) bytes. The producer of a linear's input
-(RMSNorm, gate_up's SwiGLU epilogue) writes it there when the linear's kernel asks (`XTiles`); the values
-and the kernel's results are the same bits as in row order.
+g's columns 32 t + (16 / size) j ..., sits at 512 j + 16 (4 g + t) bytes. 16-bit inputs are also in
+fragment order inside each chunk (`FRAGMENT_ORDER`), so each input register already is an MMA operand and
+the block's input PRMTs go (stop 65: 0.93 of the 16-token linears in natural chunk order, H200). The
+producer of a linear's input (RMSNorm, decode attention, gate_up's SwiGLU epilogue) writes it there when
+the linear's kernel asks (`XTiles`); the values and the kernel's results are the same bits as in row order.
 """
-
 from __future__ import annotations
 
 import math
@@ -24,6 +25,34 @@ BLOCK_COLS = 128  # columns of one fragment block (the kernel's `BLOCK_COLS`)
 X_TILE_CHUNK = 512
 #: token counts whose fragment tiles take x tiles (at 1..8 they were even or slower, H200, stop 64)
 X_TILE_TOKENS = range(9, 17)
+#: column order of every 8 in fragment order: position p holds natural column FRAGMENT_ORDER[p] (the pairs
+#: one weight word's LOP3s make)
+FRAGMENT_ORDER = (0, 4, 1, 5, 2, 6, 3, 7)
+
+
+def _reorder_eights(x: torch.Tensor, order) -> torch.Tensor:
+    """x [..., K] with position p of every 8 columns taking column order[p] (a copy)."""
+    return x.reshape(*x.shape[:-1], x.shape[-1] // 8, 8)[..., list(order)].reshape(x.shape)
+
+
+def to_fragment_order(x: torch.Tensor) -> torch.Tensor:
+    """x [..., K] with each 8 columns' values in FRAGMENT_ORDER: what `mma_gemv(..., fragment_order=True)`
+    reads (a copy)."""
+    return _reorder_eights(x, FRAGMENT_ORDER)
+
+
+def from_fragment_order(x: torch.Tensor) -> torch.Tensor:
+    """The inverse of `to_fragment_order`."""
+    return _reorder_eights(x, [FRAGMENT_ORDER.index(c) for c in range(8)])
+
+
+def tiles_in_fragment_order(dtype: torch.dtype, fragment_order: bool | None = None) -> bool:
+    """Whether x tiles of dtype hold their chunks in fragment order: 16-bit inputs do unless told not to
+    (an ablation's natural chunk order); int8 codes never do (their block has its own gather)."""
+    sixteen = dtype in (torch.bfloat16, torch.float16)
+    if fragment_order and not sixteen:
+        raise ValueError(f"fragment order is for 16-bit inputs; got {dtype}")
+    return sixteen if fragment_order is None else fragment_order
 
 
 def x_tile_rows(m: int) -> int:
@@ -32,12 +61,15 @@ def x_tile_rows(m: int) -> int:
     return 8 * -(-m // 8) if m <= 8 else 16 * -(-m // 16)
 
 
-def to_x_tiles(x: torch.Tensor) -> torch.Tensor:
+def to_x_tiles(x: torch.Tensor, fragment_order: bool | None = None) -> torch.Tensor:
     """x [M, K] (16-bit inputs or int8 codes) in the layout, a copy of [`x_tile_rows(M)`, K] elements.
-    Absent tokens repeat token M - 1 (their outputs are never stored), as the kernel's row-order loads do."""
+    Absent tokens repeat token M - 1 (their outputs are never stored), as the kernel's row-order loads do.
+    fragment_order: `tiles_in_fragment_order`'s (default: the layout's own)."""
     m, k = x.shape
     if k % BLOCK_COLS:
         raise ValueError(f"x-tile inputs need K a multiple of {BLOCK_COLS}; got {k}")
+    if tiles_in_fragment_order(x.dtype, fragment_order):
+        x = to_fragment_order(x)
     e = 16 // x.element_size()  # elements per 16-byte chunk
     t = x_tile_rows(m) // 8
     xp = torch.cat([x, x[-1:].expand(8 * t - m, k)]) if 8 * t > m else x
@@ -45,13 +77,14 @@ def to_x_tiles(x: torch.Tensor) -> torch.Tensor:
     return v.permute(0, 2, 4, 1, 3, 5).contiguous().reshape(8 * t, k)
 
 
-def from_x_tiles(xt: torch.Tensor, m: int) -> torch.Tensor:
+def from_x_tiles(xt: torch.Tensor, m: int, fragment_order: bool | None = None) -> torch.Tensor:
     """The inverse of `to_x_tiles` for its first m tokens."""
     k = xt.shape[1]
     e = 16 // xt.element_size()
     t = xt.shape[0] // 8
     v = xt.reshape(t, k // BLOCK_COLS, BLOCK_COLS // 4 // e, 8, 4, e).permute(0, 3, 1, 4, 2, 5)
-    return v.reshape(8 * t, k)[:m]
+    x = v.reshape(8 * t, k)[:m]
+    return from_fragment_order(x) if tiles_in_fragment_order(xt.dtype, fragment_order) else x
 
 
 @dataclass
@@ -81,6 +114,8 @@ class XTiles:
 if HAS_TRITON:
     @triton.jit
     def x_tile_offsets(tok, col, NB):
-        """Element offsets of (token, column) in the layout of 16-bit inputs, NB = K / 128 blocks per row."""
+        """Element offsets of (token, column) in the layout of 16-bit inputs, NB = K / 128 blocks per row (natural
+        column c of each 8 at position 2 (c % 4) + c // 4: `FRAGMENT_ORDER`)."""
         block = (tok // 8) * NB + col // 128
-        return block * 1024 + ((col % 32) // 8) * 256 + (tok % 8) * 32 + ((col % 128) // 32) * 8 + col % 8
+        return (block * 1024 + ((col % 32) // 8) * 256 + (tok % 8) * 32 + ((col % 128) // 32) * 8
+                + 2 * (col % 4) + (col % 8) // 4)
