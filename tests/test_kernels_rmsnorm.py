@@ -97,7 +97,7 @@ def test_norm_codes_need_an_integer_range():
         rms_norm_codes_triton(x, torch.ones(64, device=DEV), 1e-5, 448.0)
 
 
-@pytest.mark.parametrize("m,add", [(9, False), (13, True), (16, True), (3, False)])
+@pytest.mark.parametrize("m,add", [(9, False), (13, True), (16, True), (3, False), (5, True)])
 def test_norm_x_tile_outputs_are_the_row_outputs_in_the_fragment_layout(m, add):
     """tiles=True: the same normed bits in `x_tiles`' layout (`to_x_tiles` of the row-order output, padding
     rows repeating the last token), and the residual sum unchanged."""

@@ -36,8 +36,9 @@ def test_cpu_linears_take_xtiles_and_never_ask_for_them(model_dir):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_gpu_decode_steps_are_bit_identical_with_x_tiles(monkeypatch):
-    """W4A16 steps of 4, 12 and 16 sequences with the producers writing the layout and without; at 9..16 the
-    fragment kernel reads it (its `run_tiles`), and SwiGLU's epilogue writes down's input in it."""
+    """W4A16 steps of 4, 12 and 16 sequences with the producers writing the layout and without; at
+    `X_TILE_TOKENS` (3..16) the fragment kernel reads it (its `run_tiles`), and SwiGLU's epilogue writes down's
+    input in it."""
     from gearshift.model.tiny import build_random_model
 
     tiles_calls, glu_tiles = [], []

@@ -324,7 +324,8 @@ class AdaptiveDispatcher(Dispatcher):
 
     def x_tiles_for(self, store: WeightFormat, act: ActQuantSpec | None, m: int, dtype: torch.dtype) -> bool:
         """Whether the kernel chosen for m tokens reads its inputs in `x_tiles`' layout, so that their producer
-        writes them so (`XTiles`): W4A16 fragment tiles without xshare at 9..16 tokens, where the switch is on."""
+        writes them so (`XTiles`): W4A16 fragment tiles without xshare at `X_TILE_TOKENS` (3..16), where the switch
+        is on."""
         if (not x_tiles_on() or act is not None or m not in X_TILE_TOKENS
                 or dtype not in (torch.float16, torch.bfloat16) or not HAS_TRITON or store.device.type != "cuda"):
             return False

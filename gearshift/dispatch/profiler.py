@@ -260,7 +260,7 @@ def profile(shapes: Iterable[tuple[str, int, int]], modes: Iterable[str], m_list
             for m in todo:
                 x = torch.randn(m, k, device=dev, dtype=dtype)
                 # where the engine's producers hand a fragment tile its inputs in that kernel's layout (W4A16,
-                # 9..16 tokens: `AdaptiveDispatcher.x_tiles_for`), the tile is timed on them
+                # `X_TILE_TOKENS`: `AdaptiveDispatcher.x_tiles_for`), the tile is timed on them
                 xt = (to_x_tiles(x) if x_tiles_on() and act is None and m in X_TILE_TOKENS and k % 128 == 0
                       and isinstance(stores[0], Int4Weight) else None)
                 hot = sustain_s > 0 and m >= sustain_from_m

@@ -84,8 +84,8 @@ def glu_epilogue_on() -> bool:
 
 def x_tiles_on() -> bool:
     """Whether the producers of a linear's input (RMSNorm, gate_up's SwiGLU epilogue) write it in `x_tiles`'
-    layout where the linear's kernel reads it so (W4A16 fragment tiles at 9..16 tokens): same bits, fewer
-    L1 wavefronts per input load (stop 64)."""
+    layout where the linear's kernel reads it so (W4A16 fragment tiles at `X_TILE_TOKENS`, 3..16 tokens):
+    same bits, fewer L1 wavefronts per input load (stop 64) and no input PRMTs (stop 65)."""
     return _FUSED["x_tiles"]
 
 
