@@ -64,3 +64,19 @@ def test_timings_of_the_other_regime_are_replaced_not_joined(tmp_path):
     out = json.loads((tmp_path / "out.json").read_text())
     assert out["timings"][key] == {"1": {"old@a": 3.0, "new@c": 2.0}, "2": {"new@c": 5.0}}
     assert out["meta"]["sustained_points"] == [f"{key} M=2"]
+
+
+def test_foreign_profiles_make_a_what_if_map_whose_points_hold_only_the_new_timings(tmp_path):
+    """--foreign takes another GPU's profile (an A/B on a GPU that borrows the base's map): the base's device
+    stays, the merged points' timings are the new GPU's alone (two GPUs' times do not compare), and meta.merged
+    names the other device."""
+    base, new = _map("H100", "old"), _map("H200", "new")
+    key = "w4a16:g128:64x64"
+    base["timings"] = {key: {"1": {"old@a": 3.0}, "2": {"old@a": 4.0}}}
+    new["timings"] = {key: {"1": {"new@c": 2.0}}}
+    r = _run(tmp_path, base, new, "--modes", "w4a16", "--m", "1", "--foreign")
+    assert r.returncode == 0, r.stderr
+    out = json.loads((tmp_path / "out.json").read_text())
+    assert out["device"] == "H100" and out["entries"][key]["1"]["strategy"] == "s_new"
+    assert out["timings"][key] == {"1": {"new@c": 2.0}, "2": {"old@a": 4.0}}
+    assert "profiled on H200" in out["meta"]["merged"][-1]
