@@ -9,7 +9,7 @@ block's math, so this asks whether fewer instructions pay there. Per M, in one p
 - the whole 32-layer step of the four linears both ways (CUDA-graph replay, `kernels.step_fn`), ms,
   `--rounds` times alternating.
 The inputs are permuted before timing (`to_fragment_order`): no producer writes row inputs in that order,
-so what this measures is the upper bound of building one. (The x tiles of 9..16 tokens carry it since stop 65:
+so what this measures is the upper bound of building one. (The x tiles of 3..16 tokens carry it since stop 65:
 `x_tiles_ab.py` times that.)
 
     PYTHONPATH=. python benchmarks/mma_ablations/fragment_order_ab.py --m 1,2,4,8,16 --out benchmarks/results

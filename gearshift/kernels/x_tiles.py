@@ -11,6 +11,7 @@ the block's input PRMTs go (stop 65: 0.93 of the 16-token linears in natural chu
 producer of a linear's input (RMSNorm, decode attention, gate_up's SwiGLU epilogue) writes it there when
 the linear's kernel asks (`XTiles`); the values and the kernel's results are the same bits as in row order.
 """
+
 from __future__ import annotations
 
 import math
