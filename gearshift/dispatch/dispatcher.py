@@ -330,7 +330,7 @@ class AdaptiveDispatcher(Dispatcher):
                 or dtype not in (torch.float16, torch.bfloat16) or not HAS_TRITON or store.device.type != "cuda"):
             return False
         planned = self.kernel_for(store, act, m)
-        return planned is not None and planned[0].run_tiles is not None and _tiles_serve(store, planned[1].config)
+        return planned is not None and planned[0].run_tiles is not None and tiles_serve(store, planned[1].config)
 
     def linear_tiles(self, x: XTiles, store: WeightFormat, act: ActQuantSpec | None,
                      bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -411,7 +411,7 @@ class AdaptiveDispatcher(Dispatcher):
         """`linear_glu` where the inputs are `XTiles` or the product is wanted so: the tile's epilogue reads and
         stores what layouts it can (its inputs in rows where it cannot read tiles); None where it has no
         epilogue for these tokens."""
-        if isinstance(x, XTiles) and _tiles_serve(store, c.config):
+        if isinstance(x, XTiles) and tiles_serve(store, c.config):
             data, kw = x.data, {"x_tiles": m}
         else:
             x2 = (x.rows() if isinstance(x, XTiles) else x).reshape(-1, store.in_features)
@@ -453,10 +453,6 @@ class AdaptiveDispatcher(Dispatcher):
                 "unless codes_for() asked for the codes")
         y = strat.run_codes(codes, store, c.config, dtype)
         return y if bias is None else y + bias.to(y.dtype)
-
-
-def _tiles_serve(store: WeightFormat, cfg) -> bool:
-    return isinstance(store, Int4Weight) and tiles_serve(store, cfg)
 
 
 def _takes(strat, codes: ActCodes, act, shape, dtype: torch.dtype) -> bool:

@@ -252,9 +252,10 @@ def _run_w4a16_mma_glu(x2, store, cfg, x_tiles: int = 0, y_tiles: bool = False):
 
 
 def tiles_serve(store, cfg) -> bool:
-    """Whether a fragment tile reads inputs in `x_tiles`' layout: from global memory (not xshare), in blocks
-    of groups of a multiple of 128 columns."""
-    return cfg is not None and not cfg.xshare and store.group_size % 128 == 0 and store.in_features % 128 == 0
+    """Whether a fragment tile reads inputs in `x_tiles`' layout: int4 weights, inputs from global memory (not
+    xshare), in blocks of groups of a multiple of 128 columns."""
+    return (isinstance(store, Int4Weight) and cfg is not None and not cfg.xshare and store.group_size % 128 == 0
+            and store.in_features % 128 == 0)
 
 
 def _run_w4a16_mma_tiles(data, m, store, cfg):

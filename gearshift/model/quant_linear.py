@@ -103,9 +103,7 @@ class QuantLinear(nn.Module):
         act = self._act(mode)
         if isinstance(x, CodesOnly):
             return ask(None, self.store, act, x.codes, x.shape, x.dtype)
-        if isinstance(x, XTiles) or y_tiles:
-            return ask(x, self.store, act, codes, y_tiles=y_tiles)
-        return ask(x, self.store, act, codes)
+        return ask(x, self.store, act, codes, y_tiles=y_tiles)
 
     def forward_codes(self, codes: ActCodes, mode: str | PrecisionMode, dtype: torch.dtype,
                       lead_shape: tuple[int, ...]) -> torch.Tensor:
