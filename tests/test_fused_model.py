@@ -127,3 +127,47 @@ def test_observed_down_proj_gets_the_stored_product(codes_dispatcher):
         assert torch.equal(hooked, plain)
     finally:
         set_swiglu_codes(True, 1)
+
+
+class TilesAskDispatcher(Dispatcher):
+    """Records which linears (by shape) the model asks whether their kernel reads `x_tiles`' layout; says no."""
+
+    def __init__(self):
+        self.asked = []
+
+    def x_tiles_for(self, store, act, m, dtype):
+        self.asked.append(((store.out_features, store.in_features), m))
+        return False
+
+
+@pytest.mark.parametrize("linears", ["qkv+o+gate_up+down", "qkv+down", ""])
+def test_producers_ask_for_x_tiles_only_for_the_switched_linears(linears):
+    """The model asks for x tiles only at the token counts and for the linears the switches name
+    (`x_tiles_from`, `x_tiles_linears`: the A/Bs of which producers pay); o's producer, decode attention, is
+    not on this fp32 path."""
+    from gearshift.kernels import switches
+
+    old, d = get_dispatcher(), TilesAskDispatcher()
+    before = switches.state()
+    set_dispatcher(d)
+    try:
+        model = build_random_model("tiny", weights="int4", device="cpu", dtype=torch.float32)
+        cfg = model.config
+        hd = cfg.hidden_size // cfg.num_attention_heads
+        qkv = ((cfg.num_attention_heads + 2 * cfg.num_key_value_heads) * hd, cfg.hidden_size)
+        shapes = {"qkv": qkv, "gate_up": (2 * cfg.intermediate_size, cfg.hidden_size),
+                  "down": (cfg.hidden_size, cfg.intermediate_size)}
+        fused_on_cpu(True)
+        ids = torch.randint(0, 512, (2, 3))
+        switches.set_switches(x_tiles_linears=linears, x_tiles_from=2)
+        _prefill_and_step(model, ids, "w4a16")  # 6 prefill rows, then a 2-row step
+        want = {(shapes[n], m) for n in linears.split("+") if n in shapes for m in (6, 2)}
+        assert set(d.asked) == want and len(d.asked) == len(want) * cfg.num_hidden_layers
+        d.asked.clear()
+        switches.set_switches(x_tiles_from=3)
+        _prefill_and_step(model, ids, "w4a16")
+        assert set(d.asked) == {(s, 6) for s, _ in want}
+    finally:
+        set_dispatcher(old)
+        fused_on_cpu(False)
+        switches.set_switches(**dict(before))

@@ -87,3 +87,21 @@ def test_norm_warps_rule_and_override():
     finally:
         switches.set_switches(**dict(before))
     assert _warps(1024, False) == 4
+
+
+def test_x_tiles_rule_and_overrides():
+    """The producers write x tiles from 3 tokens up to the layout's 16 (stop 65: a loss at one sequence), for
+    all four linears; the switches move the start and leave linears out, and reject names they do not know."""
+    before = switches.state()
+    try:
+        assert [switches.x_tiles_on(m) for m in (1, 2, 3, 16, 17)] == [False, False, True, True, False]
+        assert all(switches.x_tiles_on(4, n) for n in switches.X_TILE_LINEARS)
+        switches.set_switches(x_tiles_from=1, x_tiles_linears="o+down")
+        assert switches.x_tiles_on(1, "o") and switches.x_tiles_on(2, "down") and switches.x_tiles_on(1)
+        assert not switches.x_tiles_on(4, "qkv") and not switches.x_tiles_on(4, "gate_up")
+        switches.set_switches(x_tiles=False)
+        assert not switches.x_tiles_on(4, "o")
+        with pytest.raises(ValueError, match="x_tiles_linears"):
+            switches.set_switches(x_tiles_linears="qkv+up")
+    finally:
+        switches.set_switches(**dict(before))

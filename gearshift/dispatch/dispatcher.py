@@ -27,7 +27,7 @@ from gearshift.kernels.act_quant import ActCodes, CodesSpec, codes_qmax
 from gearshift.kernels.config import TileConfig, block_m_for
 from gearshift.kernels.reference import linear_reference, linear_reference_codes
 from gearshift.kernels.switches import glu_epilogue_codes_on, glu_epilogue_on, x_tiles_on
-from gearshift.kernels.x_tiles import X_TILE_TOKENS, XTiles
+from gearshift.kernels.x_tiles import XTiles
 from gearshift.quant.activations import ActQuantSpec
 from gearshift.quant.base import WeightFormat
 from gearshift.quant.int4 import Int4Weight
@@ -324,9 +324,9 @@ class AdaptiveDispatcher(Dispatcher):
 
     def x_tiles_for(self, store: WeightFormat, act: ActQuantSpec | None, m: int, dtype: torch.dtype) -> bool:
         """Whether the kernel chosen for m tokens reads its inputs in `x_tiles`' layout, so that their producer
-        writes them so (`XTiles`): W4A16 fragment tiles without xshare at `X_TILE_TOKENS` (3..16), where the switch
-        is on."""
-        if (not x_tiles_on() or act is not None or m not in X_TILE_TOKENS
+        writes them so (`XTiles`): W4A16 fragment tiles without xshare, at the token counts `switches.x_tiles_on`
+        takes (3..16)."""
+        if (not x_tiles_on(m) or act is not None
                 or dtype not in (torch.float16, torch.bfloat16) or not HAS_TRITON or store.device.type != "cuda"):
             return False
         planned = self.kernel_for(store, act, m)

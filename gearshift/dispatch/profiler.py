@@ -23,7 +23,7 @@ from gearshift.dispatch.policy import (M_BUCKETS, Choice, PolicyMap, candidate_n
                                       parse_candidate, parse_type_key, triton_version, type_key)
 from gearshift.dispatch.strategies import STRATEGIES, group_of, mode_key, rule_strategies, strategies_for, tiles_serve
 from gearshift.kernels.switches import x_tiles_on
-from gearshift.kernels.x_tiles import X_TILE_TOKENS, to_x_tiles
+from gearshift.kernels.x_tiles import to_x_tiles
 from gearshift.kernels.reference import linear_reference
 from gearshift.quant.activations import ActQuantSpec
 from gearshift.quant.base import DenseWeight, WeightFormat
@@ -260,8 +260,8 @@ def profile(shapes: Iterable[tuple[str, int, int]], modes: Iterable[str], m_list
             for m in todo:
                 x = torch.randn(m, k, device=dev, dtype=dtype)
                 # where the engine's producers hand a fragment tile its inputs in that kernel's layout (W4A16,
-                # `X_TILE_TOKENS`: `AdaptiveDispatcher.x_tiles_for`), the tile is timed on them
-                xt = (to_x_tiles(x) if x_tiles_on() and act is None and m in X_TILE_TOKENS and k % 128 == 0
+                # `switches.x_tiles_on`: `AdaptiveDispatcher.x_tiles_for`), the tile is timed on them
+                xt = (to_x_tiles(x) if x_tiles_on(m) and act is None and k % 128 == 0
                       and isinstance(stores[0], Int4Weight) else None)
                 hot = sustain_s > 0 and m >= sustain_from_m
                 ref = None  # computed at the first candidate: a bucket no strategy serves needs none

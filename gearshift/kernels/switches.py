@@ -9,11 +9,13 @@ A/Bs any switch end to end, with CUDA graphs keyed by `state()`.
 from __future__ import annotations
 
 from gearshift.kernels._triton import HAS_TRITON
+from gearshift.kernels.x_tiles import X_TILE_TOKENS
 
 _FUSED = {"enabled": True, "on_cpu": False, "swiglu_codes": True, "swiglu_codes_min_rows": 1,
           "decode_attention": True, "decode_attention_codes": False, "decode_attention_min_batch": 1,
           "decode_attention_launch": "rule", "gemv_trigger": -1, "small_trigger": "rule", "glu_epilogue": True,
-          "glu_epilogue_codes": False, "x_tiles": True, "norm_warps": 0, "norm_codes_warps": 0,
+          "glu_epilogue_codes": False, "x_tiles": True, "x_tiles_from": 3,
+          "x_tiles_linears": "qkv+o+gate_up+down", "norm_warps": 0, "norm_codes_warps": 0,
           "sdpa_backend": "efficient"}
 
 
@@ -35,6 +37,11 @@ def set_switches(**values) -> None:
                          f"not {values['decode_attention_launch']!r}")
     if "sdpa_backend" in values and values["sdpa_backend"] not in SDPA_BACKENDS:
         raise ValueError(f"sdpa_backend must be one of {SDPA_BACKENDS}, not {values['sdpa_backend']!r}")
+    if "x_tiles_linears" in values:
+        named = [n for n in str(values["x_tiles_linears"]).split("+") if n]
+        if set(named) - set(X_TILE_LINEARS):
+            raise ValueError(f"x_tiles_linears: '+'-joined names among {X_TILE_LINEARS}, not "
+                             f"{values['x_tiles_linears']!r}")
     for k, v in values.items():
         _FUSED[k] = type(_FUSED[k])(v)
 
@@ -82,11 +89,19 @@ def glu_epilogue_on() -> bool:
     return _FUSED["glu_epilogue"]
 
 
-def x_tiles_on() -> bool:
-    """Whether the producers of a linear's input (RMSNorm, gate_up's SwiGLU epilogue) write it in `x_tiles`'
-    layout where the linear's kernel reads it so (W4A16 fragment tiles at `X_TILE_TOKENS`, 3..16 tokens):
-    same bits, fewer L1 wavefronts per input load (stop 64) and no input PRMTs (stop 65)."""
-    return _FUSED["x_tiles"]
+#: the linears whose inputs a producer may write in `x_tiles`' layout, by the name of their projection (qkv and
+#: gate_up from the RMSNorms, o from decode attention, down from gate_up's SwiGLU epilogue)
+X_TILE_LINEARS = ("qkv", "o", "gate_up", "down")
+
+
+def x_tiles_on(tokens: int, linear: str | None = None) -> bool:
+    """Whether the producers of a linear's input write it in `x_tiles`' layout where the linear's kernel reads
+    it so (W4A16 fragment tiles): same bits, fewer L1 wavefronts per input load (stop 64) and no input PRMTs
+    (stop 65). From `x_tiles_from` tokens (3: at one sequence the H200's decode step lost 2.6% with them in
+    stop 65) up to the layout's 16; `linear` (an `X_TILE_LINEARS` name; None: any) among `x_tiles_linears`
+    (all four unless an A/B leaves some out)."""
+    return (_FUSED["x_tiles"] and tokens in X_TILE_TOKENS and tokens >= _FUSED["x_tiles_from"]
+            and (linear is None or linear in _FUSED["x_tiles_linears"].split("+")))
 
 
 def glu_epilogue_codes_on() -> bool:

@@ -24,10 +24,9 @@ from gearshift.kernels._triton import HAS_TRITON, tl, triton  # noqa: F401  (tl:
 BLOCK_COLS = 128  # columns of one fragment block (the kernel's `BLOCK_COLS`)
 #: bytes one chunk load of a warp reads (32 lanes x 16 bytes)
 X_TILE_CHUNK = 512
-#: token counts whose fragment tiles take x tiles. With their chunks in fragment order (stop 65) the H200's decode
-#: step gains at 3..16 sequences (1.011-1.081 off / on), is even at 2 and loses 2.6% at 1, unexplained
-#: (`benchmarks/results/h200_stop65.md`); stop 64's natural chunk order gained only at 9..16
-X_TILE_TOKENS = range(3, 17)
+#: token counts the layout serves (a fragment program reads one or two 8-token tiles). Which of them the engine's
+#: producers write it for is `switches.x_tiles_on`'s (from 3 tokens: stop 65)
+X_TILE_TOKENS = range(1, 17)
 #: column order of every 8 in fragment order: position p holds natural column FRAGMENT_ORDER[p] (the pairs
 #: one weight word's LOP3s make)
 FRAGMENT_ORDER = (0, 4, 1, 5, 2, 6, 3, 7)

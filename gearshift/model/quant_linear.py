@@ -15,6 +15,7 @@ from torch import nn
 from gearshift.dispatch import get_dispatcher, run_linear, run_linear_codes
 from gearshift.errors import GearshiftError
 from gearshift.kernels.act_quant import ActCodes, CodesSpec
+from gearshift.kernels.switches import x_tiles_on
 from gearshift.kernels.x_tiles import XTiles
 from gearshift.quant.base import WeightFormat
 from gearshift.quant.modes import PrecisionMode, get_mode
@@ -127,11 +128,14 @@ class QuantLinear(nn.Module):
         ask = getattr(get_dispatcher(), "codes_qmax", None)  # absent on a dispatcher that takes no codes
         return None if ask is None else ask(self.store, self._act(mode), tokens)
 
-    def x_tiles_for(self, mode: str | PrecisionMode, tokens: int, dtype: torch.dtype) -> bool:
+    def x_tiles_for(self, mode: str | PrecisionMode, tokens: int, dtype: torch.dtype,
+                    linear: str | None = None) -> bool:
         """Whether the producer of x should store it in the fragment kernel's layout (`XTiles`) because the
-        kernel for these tokens reads it so; never for a layer that hooks observe (they want the rows)."""
+        kernel for these tokens reads it so; never for a layer that hooks observe (they want the rows).
+        linear: this projection's `switches.X_TILE_LINEARS` name, which the switches may leave out (A/Bs)."""
         ask = getattr(get_dispatcher(), "x_tiles_for", None)
-        return ask is not None and not self.observed() and ask(self.store, self._act(mode), tokens, dtype)
+        return (ask is not None and not self.observed() and x_tiles_on(tokens, linear)
+                and ask(self.store, self._act(mode), tokens, dtype))
 
     def codes_for(self, mode: str | PrecisionMode, tokens: int, dtype: torch.dtype) -> CodesSpec | None:
         """`codes_qmax` and the dtype (int8, or `dtype` itself) the kernel takes the codes in."""

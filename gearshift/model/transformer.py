@@ -95,7 +95,7 @@ class Attention(nn.Module):
         if fused and self._decode_kernel(q, cache):  # one launch (and o's W4A8 codes, where switched on; o's
             # input in the fragment layout, `XTiles`, where its kernel reads that)
             spec = self.o_proj.codes_for(mode, b * t, q.dtype) if decode_attention_codes_on() else None
-            tiles = spec is None and self.o_proj.x_tiles_for(mode, b * t, q.dtype)
+            tiles = spec is None and self.o_proj.x_tiles_for(mode, b * t, q.dtype, "o")
             out, codes = decode_attention_triton(q, cache.k[layer], cache.v[layer], targets, upto,
                                                  None if spec is None else spec.qmax,
                                                  torch.int8 if spec is None else spec.dtype, tiles=tiles)
@@ -127,7 +127,7 @@ class MLP(nn.Module):
             # kernel has one (fragment tiles: few tokens); down then quantizes its own input in W4A8 / W4A4. Where
             # down's kernel reads the fragment layout, the epilogue stores the product so (`XTiles`)
             rows = math.prod(x.shape[:-1])
-            h = self.gate_up_proj.glu(x, mode, codes, self.down_proj.x_tiles_for(mode, rows, x.dtype))
+            h = self.gate_up_proj.glu(x, mode, codes, self.down_proj.x_tiles_for(mode, rows, x.dtype, "down"))
             if h is not None:
                 return self.down_proj(h, mode)
         gate_up = self.gate_up_proj(x, mode, codes)
@@ -157,23 +157,23 @@ class DecoderLayer(nn.Module):
         """x: the residual stream; delta: the previous layer's MLP output, not yet added (None for
         the first layer), so that each residual add runs inside the norm after it. Returns the
         residual stream and this layer's MLP output."""
-        x, h, codes = self._norm(self.input_layernorm, x, delta, self.self_attn.qkv_proj, mode)
+        x, h, codes = self._norm(self.input_layernorm, x, delta, self.self_attn.qkv_proj, mode, "qkv")
         a = self.self_attn(h, cos, sin, cache, layer, targets, mask, upto, mode, codes)
-        x, h, codes = self._norm(self.post_attention_layernorm, x, a, self.mlp.gate_up_proj, mode)
+        x, h, codes = self._norm(self.post_attention_layernorm, x, a, self.mlp.gate_up_proj, mode, "gate_up")
         return x, self.mlp(h, mode, codes)
 
     @staticmethod
-    def _norm(norm: RMSNorm, x, delta, linear: QuantLinear, mode):
+    def _norm(norm: RMSNorm, x, delta, linear: QuantLinear, mode, name: str):
         """(residual, normed, codes or None): where the next linear's kernel takes quantized
         activations (W4A8 / W4A4: the int8 tensor cores at M >= 64, the bf16 fragment MMA at 1..16
         tokens), the norm emits them: one launch and one read of the normed rows fewer than a
-        separate quantizer."""
+        separate quantizer. name: the linear's `switches.X_TILE_LINEARS` name."""
         spec = None
         if fused_for(x):
             spec = linear.codes_for(mode, x.shape[0] * x.shape[1], x.dtype)
         if spec is not None:  # the normed rows are stored only for an observed linear (calibration)
             return norm.with_codes(x, delta, spec.qmax, spec.dtype, normed=linear.observed())
-        tiles = fused_for(x) and linear.x_tiles_for(mode, x.shape[0] * x.shape[1], x.dtype)  # (`XTiles`)
+        tiles = fused_for(x) and linear.x_tiles_for(mode, x.shape[0] * x.shape[1], x.dtype, name)  # (`XTiles`)
         x, h = (x, norm(x, tiles)) if delta is None else norm.add(x, delta, tiles)
         return x, h, None
 
