@@ -802,8 +802,13 @@ def test_gpu_fragment_order_inputs_give_the_same_bits(cfg):
 def test_gpu_x_tile_inputs_give_the_same_bits(cfg):
     """`mma_gemv(to_x_tiles(x), ..., x_tiles=M)`, whose warps load 512 contiguous input bytes at a time, gives
     the shipped kernel's bits on x: bf16 / fp16 inputs (their chunks in fragment order, and in natural order),
-    int8 codes, up to 40 tokens (CPU: test_fragment_asm)."""
-    from gearshift.kernels.int4_mma_gemv import mma_gemv, to_x_tiles
+    int8 codes, up to 40 tokens (CPU: test_fragment_asm), whatever the padding rows hold (the producers
+    leave them unwritten)."""
+    from gearshift.kernels.int4_mma_gemv import mma_gemv, to_x_tiles, x_tile_rows
+
+    def to_x_tiles_padded_with(x, fill, **kw):  # x's tiles with fill in the padding rows
+        pad = torch.full((x_tile_rows(x.shape[0]) - x.shape[0], x.shape[1]), fill, dtype=x.dtype, device=x.device)
+        return to_x_tiles(torch.cat([x, pad]), **kw)
 
     torch.manual_seed(cfg.bm + cfg.warps)
     store = quantize_int4(torch.randn(256, 2048), 128).cuda().to_layout("blocks16")
@@ -815,11 +820,12 @@ def test_gpu_x_tile_inputs_give_the_same_bits(cfg):
             x = torch.randn(m, 2048, device="cuda", dtype=dt)
             want = mma_gemv(x, store, cfg)
             assert torch.equal(mma_gemv(to_x_tiles(x), store, cfg, x_tiles=m), want), (m, dt)
-            assert torch.equal(mma_gemv(to_x_tiles(x, fragment_order=False), store, cfg, fragment_order=False,
-                                        x_tiles=m), want), (m, dt)
+            assert torch.equal(mma_gemv(to_x_tiles_padded_with(x, float("nan")), store, cfg, x_tiles=m), want)
+            assert torch.equal(mma_gemv(to_x_tiles_padded_with(x, 1e4, fragment_order=False), store, cfg,
+                                        fragment_order=False, x_tiles=m), want), (m, dt)
         codes = torch.randint(-127, 128, (m, 2048), device="cuda", dtype=torch.int8)
         ts = torch.rand(m, device="cuda") + 0.5
-        assert torch.equal(mma_gemv(to_x_tiles(codes), store, cfg, ts, torch.bfloat16, x_tiles=m),
+        assert torch.equal(mma_gemv(to_x_tiles_padded_with(codes, -128), store, cfg, ts, torch.bfloat16, x_tiles=m),
                            mma_gemv(codes, store, cfg, ts, torch.bfloat16)), m
         ran += 1
     assert ran >= 4
@@ -829,22 +835,24 @@ def test_gpu_x_tile_inputs_give_the_same_bits(cfg):
 @pytest.mark.parametrize("cfg", [TileConfig(32, 0, 128, 1, 2, 1, kwarps=2, maxnreg=128),
                                  TileConfig(16, 0, 128, 1, 8, 1, kwarps=4, pairs=True)])
 def test_gpu_glu_x_tile_outputs_are_the_row_outputs_in_the_fragment_layout(cfg):
-    """`mma_gemv(..., glu=True, y_tiles=True)` stores SwiGLU's product in `x_tiles`' layout: `to_x_tiles` of
-    the row-order product, bit for bit (padding rows too), from row-order or x-tile inputs."""
-    from gearshift.kernels.int4_mma_gemv import mma_gemv, mma_glu_supports, to_x_tiles
+    """`mma_gemv(..., glu=True, y_tiles=True)` stores SwiGLU's product in `x_tiles`' layout: the row-order
+    product's bits at their places (the padding rows, which no fragment kernel reads, are left unwritten), from
+    row-order or x-tile inputs."""
+    from gearshift.kernels.int4_mma_gemv import from_x_tiles, mma_gemv, mma_glu_supports, to_x_tiles
 
     torch.manual_seed(3)
     store = quantize_int4(torch.randn(512, 1024), 128).cuda().to_layout("blocks16")
     ran = 0
-    for m in (9, 12, 16):
+    for m in (1, 3, 9, 12, 16):
         x = torch.randn(m, 1024, device="cuda", dtype=torch.bfloat16)
         if not mma_glu_supports(store, cfg, m, x.dtype):
             continue
-        want = to_x_tiles(mma_gemv(x, store, cfg, glu=True))
-        assert torch.equal(mma_gemv(x, store, cfg, glu=True, y_tiles=True), want), m
-        assert torch.equal(mma_gemv(to_x_tiles(x), store, cfg, glu=True, y_tiles=True, x_tiles=m), want), m
+        want = mma_gemv(x, store, cfg, glu=True)
+        for got in (mma_gemv(x, store, cfg, glu=True, y_tiles=True),
+                    mma_gemv(to_x_tiles(x), store, cfg, glu=True, y_tiles=True, x_tiles=m)):
+            assert got.shape == to_x_tiles(want).shape and torch.equal(from_x_tiles(got, m), want), m
         ran += 1
-    assert ran == 3
+    assert ran == 5
 
 
 def test_x_tile_inputs_refuse_what_the_layout_cannot_serve():

@@ -179,7 +179,7 @@ def decode_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     makes of out, bit for bit) for an o projection that takes them. chunk / block / max_splits /
     warps / stages: for timing (a token's bits depend on the first three). tiles: out as `XTiles`
     (for an o projection whose kernel reads the fragment layout; its padding rows are left unwritten:
-    a fragment kernel's outputs for a token never read another token's inputs)."""
+    the fragment kernel never reads them)."""
     b, t, h, d = q.shape
     n_kv = k_cache.shape[1]
     if h % n_kv or d != next_pow2(d) or d < 16 or k_cache.stride(-1) != 1 or q.stride(-1) != 1:

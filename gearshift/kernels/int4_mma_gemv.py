@@ -826,9 +826,11 @@ if HAS_TRITON:
             wc_ptr = qw32 + rc.to(tl.int64) * KW + 4 * t
             wd_ptr = qw32 + rd.to(tl.int64) * KW + 4 * t
         w_ptrs = (wa_ptr, wb_ptr, wc_ptr, wd_ptr)
-        if XT:  # x in `to_x_tiles`' layout: XT elements per 16-byte chunk, the lanes' chunks side by side
-            x0 = x_ptr + (m0_tok // 8) * (K * 8) + lane * XT
-            x1 = x0 + K * 8
+        if XT:  # x in `to_x_tiles`' layout: XT elements per 16-byte chunk, the lanes' chunks side by side. An
+            # absent token's lanes read the last token's place, so producers write no padding rows (and at
+            # one token a warp load reads that token's 64 bytes, not 512 bytes of copies)
+            x0 = x_ptr + (tok0 // 8) * (K * 8) + (4 * (tok0 % 8) + t) * XT
+            x1 = x_ptr + (tok1 // 8) * (K * 8) + (4 * (tok1 % 8) + t) * XT
         else:
             x0 = x_ptr + tok0 * stride_xm + 32 * t
             x1 = x_ptr + tok1 * stride_xm + 32 * t
@@ -1064,8 +1066,8 @@ if HAS_TRITON:
         """GLU launches (split_k 1): the lane's pairs p (rows a / b) and p + 8 (rows c / d) for its tokens,
         stored as silu(gate) * up into y [M, I]. HAS_XS: activation codes in, each token's scale applied to
         both halves before they are rounded (as `_mma_epilogue` applies it before the store). YT > 0: y is
-        down's input in `x_tiles`' layout of YT token rows (the absent tokens' rows too: they repeat token
-        M - 1, as `to_x_tiles` pads)."""
+        down's input in `x_tiles`' layout (the real tokens' rows: a fragment kernel never reads the
+        absent ones')."""
         if KWARPS > 1:
             acc = _kwarps_sum(acc, ROWS, TILES, RG, KWARPS)
             r = tl.arange(0, RG * 32)
@@ -1097,7 +1099,7 @@ if HAS_TRITON:
             row = _cat2(row, row2)
             col = _cat2(col, col + 8)
         if YT:
-            tl.store(y_ptr + x_tile_offsets(col, row, I // 128), out, mask=(row < I) & (col < YT))
+            tl.store(y_ptr + x_tile_offsets(col, row, I // 128), out, mask=(row < I) & (col < M))
         else:
             tl.store(y_ptr + col * stride_ym + row, out, mask=(row < I) & (col < M))
 
@@ -1204,7 +1206,8 @@ def mma_gemv(x: torch.Tensor, store: Int4Weight, cfg: TileConfig, token_scales: 
     (`mma_glu_supports` says which tiles can). fragment_order: x is bf16 / fp16 in `to_fragment_order`'s
     column order, and y is bit for bit what natural-order x gives (a kernel without the input PRMTs: stop
     52). x_tiles = M > 0: x is `to_x_tiles` of M tokens, which every warp loads 512 contiguous bytes at a
-    time; y is bit for bit what x in order gives (stop 64; global-memory inputs only). Their 16-bit chunks
+    time (the rows past M are never read: their lanes read token M - 1's place); y is bit for bit what x in
+    order gives (stop 64; global-memory inputs only). Their 16-bit chunks
     are in fragment order unless fragment_order=False says they are not (`tiles_in_fragment_order`).
     y_tiles (with glu, 16-bit inputs): y, down's input, in that layout, as [`x_tile_rows(M)`, N / 2]."""
     x2 = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])  # (host time: eager decode pays every line)
@@ -1282,7 +1285,7 @@ def mma_gemv(x: torch.Tensor, store: Int4Weight, cfg: TileConfig, token_scales: 
                            **({"GLU": 1} if glu else {}),
                            **({"DQ": 1 if dt == "bf16" else 2} if dequant else {}),
                            **({"XT": 16 // x2.element_size(), "XW": 64} if x_tiles else {}),
-                           **({"YT": x_tile_rows(m)} if y_tiles else {}))
+                           **({"YT": 1} if y_tiles else {}))
     if RESIDENCY and kernel is not None:  # (RES keys a compiled kernel per cap)
         residency.cap(kernel, RESIDENCY)
     return y if x.dim() == 2 or y_tiles else y.reshape(*x.shape[:-1], n)

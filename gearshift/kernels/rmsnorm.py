@@ -48,14 +48,13 @@ if HAS_TRITON:
     def _rms_norm_kernel(x_ptr, w_ptr, y_ptr, q_ptr, qs_ptr, M, D, stride_x, stride_y, stride_q, eps,
                          BD: tl.constexpr, PDL: tl.constexpr, QMAX: tl.constexpr, STORE_Y: tl.constexpr = True,
                          YT: tl.constexpr = False):
-        # YT: the normed rows in `x_tiles`' layout, one program per row of it (absent tokens repeat row M - 1)
+        # YT: the normed rows in `x_tiles`' layout (the real tokens' rows: a fragment kernel never reads the others)
         small_prologue(PDL)
-        r = tl.program_id(0)
-        row = tl.minimum(r, M - 1)
+        row = tl.program_id(0)
         offs = tl.arange(0, BD)
         mask = offs < D
         x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0)
-        y = _norm_row(x, w_ptr, _y_ptrs(y_ptr, r, stride_y, offs, D, YT), offs, mask, D, eps, STORE_Y)
+        y = _norm_row(x, w_ptr, _y_ptrs(y_ptr, row, stride_y, offs, D, YT), offs, mask, D, eps, STORE_Y)
         if QMAX > 0:
             row_codes(y, q_ptr + row * stride_q, qs_ptr + row, offs, mask, QMAX)
 
@@ -78,16 +77,14 @@ if HAS_TRITON:
                              stride_y, stride_q, eps, BD: tl.constexpr, PDL: tl.constexpr, QMAX: tl.constexpr,
                              STORE_Y: tl.constexpr = True, YT: tl.constexpr = False):
         small_prologue(PDL)
-        r = tl.program_id(0)
-        row = tl.minimum(r, M - 1)
+        row = tl.program_id(0)
         offs = tl.arange(0, BD)
         mask = offs < D
         x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0)
         d = tl.load(d_ptr + row * stride_d + offs, mask=mask, other=0.0)
         s = (x.to(tl.float32) + d.to(tl.float32)).to(x.dtype)  # torch's x + delta: one rounding
-        if r < M:  # (a padding program of YT only stores its normed row)
-            tl.store(s_ptr + row * stride_s + offs, s, mask=mask)
-        y = _norm_row(s, w_ptr, _y_ptrs(y_ptr, r, stride_y, offs, D, YT), offs, mask, D, eps, STORE_Y)
+        tl.store(s_ptr + row * stride_s + offs, s, mask=mask)
+        y = _norm_row(s, w_ptr, _y_ptrs(y_ptr, row, stride_y, offs, D, YT), offs, mask, D, eps, STORE_Y)
         if QMAX > 0:
             row_codes(y, q_ptr + row * stride_q, qs_ptr + row, offs, mask, QMAX)
 
@@ -122,7 +119,7 @@ def _launch_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, qmax: float 
     q, qs, sq = codes_buffers(m, d, qmax, y, codes_dtype)
     bd = next_pow2(d)
     pdl = small_pdl(pdl_enabled(y))
-    _rms_norm_kernel[(rows,)](x2, weight, y, q, qs, m, d, x2.stride(0), y.stride(0), sq, eps, BD=bd, PDL=pdl,
+    _rms_norm_kernel[(m,)](x2, weight, y, q, qs, m, d, x2.stride(0), y.stride(0), sq, eps, BD=bd, PDL=pdl,
                               QMAX=qmax or 0.0, STORE_Y=normed, YT=tiles, num_warps=_warps(bd, qmax is not None),
                               **launch_kwargs(pdl))
     if tiles:
@@ -131,7 +128,8 @@ def _launch_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, qmax: float 
 
 
 def _out_rows(m: int, d: int, tiles: bool, qmax: float | None) -> int:
-    """Programs (rows of the normed output): m, or with tiles `x_tile_rows(m)`."""
+    """Rows of the normed output: m, or with tiles `x_tile_rows(m)` (of which the m programs write the real
+    tokens')."""
     if not tiles:
         return m
     if qmax is not None or d % 128:
@@ -167,7 +165,7 @@ def _launch_add_norm(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor,
     q, qs, sq = codes_buffers(m, d, qmax, y, codes_dtype)
     bd = next_pow2(d)
     pdl = small_pdl(pdl_enabled(y))
-    _add_rms_norm_kernel[(rows,)](x2, d2, weight, s, y, q, qs, m, d, x2.stride(0), d2.stride(0), s.stride(0),
+    _add_rms_norm_kernel[(m,)](x2, d2, weight, s, y, q, qs, m, d, x2.stride(0), d2.stride(0), s.stride(0),
                                   y.stride(0), sq, eps, BD=bd, PDL=pdl, QMAX=qmax or 0.0, STORE_Y=normed, YT=tiles,
                                   num_warps=_warps(bd, qmax is not None), **launch_kwargs(pdl))
     if tiles:

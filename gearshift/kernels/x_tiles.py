@@ -65,7 +65,8 @@ def x_tile_rows(m: int) -> int:
 
 def to_x_tiles(x: torch.Tensor, fragment_order: bool | None = None) -> torch.Tensor:
     """x [M, K] (16-bit inputs or int8 codes) in the layout, a copy of [`x_tile_rows(M)`, K] elements.
-    Absent tokens repeat token M - 1 (their outputs are never stored), as the kernel's row-order loads do.
+    The padding rows repeat token M - 1; the kernel never reads them (an absent token's lanes read token
+    M - 1's place), so the producers leave them unwritten.
     fragment_order: `tiles_in_fragment_order`'s (default: the layout's own)."""
     m, k = x.shape
     if k % BLOCK_COLS:
