@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from kernels import Model, step_fn, time_step  # noqa: E402  (benchmarks/kernels.py)
+from kernels import Model, step_fn, tag_suffix, time_step  # noqa: E402  (benchmarks/kernels.py)
 
 from gearshift.dispatch.policy import PolicyMap, device_slug  # noqa: E402
 from gearshift.dispatch.profiler import PRESETS, copy_bandwidth, n_copies, random_store, time_us  # noqa: E402
@@ -88,7 +88,7 @@ def main() -> None:
               f"fragment {med['fragment']:.3f} ms ({med['fragment'] / med['natural']:.3f})", flush=True)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    path = out / f"fragment_order_ab_{device_slug(res['device'])}{a.tag}.json"
+    path = out / f"fragment_order_ab_{device_slug(res['device'])}{tag_suffix(a.tag)}.json"
     path.write_text(json.dumps(res, indent=1))
     print(f"wrote {path}")
 

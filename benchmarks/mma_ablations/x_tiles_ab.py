@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from kernels import Model, step_fn, time_step, write_json  # noqa: E402  (benchmarks/kernels.py)
+from kernels import Model, step_fn, tag_suffix, time_step, write_json  # noqa: E402  (benchmarks/kernels.py)
 
 from gearshift.kernels.config import TileConfig  # noqa: E402
 from gearshift.dispatch.policy import PolicyMap, device_slug  # noqa: E402
@@ -78,7 +78,7 @@ def main() -> None:
     dtype = torch.bfloat16
     res = {"device": torch.cuda.get_device_name(), "map": a.map, "top": a.top, "copy_bw_Bps": bw,
            "shapes": {}, "step_ms": {}}
-    name_out = f"x_tiles_ab_{device_slug(res['device'])}{a.tag}.json"
+    name_out = f"x_tiles_ab_{device_slug(res['device'])}{tag_suffix(a.tag)}.json"
     model = Model("int4", shapes, PRESETS["llama3-8b"]["layers"], 128, dtype, "blocks16")
     res["floor_ms"] = model.nbytes() / bw * 1000
     t0 = time.time()
