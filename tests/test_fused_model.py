@@ -143,8 +143,11 @@ class TilesAskDispatcher(Dispatcher):
 @pytest.mark.parametrize("linears", ["qkv+o+gate_up+down", "qkv+down", ""])
 def test_producers_ask_for_x_tiles_only_for_the_switched_linears(linears):
     """The model asks for x tiles only at the token counts and for the linears the switches name
-    (`x_tiles_from`, `x_tiles_linears`: the A/Bs of which producers pay); o's producer, decode attention, is
+    (`x_tiles_from`, `x_tiles_linears`: the A/Bs of which producers pay): each layer's producers, and once per
+    pass for the first layer's four (`writes_x_tiles`, for the PDL rule); o's own producer, decode attention, is
     not on this fp32 path."""
+    from collections import Counter
+
     from gearshift.kernels import switches
 
     old, d = get_dispatcher(), TilesAskDispatcher()
@@ -155,18 +158,19 @@ def test_producers_ask_for_x_tiles_only_for_the_switched_linears(linears):
         cfg = model.config
         hd = cfg.hidden_size // cfg.num_attention_heads
         qkv = ((cfg.num_attention_heads + 2 * cfg.num_key_value_heads) * hd, cfg.hidden_size)
-        shapes = {"qkv": qkv, "gate_up": (2 * cfg.intermediate_size, cfg.hidden_size),
+        shapes = {"qkv": qkv, "o": (cfg.hidden_size, cfg.num_attention_heads * hd),
+                  "gate_up": (2 * cfg.intermediate_size, cfg.hidden_size),
                   "down": (cfg.hidden_size, cfg.intermediate_size)}
+        layers = cfg.num_hidden_layers
+        named = [n for n in linears.split("+") if n]
         fused_on_cpu(True)
         ids = torch.randint(0, 512, (2, 3))
-        switches.set_switches(x_tiles_linears=linears, x_tiles_from=2)
-        _prefill_and_step(model, ids, "w4a16")  # 6 prefill rows, then a 2-row step
-        want = {(shapes[n], m) for n in linears.split("+") if n in shapes for m in (6, 2)}
-        assert set(d.asked) == want and len(d.asked) == len(want) * cfg.num_hidden_layers
-        d.asked.clear()
-        switches.set_switches(x_tiles_from=3)
-        _prefill_and_step(model, ids, "w4a16")
-        assert set(d.asked) == {(s, 6) for s, _ in want}
+        for start, passes in ((2, (6, 2)), (3, (6,))):  # 6 prefill rows, then a 2-row step
+            d.asked.clear()
+            switches.set_switches(x_tiles_linears=linears, x_tiles_from=start)
+            _prefill_and_step(model, ids, "w4a16")
+            want = Counter({(shapes[n], m): 1 + (layers if n != "o" else 0) for n in named for m in passes})
+            assert Counter(d.asked) == want, start
     finally:
         set_dispatcher(old)
         fused_on_cpu(False)

@@ -90,12 +90,17 @@ def test_norm_warps_rule_and_override():
 
 
 def test_x_tiles_rule_and_overrides():
-    """The producers write x tiles from 3 tokens up to the layout's 16 (stop 65: a loss at one sequence), for
-    all four linears; the switches move the start and leave linears out, and reject names they do not know."""
+    """The producers write x tiles from one token up to the layout's 16, for all four linears; the switches
+    move the start and leave linears out, and reject names they do not know. Where a pass of 1-2 rows writes
+    them, the small kernels let their successor in after their wait (stop 66)."""
     before = switches.state()
     try:
-        assert [switches.x_tiles_on(m) for m in (1, 2, 3, 16, 17)] == [False, False, True, True, False]
-        assert all(switches.x_tiles_on(4, n) for n in switches.X_TILE_LINEARS)
+        assert [switches.x_tiles_on(m) for m in (1, 2, 3, 16, 17)] == [True] * 4 + [False]
+        assert all(switches.x_tiles_on(1, n) for n in switches.X_TILE_LINEARS)
+        assert [switches.small_trigger_rule(r, False, True) for r in (1, 2, 3)] == ["wait"] * 3
+        assert [switches.small_trigger_rule(r, False) for r in (1, 2, 3)] == ["start", "start", "wait"]
+        switches.set_switches(x_tiles_from=3)
+        assert [switches.x_tiles_on(m) for m in (1, 2, 3)] == [False, False, True]
         switches.set_switches(x_tiles_from=1, x_tiles_linears="o+down")
         assert switches.x_tiles_on(1, "o") and switches.x_tiles_on(2, "down") and switches.x_tiles_on(1)
         assert not switches.x_tiles_on(4, "qkv") and not switches.x_tiles_on(4, "gate_up")

@@ -14,7 +14,7 @@ from gearshift.kernels.x_tiles import X_TILE_TOKENS
 _FUSED = {"enabled": True, "on_cpu": False, "swiglu_codes": True, "swiglu_codes_min_rows": 1,
           "decode_attention": True, "decode_attention_codes": False, "decode_attention_min_batch": 1,
           "decode_attention_launch": "rule", "gemv_trigger": -1, "small_trigger": "rule", "glu_epilogue": True,
-          "glu_epilogue_codes": False, "x_tiles": True, "x_tiles_from": 3,
+          "glu_epilogue_codes": False, "x_tiles": True, "x_tiles_from": 1,
           "x_tiles_linears": "qkv+o+gate_up+down", "norm_warps": 0, "norm_codes_warps": 0,
           "sdpa_backend": "efficient"}
 
@@ -97,9 +97,9 @@ X_TILE_LINEARS = ("qkv", "o", "gate_up", "down")
 def x_tiles_on(tokens: int, linear: str | None = None) -> bool:
     """Whether the producers of a linear's input write it in `x_tiles`' layout where the linear's kernel reads
     it so (W4A16 fragment tiles): same bits, fewer L1 wavefronts per input load (stop 64) and no input PRMTs
-    (stop 65). From `x_tiles_from` tokens (3: at one sequence the H200's decode step lost 2.6% with them in
-    stop 65) up to the layout's 16; `linear` (an `X_TILE_LINEARS` name; None: any) among `x_tiles_linears`
-    (all four unless an A/B leaves some out)."""
+    (stop 65). From `x_tiles_from` tokens (1; 3 in stop 65, when one sequence's step lost 2.6% with them, until
+    stop 66 let an absent token's lanes read the last token's place) up to the layout's 16; `linear` (an
+    `X_TILE_LINEARS` name; None: any) among `x_tiles_linears` (all four unless an A/B leaves some out)."""
     return (_FUSED["x_tiles"] and tokens in X_TILE_TOKENS and tokens >= _FUSED["x_tiles_from"]
             and (linear is None or linear in _FUSED["x_tiles_linears"].split("+")))
 
@@ -195,30 +195,33 @@ SMALL_TRIGGERS = ("rule", "start", "wait")
 _PASS = {"small": None, "attention": None}  # the running forward pass's resolved launch points (`pdl_pass`)
 
 
-def small_trigger_rule(rows: int, codes: bool) -> str:
+def small_trigger_rule(rows: int, codes: bool, tiles: bool = False) -> str:
     """Where the small kernels between the linears (RMSNorm, SwiGLU, RoPE + KV write, the activation
     quantizer) let their PDL successor in, for a pass of `rows` tokens whose linears take activation
-    codes or not: "start" (before their wait, so the next linear preloads its weights while they
-    wait) or "wait" (right after it, once their predecessor has completed).
+    codes or not, and whose producers write x tiles (`x_tiles_on`) or not: "start" (before their wait, so
+    the next linear preloads its weights while they wait) or "wait" (right after it, once their
+    predecessor has completed).
 
     Stop 44 (`engine_trace.py`): with "start", a linear that lets its successor in early lets the linear
     after the norm in too, and two linears share the SMs. Stop 45 (`benchmarks/trigger_matrix.py`, the
     engine's graphed decode step on the H100): "wait" costs W4A16 3.4-3.7% at 1-2 tokens, is even at
     3-16 under the old GEMV rule and lets the GEMV trigger earlier from 3 tokens without losing; W4A8
-    (codes) gains 0.5-1.9% from it at every batch. Timing only: the bits never change."""
-    return "start" if rows <= 2 and not codes else "wait"
+    (codes) gains 0.5-1.9% from it at every batch. Stop 66 (`step_ab.py`, the H200's W4A16 step): with x tiles
+    at 1 / 2 rows "wait" is 0.994 / 0.962 of "start". Timing only: the bits never change."""
+    return "start" if rows <= 2 and not codes and not tiles else "wait"
 
 
 class pdl_pass:
-    """Context of one forward pass of `rows` tokens whose linears take activation codes or not: the
+    """Context of one forward pass of `rows` tokens whose linears take activation codes or not (and whose
+    producers write x tiles or not): the
     small kernels and decode attention launched inside it let their PDL successors in where the
     switches say, resolved once here ("rule": `small_trigger_rule`, `decode_attention_launch_rule`), so
     a captured CUDA graph holds one setting. Outside any pass: the small kernels at their start,
     attention by the rule for bf16 inputs."""
 
-    def __init__(self, rows: int, codes: bool):
+    def __init__(self, rows: int, codes: bool, tiles: bool = False):
         where = _FUSED["small_trigger"]
-        self.small = small_trigger_rule(rows, codes) if where == "rule" else where
+        self.small = small_trigger_rule(rows, codes, tiles) if where == "rule" else where
         self.attention = decode_attention_launch(rows, codes)
 
     def __enter__(self):

@@ -162,6 +162,13 @@ class DecoderLayer(nn.Module):
         x, h, codes = self._norm(self.post_attention_layernorm, x, a, self.mlp.gate_up_proj, mode, "gate_up")
         return x, self.mlp(h, mode, codes)
 
+    def writes_x_tiles(self, mode, rows: int, dtype: torch.dtype) -> bool:
+        """Whether a producer of this layer writes some linear's input in `x_tiles`' layout at `rows` tokens
+        (where the fused kernels run): the small kernels' PDL trigger depends on it (`small_trigger_rule`)."""
+        return any(lin.x_tiles_for(mode, rows, dtype, name) for name, lin in (
+            ("qkv", self.self_attn.qkv_proj), ("o", self.self_attn.o_proj), ("gate_up", self.mlp.gate_up_proj),
+            ("down", self.mlp.down_proj)))
+
     @staticmethod
     def _norm(norm: RMSNorm, x, delta, linear: QuantLinear, mode, name: str):
         """(residual, normed, codes or None): where the next linear's kernel takes quantized
@@ -294,7 +301,9 @@ class Transformer(nn.Module):
         """The forward on device tensors only (no host data): what CUDA graphs capture."""
         b, t = tokens.shape
         m = get_mode(mode) if isinstance(mode, str) else mode
-        with pdl_pass(b * t, codes=m.act is not None):  # where its norms, attention etc. let PDL successors in
+        # where its norms, attention etc. let PDL successors in (at 1-2 rows: whether producers write x tiles)
+        tiles = fused_for(tokens) and self.model.layers[0].writes_x_tiles(mode, b * t, self.dtype)
+        with pdl_pass(b * t, codes=m.act is not None, tiles=tiles):
             return self._forward_tensors(tokens, positions, n_new, cache, upto, mode, logits)
 
     def _forward_tensors(self, tokens, positions, n_new, cache, upto, mode, logits):
