@@ -92,13 +92,16 @@ def test_norm_warps_rule_and_override():
 def test_x_tiles_rule_and_overrides():
     """The producers write x tiles from one token up to the layout's 16, for all four linears; the switches
     move the start and leave linears out, and reject names they do not know. Where a pass of 1-2 rows writes
-    them, the small kernels let their successor in after their wait (stop 66)."""
+    them, the small kernels let their successor in after their wait and decode attention at its start (stop 66)."""
     before = switches.state()
     try:
         assert [switches.x_tiles_on(m) for m in (1, 2, 3, 16, 17)] == [True] * 4 + [False]
         assert all(switches.x_tiles_on(1, n) for n in switches.X_TILE_LINEARS)
         assert [switches.small_trigger_rule(r, False, True) for r in (1, 2, 3)] == ["wait"] * 3
         assert [switches.small_trigger_rule(r, False) for r in (1, 2, 3)] == ["start", "start", "wait"]
+        assert [switches.decode_attention_launch(r, tiles=True) for r in (1, 2, 3)] == ["start"] * 3
+        assert switches.pdl_pass(1, False, tiles=True).attention == "start"
+        assert (switches.pdl_pass(2, False).small, switches.pdl_pass(2, False).attention) == ("start", "off")
         switches.set_switches(x_tiles_from=3)
         assert [switches.x_tiles_on(m) for m in (1, 2, 3)] == [False, False, True]
         switches.set_switches(x_tiles_from=1, x_tiles_linears="o+down")

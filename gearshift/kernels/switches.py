@@ -163,20 +163,22 @@ def sdpa_backend() -> str:
     return _FUSED["sdpa_backend"]
 
 
-def decode_attention_launch_rule(rows: int, codes: bool) -> str:
+def decode_attention_launch_rule(rows: int, codes: bool, tiles: bool = False) -> str:
     """Where the decode attention kernel lets its PDL successor in, for a pass of `rows` query tokens
-    whose linears take activation codes or not: "off" (no PDL: the o projection starts once attention
-    has completed) at 1-2 rows on bf16 inputs, else "start". Stop 46 (`benchmarks/step_ab.py`, the graphed
-    decode step on the H100): on bf16 inputs at 1-2 rows o's weight preload slowed the attention's few
-    programs ("start" 1.07-1.08x the time of "off"); with codes the quantizer comes between the two and
-    "start" is 0.982-0.988 of "off"; from 3 rows "off" cost 1.018-1.022. Timing only: same bits."""
-    return "off" if rows <= 2 and not codes else "start"
+    whose linears take activation codes or not, and whose producers write x tiles or not: "off" (no PDL:
+    the o projection starts once attention has completed) at 1-2 rows on bf16 inputs without x tiles, else
+    "start". Stop 46 (`benchmarks/step_ab.py`, the graphed decode step on the H100): on bf16 inputs at 1-2
+    rows o's weight preload slowed the attention's few programs ("start" 1.07-1.08x the time of "off"); with
+    codes the quantizer comes between the two and "start" is 0.982-0.988 of "off"; from 3 rows "off" cost
+    1.018-1.022. Stop 66 (H200, W4A16): with x tiles, whose passes of 1-2 rows run the small kernels'
+    "wait" trigger, "start" is 0.990 / 0.967 of "off" at 1 / 2 rows. Timing only: same bits."""
+    return "off" if rows <= 2 and not codes and not tiles else "start"
 
 
-def decode_attention_launch(rows: int, codes: bool = False) -> str:
+def decode_attention_launch(rows: int, codes: bool = False, tiles: bool = False) -> str:
     """The switch ("rule", the default, or one point for every launch: "start", "loop", "off")."""
     where = _FUSED["decode_attention_launch"]
-    return decode_attention_launch_rule(rows, codes) if where == "rule" else where
+    return decode_attention_launch_rule(rows, codes, tiles) if where == "rule" else where
 
 
 def attention_launch(rows: int) -> str:
@@ -222,7 +224,7 @@ class pdl_pass:
     def __init__(self, rows: int, codes: bool, tiles: bool = False):
         where = _FUSED["small_trigger"]
         self.small = small_trigger_rule(rows, codes, tiles) if where == "rule" else where
-        self.attention = decode_attention_launch(rows, codes)
+        self.attention = decode_attention_launch(rows, codes, tiles)
 
     def __enter__(self):
         self.before = dict(_PASS)
