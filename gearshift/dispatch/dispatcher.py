@@ -325,7 +325,7 @@ class AdaptiveDispatcher(Dispatcher):
     def x_tiles_for(self, store: WeightFormat, act: ActQuantSpec | None, m: int, dtype: torch.dtype) -> bool:
         """Whether the kernel chosen for m tokens reads its inputs in `x_tiles`' layout, so that their producer
         writes them so (`XTiles`): W4A16 fragment tiles without xshare, at the token counts `switches.x_tiles_on`
-        takes (3..16)."""
+        takes (1..16 unless the switches say otherwise)."""
         if (not x_tiles_on(m) or act is not None
                 or dtype not in (torch.float16, torch.bfloat16) or not HAS_TRITON or store.device.type != "cuda"):
             return False

@@ -1207,8 +1207,8 @@ def mma_gemv(x: torch.Tensor, store: Int4Weight, cfg: TileConfig, token_scales: 
     column order, and y is bit for bit what natural-order x gives (a kernel without the input PRMTs: stop
     52). x_tiles = M > 0: x is `to_x_tiles` of M tokens, which every warp loads 512 contiguous bytes at a
     time (the rows past M are never read: their lanes read token M - 1's place); y is bit for bit what x in
-    order gives (stop 64; global-memory inputs only). Their 16-bit chunks
-    are in fragment order unless fragment_order=False says they are not (`tiles_in_fragment_order`).
+    order gives (stop 64; global-memory inputs only). Their 16-bit chunks are in fragment order unless
+    fragment_order=False says they are not (`tiles_in_fragment_order`).
     y_tiles (with glu, 16-bit inputs): y, down's input, in that layout, as [`x_tile_rows(M)`, N / 2]."""
     x2 = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])  # (host time: eager decode pays every line)
     m = x_tiles or x2.shape[0]

@@ -215,11 +215,10 @@ def small_trigger_rule(rows: int, codes: bool, tiles: bool = False) -> str:
 
 class pdl_pass:
     """Context of one forward pass of `rows` tokens whose linears take activation codes or not (and whose
-    producers write x tiles or not): the
-    small kernels and decode attention launched inside it let their PDL successors in where the
-    switches say, resolved once here ("rule": `small_trigger_rule`, `decode_attention_launch_rule`), so
-    a captured CUDA graph holds one setting. Outside any pass: the small kernels at their start,
-    attention by the rule for bf16 inputs."""
+    producers write x tiles or not): the small kernels and decode attention launched inside it let their PDL
+    successors in where the switches say, resolved once here ("rule": `small_trigger_rule`,
+    `decode_attention_launch_rule`), so a captured CUDA graph holds one setting. Outside any pass: the small
+    kernels at their start, attention by the rule for bf16 inputs."""
 
     def __init__(self, rows: int, codes: bool, tiles: bool = False):
         where = _FUSED["small_trigger"]

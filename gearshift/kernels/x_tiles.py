@@ -25,7 +25,7 @@ BLOCK_COLS = 128  # columns of one fragment block (the kernel's `BLOCK_COLS`)
 #: bytes one chunk load of a warp reads (32 lanes x 16 bytes)
 X_TILE_CHUNK = 512
 #: token counts the layout serves (a fragment program reads one or two 8-token tiles). Which of them the engine's
-#: producers write it for is `switches.x_tiles_on`'s (from 3 tokens: stop 65)
+#: producers write it for is `switches.x_tiles_on`'s (all since stop 66; from 3 in stop 65)
 X_TILE_TOKENS = range(1, 17)
 #: column order of every 8 in fragment order: position p holds natural column FRAGMENT_ORDER[p] (the pairs
 #: one weight word's LOP3s make)
