@@ -28,7 +28,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch  # noqa: E402
 
-from kernels import tag_suffix, write_json  # noqa: E402
+from kernel_bench import tag_suffix, write_json  # noqa: E402
 from trigger_matrix import alternate  # noqa: E402
 
 CHUNKS = {"k256": {}, "k128": dict(chunk=128, block=64), "k64": dict(chunk=64, block=64),

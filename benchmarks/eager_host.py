@@ -34,7 +34,7 @@ def main() -> None:
     a = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("eager_host.py times forwards on a CUDA GPU")
-    from kernels import tag_suffix, write_json
+    from kernel_bench import tag_suffix, write_json
     from torch.profiler import ProfilerActivity, profile
 
     from gearshift.dispatch.policy import device_slug

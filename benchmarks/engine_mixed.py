@@ -1,7 +1,7 @@
 """The dispatched engine against single static strategies on a mixed prefill + decode workload (GPU).
 
 Issue 6 asks that the engine with the policy map beat every single static strategy on a mixed
-workload. `kernels.py` answers it on sums of linear-only steps over M; this runs the engine itself:
+workload. `kernel_bench.py` answers it on sums of linear-only steps over M; this runs the engine itself:
 requests of mixed prompt lengths under continuous batching (prefills of tens to thousands of rows,
 decode steps at batch 1..max-batch), CUDA graphs on, each dispatcher with its own graphs:
   map        the shipped policy map (what the engine loads)
@@ -66,7 +66,7 @@ def main() -> None:
         raise SystemExit("engine_mixed.py runs the engine on a CUDA GPU")
 
     from e2e import model_for
-    from kernels import tag_suffix, write_json
+    from kernel_bench import tag_suffix, write_json
 
     from gearshift.decode.autoregressive import AutoregressivePolicy
     from gearshift.decode.base import DecodePolicy

@@ -160,7 +160,7 @@ def main() -> None:
             base = row["ms"]["base"]
             print(f"{mode} batch {b}: base {base:.3f} ms; " +
                   ", ".join(f"{n} {row['ms'][n] / base:.3f}" for n in variants if n != "base"), flush=True)
-    from kernels import tag_suffix, write_json
+    from kernel_bench import tag_suffix, write_json
 
     from gearshift.dispatch.policy import device_slug
 

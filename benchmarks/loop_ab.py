@@ -76,7 +76,7 @@ def main() -> None:
         raise SystemExit("loop_ab.py times whole generations on a CUDA GPU")
 
     from e2e import model_for
-    from kernels import tag_suffix, write_json
+    from kernel_bench import tag_suffix, write_json
 
     from gearshift.decode.autoregressive import AutoregressivePolicy
     from gearshift.decode.gearbox import GearboxPolicy

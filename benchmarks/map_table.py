@@ -20,7 +20,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from record_table import MODE_MMA, emit  # noqa: E402
-from kernels import PEAK  # noqa: E402
+from kernel_bench import PEAK  # noqa: E402
 
 from gearshift.dispatch.policy import PolicyMap, parse_type_key  # noqa: E402
 from gearshift.dispatch.profiler import PRESETS  # noqa: E402

@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from kernels import (Model, codes_step_fn, kernel_switches, producer_codes, producer_tiles,  # noqa: E402
+from kernel_bench import (Model, codes_step_fn, kernel_switches, producer_codes, producer_tiles,  # noqa: E402
                      step_fn, tag_suffix, time_step, tinygemm_step, write_json)
 
 from gearshift.dispatch.dispatcher import AdaptiveDispatcher  # noqa: E402

@@ -29,7 +29,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch  # noqa: E402
-from kernels import Model, producer_codes, step_fn, tag_suffix, write_json  # noqa: E402
+from kernel_bench import Model, producer_codes, step_fn, tag_suffix, write_json  # noqa: E402
 
 SMI_FIELDS = "timestamp,clocks.sm,power.draw"
 

@@ -125,7 +125,7 @@ def main() -> None:
         raise SystemExit("prefill_graphs.py times CUDA graphs: it needs a CUDA GPU")
 
     from e2e import model_for
-    from kernels import tag_suffix, write_json
+    from kernel_bench import tag_suffix, write_json
 
     from gearshift.dispatch.policy import device_slug
     from gearshift.model.loader import LoadedModel

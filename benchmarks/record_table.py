@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from kernels import PEAK  # noqa: E402  (the H100 SXM dense datasheet peaks, as kernels.py's tables)
+from kernel_bench import PEAK  # noqa: E402  (the H100 SXM dense datasheet peaks, as kernel_bench.py's tables)
 
 from gearshift.dispatch.profiler import PRESETS  # noqa: E402
 from gearshift.jsonfile import read_json  # noqa: E402

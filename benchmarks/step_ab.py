@@ -24,7 +24,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch  # noqa: E402
 
 from e2e_ab import parse_switches  # noqa: E402
-from kernels import tag_suffix, write_json  # noqa: E402
+from kernel_bench import tag_suffix, write_json  # noqa: E402
 from trigger_matrix import alternate, ratio_table, summarize  # noqa: E402
 
 

@@ -29,7 +29,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from engine_step import EngineStep  # noqa: E402
-from kernels import Model, codes_step_fn, kernel_switches, producer_codes, tag_suffix, time_step, write_json  # noqa: E402
+from kernel_bench import Model, codes_step_fn, kernel_switches, producer_codes, tag_suffix, time_step, write_json  # noqa: E402
 
 from gearshift.dispatch.dispatcher import AdaptiveDispatcher  # noqa: E402
 from gearshift.dispatch.policy import PolicyMap, device_slug  # noqa: E402

@@ -76,7 +76,7 @@ def main() -> None:
         rows.append(row)
         print(f"{args.mode} batch {b}: old {row['ms']['old']:.3f} ms; " +
               ", ".join(f"{n} {row['ms'][n] / row['ms']['old']:.3f}" for n in sides if n != "old"), flush=True)
-    from kernels import tag_suffix, write_json
+    from kernel_bench import tag_suffix, write_json
 
     from gearshift.dispatch.policy import device_slug
 

@@ -23,7 +23,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch  # noqa: E402
 
-from kernels import tag_suffix, write_json  # noqa: E402
+from kernel_bench import tag_suffix, write_json  # noqa: E402
 
 
 def parse_gemv(spec: str) -> list[int]:

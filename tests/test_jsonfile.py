@@ -38,7 +38,7 @@ def test_benchmark_results_over_the_limit_are_written_gzipped(tmp_path):
     import sys
 
     sys.path.insert(0, str(ROOT / "benchmarks"))
-    kernels_bench = pytest.importorskip("kernels")
+    kernels_bench = pytest.importorskip("kernel_bench")
     small = kernels_bench.write_json(tmp_path, "small.json", {"x": 1})
     big_doc = {"rows": list(range(kernels_bench.GZIP_ABOVE // 4))}
     big = kernels_bench.write_json(tmp_path, "big.json", big_doc)

@@ -1,7 +1,7 @@
 """Triton kernels vs their torch references on CPU (TRITON_INTERPRET=1), small random shapes.
 
 Bounds are ||out - ref|| / ||ref||. The interpreter runs fp16 (its bf16 dot is broken on CPU in
-triton 3.9; bf16 and fp8 are checked on the GPU by benchmarks/kernels.py --stages check):
+triton 3.9; bf16 and fp8 are checked on the GPU by benchmarks/kernel_bench.py --stages check):
   fp16 activations (W4A16, W8A16): 2e-3 (fp16 output rounding is ~3e-4)
   int8 activations (W4A8, W8A8): 2e-3 vs the fake-quantized reference (round ties may differ)
   int4 activations (W4A4): 3e-2 (a tie moves a code by 1/7 of the scale)

@@ -1,5 +1,5 @@
 """benchmarks/record_table.py (CPU): the issue's table from a policy_ab record run, and
-benchmarks/kernels.py's kernel_switches parser that policy_ab and step_search share."""
+benchmarks/kernel_bench.py's kernel_switches parser that policy_ab and step_search share."""
 
 import sys
 from pathlib import Path
@@ -8,7 +8,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 record_table = pytest.importorskip("record_table")
-kernels_bench = pytest.importorskip("kernels")
+kernels_bench = pytest.importorskip("kernel_bench")
 
 
 def _run(**over):
@@ -83,7 +83,7 @@ def test_map_table_reads_each_picks_profile_time_as_bandwidth_and_throughput():
 
 
 def test_bench_leaves_out_static_strategies_that_cannot_run_the_store():
-    """kernels.py's bench stage times a strategy forced alone only where it runs the store itself: the
+    """kernel_bench.py's bench stage times a strategy forced alone only where it runs the store itself: the
     row-layout GEMV kernels on blocks16 weights would fall back to the torch reference (stop 46)."""
     from gearshift.dispatch.dispatcher import AdaptiveDispatcher
     from gearshift.dispatch.profiler import random_store

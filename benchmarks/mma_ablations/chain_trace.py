@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from kernels import Model, step_fn, tag_suffix, time_step, write_json  # noqa: E402
+from kernel_bench import Model, step_fn, tag_suffix, time_step, write_json  # noqa: E402
 
 from gearshift.dispatch.dispatcher import AdaptiveDispatcher  # noqa: E402
 from gearshift.dispatch.policy import PolicyMap, device_slug  # noqa: E402

@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from chain_trace import timeline  # noqa: E402
 from e2e import model_for  # noqa: E402
 from e2e_ab import parse_switches  # noqa: E402
-from kernels import tag_suffix, write_json  # noqa: E402
+from kernel_bench import tag_suffix, write_json  # noqa: E402
 
 from gearshift.dispatch.policy import device_slug  # noqa: E402
 from gearshift.dispatch.profiler import PRESETS, copy_bandwidth  # noqa: E402

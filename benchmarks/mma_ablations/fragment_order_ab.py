@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from kernels import Model, step_fn, tag_suffix, time_step  # noqa: E402  (benchmarks/kernels.py)
+from kernel_bench import Model, step_fn, tag_suffix, time_step  # noqa: E402  (benchmarks/kernel_bench.py)
 
 from gearshift.dispatch.policy import PolicyMap, device_slug  # noqa: E402
 from gearshift.dispatch.profiler import PRESETS, copy_bandwidth, n_copies, random_store, time_us  # noqa: E402

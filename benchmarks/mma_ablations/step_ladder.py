@@ -41,7 +41,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE.parent / "tc_ablations"))
-from kernels import Model, codes_step_fn, producer_codes, tag_suffix, time_step, write_json  # noqa: E402
+from kernel_bench import Model, codes_step_fn, producer_codes, tag_suffix, time_step, write_json  # noqa: E402
 from xloads import no_xloads  # noqa: E402
 
 import gearshift.kernels.int4_mma_gemv as mg  # noqa: E402

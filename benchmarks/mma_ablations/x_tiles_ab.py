@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from kernels import Model, step_fn, tag_suffix, time_step, write_json  # noqa: E402  (benchmarks/kernels.py)
+from kernel_bench import Model, step_fn, tag_suffix, time_step, write_json  # noqa: E402  (benchmarks/kernel_bench.py)
 
 from gearshift.kernels.config import TileConfig  # noqa: E402
 from gearshift.dispatch.policy import PolicyMap, device_slug  # noqa: E402

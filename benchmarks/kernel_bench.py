@@ -7,7 +7,7 @@ Stages (all in one process so one device call does everything):
            CUDA-graph replay, for each M: every static strategy, the library kernels, the
            dispatcher; ratios to the int4 floor (weight bytes / copy bandwidth measured here)
   gearbx   per-row int4 (G=K) and int8 stores at M=1,16 (GEARBX low / mid gear)
-Usage: python benchmarks/kernels.py --out DIR [--stages check,profile,bench,gearbx] [--m 1,16,...]
+Usage: python benchmarks/kernel_bench.py --out DIR [--stages check,profile,bench,gearbx] [--m 1,16,...]
 """
 
 from __future__ import annotations
