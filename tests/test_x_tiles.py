@@ -36,9 +36,9 @@ def test_cpu_linears_take_xtiles_and_never_ask_for_them(model_dir):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_gpu_decode_steps_are_bit_identical_with_x_tiles(monkeypatch):
-    """W4A16 steps of 4, 12 and 16 sequences with the producers writing the layout and without; from 3 tokens
-    (`switches.x_tiles_on`) the fragment kernel reads it (its `run_tiles`), and SwiGLU's epilogue writes down's
-    input in it. Also at 1 and 2 sequences with the switches taking the layout there, for some linears."""
+    """W4A16 steps of 1, 4, 12 and 16 sequences with the producers writing the layout and without (and of 2 with
+    it for o and down only); the fragment kernel reads it (its `run_tiles`), and SwiGLU's epilogue writes down's
+    input in it, at the token counts `switches.x_tiles_on` takes."""
     from gearshift.model.tiny import build_random_model
 
     tiles_calls, glu_tiles = [], []
@@ -58,8 +58,7 @@ def test_gpu_decode_steps_are_bit_identical_with_x_tiles(monkeypatch):
     model = build_random_model("llama3-8b", weights="int4", num_hidden_layers=2, device="cuda")
     before = switches.state()
     try:  # (one-token prompts: the prefill runs the decode step's kernels, nothing else to compile)
-        for b, on_switches in ((4, {}), (12, {}), (16, {}), (1, {"x_tiles_from": 1}),
-                               (2, {"x_tiles_from": 1, "x_tiles_linears": "o+down"})):
+        for b, on_switches in ((4, {}), (12, {}), (16, {}), (1, {}), (2, {"x_tiles_linears": "o+down"})):
             out = {}
             ids = torch.randint(0, 1000, (b, 2), device="cuda")
             for on in (False, True):
@@ -70,4 +69,4 @@ def test_gpu_decode_steps_are_bit_identical_with_x_tiles(monkeypatch):
             assert all(torch.equal(a, b_) for a, b_ in zip(out[True], out[False])), b
     finally:
         switches.set_switches(**dict(before))
-    assert any(tiles_calls) and any(glu_tiles)  # the map's 9..16-token tiles of some linears read the layout
+    assert any(tiles_calls) and any(glu_tiles)  # the map's few-token tiles of some linears read the layout
