@@ -41,13 +41,13 @@ from gearshift.kernels import int4_mma_gemv as mg  # noqa: E402
 STRATEGY = {"w4a16": "w4a16_mma", "w4a8": "w4a8_mma_int8"}
 
 
-def candidates(pm: PolicyMap, raw: dict, mode: str, key: str, m: int, top: int) -> list[TileConfig]:
+def candidates(pm: PolicyMap, mode: str, key: str, m: int, top: int) -> list[TileConfig]:
     """The map's pick at (key, m), then its next fastest timed tiles of the mode's fragment strategy."""
     pick = pm.lookup(key, m)
     if pick.strategy != STRATEGY[mode]:
         raise SystemExit(f"{key} at M={m}: the map picks {pick.strategy}, not {STRATEGY[mode]}")
     out = [pick.config]
-    timed = raw.get("timings", {}).get(key, {}).get(str(m), {})
+    timed = pm.timings.get(key, {}).get(str(m), {})
     timed = sorted(((nm, us) for nm, us in timed.items() if us is not None), key=lambda kv: kv[1])
     for name, _ in timed:
         strat, _, cfg = name.partition("@")
@@ -57,6 +57,18 @@ def candidates(pm: PolicyMap, raw: dict, mode: str, key: str, m: int, top: int) 
         if all(c.key() != o.key() for o in out):
             out.append(c)
     return out
+
+
+def inputs(mode: str, m: int, k: int, dtype: torch.dtype) -> torch.Tensor:
+    """A linear's inputs: 16-bit activations (W4A16), or int8 codes as the producers hand them (W4A8)."""
+    if mode == "w4a16":
+        return torch.randn(m, k, device="cuda", dtype=dtype)
+    return torch.randint(-127, 128, (m, k), device="cuda", dtype=torch.int8)
+
+
+def token_scales(mode: str, m: int) -> torch.Tensor | None:
+    """The codes' per-token scales (W4A8), or None (W4A16)."""
+    return None if mode == "w4a16" else torch.rand(m, device="cuda") + 0.5
 
 
 def main() -> None:
@@ -72,7 +84,6 @@ def main() -> None:
     if not torch.cuda.is_available():
         raise SystemExit("x_tiles_ab.py needs a CUDA GPU")
     pm = PolicyMap.load(a.map)
-    raw = json.loads(Path(a.map).read_text())
     shapes = PRESETS["llama3-8b"]["shapes"]
     bw = copy_bandwidth()
     dtype = torch.bfloat16
@@ -93,18 +104,13 @@ def main() -> None:
                 stores = [random_store("int4", n, k, 128, "cuda", dtype, "blocks16")]
                 stores += [random_store("int4", n, k, 128, "cuda", dtype, "blocks16")
                            for _ in range(n_copies(stores[0]) - 1)]
-                if mode == "w4a16":
-                    x = torch.randn(m, k, device="cuda", dtype=dtype)
-                    ts = None
-                else:
-                    x = torch.randint(-127, 128, (m, k), device="cuda", dtype=torch.int8)
-                    ts = torch.rand(m, device="cuda") + 0.5
+                x, ts = inputs(mode, m, k, dtype), token_scales(mode, m)
                 od = dtype if ts is not None else None
                 xin = {"natural": (x, {}), "tiles": (mg.to_x_tiles(x, fragment_order=False),
                                                       {"x_tiles": m, "fragment_order": False})}
                 if "tiles_fragment" in variants:
                     xin["tiles_fragment"] = (mg.to_x_tiles(x), {"x_tiles": m})
-                cands = candidates(pm, raw, mode, key, m, a.top)
+                cands = candidates(pm, mode, key, m, a.top)
                 picks[name] = cands[0]
                 rows = []
                 for c in cands:
@@ -123,13 +129,8 @@ def main() -> None:
                     print(f"{mode} {name:8s} M={m:2d} {c.key():40s} " + "  ".join(
                         f"{v} {row[v]:7.2f}" for v in variants), flush=True)
                 res["shapes"][f"{mode}|{name}|{m}"] = rows
-            xs = []
-            for _, _, k in shapes:
-                if mode == "w4a16":
-                    xs.append(torch.randn(m, k, device="cuda", dtype=dtype))
-                else:
-                    xs.append(torch.randint(-127, 128, (m, k), device="cuda", dtype=torch.int8))
-            ts = None if mode == "w4a16" else torch.rand(m, device="cuda") + 0.5
+            xs = [inputs(mode, m, k, dtype) for _, _, k in shapes]
+            ts = token_scales(mode, m)
             od = None if ts is None else dtype
 
             def run_for(cfgs, prep, kw):
