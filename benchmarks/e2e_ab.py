@@ -62,7 +62,7 @@ def main() -> None:
     from gearshift.decode.autoregressive import AutoregressivePolicy
     from gearshift.decode.sampling import SamplingParams
     from gearshift.dispatch import AdaptiveDispatcher, get_dispatcher, set_dispatcher
-    from gearshift.dispatch.policy import PolicyMap
+    from gearshift.dispatch.policy import load_map_file
     from gearshift.engine.engine import Engine, Request
     from gearshift.kernels import switches
     from gearshift.model.config import ModelConfig
@@ -96,7 +96,7 @@ def main() -> None:
             times = {name: [] for name in sides}
             tokens = {}
             installed = get_dispatcher()
-            dispatchers = {n: AdaptiveDispatcher(PolicyMap.load(p), autoload=False) for n, p in maps.items()}
+            dispatchers = {n: AdaptiveDispatcher(load_map_file(p), autoload=False) for n, p in maps.items()}
             for r in range(args.rounds + 1):  # round 0 captures the graphs and is not counted
                 for name, sw in sides.items():
                     switches.set_switches(**(default | sw))

@@ -25,7 +25,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gearshift.dispatch.dispatcher import AdaptiveDispatcher  # noqa: E402
-from gearshift.dispatch.policy import M_BUCKETS, PolicyMap, device_slug  # noqa: E402
+from gearshift.dispatch.policy import M_BUCKETS, PolicyMap, device_slug, load_map_file  # noqa: E402
 from gearshift.dispatch.profiler import PRESETS, ablations, copy_bandwidth, profile, random_store, time_us  # noqa: E402
 from gearshift.dispatch.strategies import strategies_for  # noqa: E402
 from gearshift.jsonfile import write_text  # noqa: E402
@@ -456,7 +456,7 @@ def main(argv=None):
             kk = f"{r['dtype']}/{r['mode']}/{r['strategy']}"
             res["check_worst"][kk] = max(res["check_worst"].get(kk, 0.0), r["rel"] if r["rel"] == r["rel"] else 1e9)
         log(f"check done {time.time()-t0:.0f}s")
-    pm = PolicyMap.load(a.policy) if a.policy else None
+    pm = load_map_file(a.policy) if a.policy else None
     if "profile" in stages:
         shapes = PRESETS["llama3-8b"]["shapes"]
         pm = profile(shapes, a.modes.split(","), m_list, group=128, log=log, int4_layout=a.int4_layout,

@@ -28,7 +28,7 @@ from kernel_bench import (Model, codes_step_fn, kernel_switches, producer_codes,
                      step_fn, tag_suffix, time_step, tinygemm_step, write_json)
 
 from gearshift.dispatch.dispatcher import AdaptiveDispatcher  # noqa: E402
-from gearshift.dispatch.policy import PolicyMap, device_slug  # noqa: E402
+from gearshift.dispatch.policy import device_slug, load_map_file  # noqa: E402
 from gearshift.dispatch.profiler import PRESETS, copy_bandwidth, shapes_from_config  # noqa: E402
 from gearshift.kernels.library import to_tinygemm  # noqa: E402
 from gearshift.kernels.reference import linear_reference  # noqa: E402
@@ -95,8 +95,8 @@ def main() -> None:
         models["b"] = copy.copy(model)
         models["b"].stores = [[s.to_layout(a.layout_b) for s in layer] for layer in model.stores]
     act = MODES[a.mode].act
-    maps = {"a": AdaptiveDispatcher(None if a.a == RULES else PolicyMap.load(a.a), autoload=False),
-            "b": AdaptiveDispatcher(None if a.b == RULES else PolicyMap.load(a.b), autoload=False)}
+    maps = {"a": AdaptiveDispatcher(None if a.a == RULES else load_map_file(a.a), autoload=False),
+            "b": AdaptiveDispatcher(None if a.b == RULES else load_map_file(a.b), autoload=False)}
     same_map = a.a == a.b if RULES in (a.a, a.b) else Path(a.a).resolve() == Path(a.b).resolve()
     dense = Model("dense", shapes, layers, 0, torch.bfloat16) if a.cublas else None
     tg = [[(to_tinygemm(s), s.group_size) for s in layer] for layer in model.stores] if a.tinygemm else None

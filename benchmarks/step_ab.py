@@ -78,11 +78,11 @@ def main() -> None:
 
     from e2e import model_for
     from gearshift.dispatch import AdaptiveDispatcher, get_dispatcher
-    from gearshift.dispatch.policy import PolicyMap, device_slug
+    from gearshift.dispatch.policy import device_slug, load_map_file
     from gearshift.model.step_timer import DecodeStepTimer
 
     model = model_for({}, a.preset, a.mode, a.int4_prog)
-    dispatchers = {label: AdaptiveDispatcher(PolicyMap.load(maps[label]), autoload=False) if label in maps
+    dispatchers = {label: AdaptiveDispatcher(load_map_file(maps[label]), autoload=False) if label in maps
                    else get_dispatcher() for label in sides}  # (graphs are keyed by the dispatcher too)
     before = dict(switches.state())
     labels = list(sides)

@@ -507,9 +507,55 @@ def test_a_gpu_nobody_profiled_borrows_the_nearest_map_of_its_architecture(tmp_p
 
 def test_the_shipped_h100_map_serves_other_hopper_gpus(tmp_path, monkeypatch):
     monkeypatch.setenv("GEARSHIFT_CACHE", str(tmp_path))
-    pm = load_policy_for_device("NVIDIA H200", traits={"capability": "9.0", "sms": 132})
-    assert pm is not None and pm.device == "NVIDIA H100 80GB HBM3" and pm.borrowed_for == "NVIDIA H200"
+    pm = load_policy_for_device("NVIDIA H800", traits={"capability": "9.0", "sms": 132})
+    assert pm is not None and pm.device == "NVIDIA H100 80GB HBM3" and pm.borrowed_for == "NVIDIA H800"
     assert load_policy_for_device("NVIDIA A100-SXM4-80GB", traits={"capability": "8.0", "sms": 108}) is None
+
+
+def test_a_map_of_some_points_takes_the_rest_from_its_architecture(tmp_path, monkeypatch):
+    """A profile of a few M buckets or one mode on a GPU that borrowed a map must not hide the
+    borrowed map's other points: its own picks win where it has them, the nearest other GPU's map
+    fills the rest (with those points' timings), then the next one; FALLBACK=0 keeps the map as it is."""
+    import gearshift.dispatch.policy as P
+
+    monkeypatch.setenv("GEARSHIFT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr("gearshift.dispatch.policy.bundled_dir", lambda: tmp_path / "bundled")
+    key, other_key = type_key("w4a16", 128, 64, 256), type_key("w4a8", 128, 64, 256)
+    mine, theirs, last = Choice("mine", None), Choice("theirs", None), Choice("last", None)
+    big = _arch_map("Big GPU", "9.0", 132)
+    for m in M_BUCKETS:
+        big.set(key, m, theirs)
+    big.set(other_key, 1, theirs)
+    big.timings = {key: {"1": {"theirs": 3.0}, "4": {"theirs": 9.0}}}
+    big.save(tmp_path / "bundled" / "Big_GPU.json")
+    far = _arch_map("Far GPU", "9.0", 100)
+    far.set(other_key, 2, last)
+    far.set(other_key, 1, last)
+    far.save(tmp_path / "bundled" / "Far_GPU.json")
+    _arch_map("Old GPU", "8.0", 132).save(tmp_path / "bundled" / "Old_GPU.json")
+    own = _arch_map("New GPU", "9.0", 132)
+    own.set(key, 4, mine)
+    own.timings = {key: {"4": {"mine": 1.0}}}
+    own.save(tmp_path / "cache" / "policy" / "New_GPU.json")
+    h = {"capability": "9.0", "sms": 132}
+    pm = load_policy_for_device("New GPU", traits=h)
+    assert pm.device == "New GPU" and not hasattr(pm, "borrowed_for")
+    assert pm.lookup(key, 4) == mine and pm.lookup(key, 1) == theirs and pm.lookup(key, 4096) == theirs
+    assert pm.lookup(other_key, 1) == theirs and pm.lookup(other_key, 2) == last  # the nearest GPU's first
+    assert pm.timings[key] == {"4": {"mine": 1.0}, "1": {"theirs": 3.0}}  # its own timings kept
+    assert [f["device"] for f in pm.filled_from] == ["Big GPU", "Far GPU"]
+    assert "profiled on this GPU at 1 of its 15 points, the others on Big GPU and Far GPU" in P.describe(pm)
+    assert big.timings[key]["1"] == {"theirs": 3.0} and PolicyMap.load(tmp_path / "cache" / "policy" /
+                                                                     "New_GPU.json").points() == 1
+    assert not hasattr(load_policy_for_device("New GPU"), "filled_from")  # no traits: the map as saved
+    # a benchmark's map file: filled where it is this GPU's, as it is where it is another GPU's (a what-if)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "New GPU")
+    monkeypatch.setattr(P, "gpu_traits", lambda *a: h)
+    assert P.load_map_file(tmp_path / "cache" / "policy" / "New_GPU.json").points() == 15
+    assert P.load_map_file(tmp_path / "bundled" / "Far_GPU.json").points() == 2
+    monkeypatch.setenv("GEARSHIFT_POLICY_FALLBACK", "0")
+    assert load_policy_for_device("New GPU", traits=h).points() == 1
 
 
 def test_seeded_candidates_are_the_seeds_fastest_and_each_strategys_best():

@@ -68,7 +68,8 @@ def advise(model, draft_mode: str, verify_mode: str, gamma: int, alpha: float = 
     if est is None:
         return None
     verdict = "expect no speed-up" if est["speedup"] < 1 else "speculation can pay"
-    borrowed = " (borrowed: same architecture)" if getattr(pm, "borrowed_for", None) else ""
+    borrowed = (" (borrowed: same architecture)" if getattr(pm, "borrowed_for", None) else
+                " (with points of the same architecture's map)" if getattr(pm, "filled_from", None) else "")
     whose = f"policy map profiled on {pm.device}{borrowed}"
     note(f"{whose}: a {draft_mode} draft step of the linears costs {est['t_draft_ms']:.2f} ms, "
          f"a {verify_mode} step {est['t_ar_ms']:.2f} ms, verifying {gamma + 1} tokens {est['t_verify_ms']:.2f} ms "

@@ -5,7 +5,8 @@ every strategy and tile config over the M buckets, and writes the map to
 ~/.cache/gearshift/policy/<device>.json (or --out), where the engine finds it at model load. An
 existing map of this GPU there is extended, not replaced. A GPU without a map of its own runs the
 map of the nearest GPU of its architecture meanwhile; --seed auto times only what that map found
-fastest, which takes minutes instead of a full sweep.
+fastest, which takes minutes instead of a full sweep. A map of this GPU that lacks points (a run
+of some M buckets or modes) runs that map's picks at them, so a short run changes its points only.
 
 The work is saved after every point to <out>.partial (the engine never reads it): a run that is
 interrupted (Ctrl-C, a time limit) is continued by the same command with --resume, which times

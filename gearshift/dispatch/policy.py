@@ -143,6 +143,31 @@ class PolicyMap:
         except (ValueError, KeyError, TypeError, AttributeError) as e:
             raise ValueError(f"{path} is not a gearshift policy map ({type(e).__name__}: {e})") from None
 
+    def points(self) -> int:
+        """How many (shape and mode, M bucket) points hold a pick."""
+        return sum(c is not None for row in self.entries.values() for c in row)
+
+    def fill_from(self, other: "PolicyMap") -> int:
+        """Take `other`'s picks, with their candidate timings, at the points this map holds none: a map of
+        some M buckets, modes or shapes profiled on this GPU then runs the rest as a GPU of its
+        architecture measured them, instead of the nearest bucket's or shape's pick or the rules.
+        Returns how many points it took; this map's own points are never replaced."""
+        taken = 0
+        for key, row in other.entries.items():
+            for b, c in zip(other.buckets, row):
+                if c is None or b not in self.buckets:
+                    continue
+                mine = self.entries.setdefault(key, [None] * len(self.buckets))
+                i = self.buckets.index(b)
+                if mine[i] is not None:
+                    continue
+                mine[i] = c
+                timed = other.timings.get(key, {}).get(str(b))
+                if timed and str(b) not in self.timings.get(key, {}):
+                    self.timings.setdefault(key, {})[str(b)] = dict(timed)
+                taken += 1
+        return taken
+
     def without(self, strategy: str) -> "PolicyMap":
         """The map rebuilt from the stored timings with one strategy removed (an ablation)."""
         out = PolicyMap(self.device, self.buckets, meta=dict(self.meta), timings=self.timings)
@@ -246,7 +271,9 @@ def load_policy_for_device(device: str | None = None, model_dir: str | os.PathLi
     one shipped with the package for that GPU). Failing that, with `traits` (this GPU's
     `gpu_traits`, taken from the current device when `device` is too), the map of the nearest GPU
     of the same architecture (`same_architecture_map`; marked by `borrowed_for`), unless
-    GEARSHIFT_POLICY_FALLBACK=0. Else None: the dispatcher's un-profiled rules run."""
+    GEARSHIFT_POLICY_FALLBACK=0. Else None: the dispatcher's un-profiled rules run. A map of this GPU
+    that lacks points (a profile of some M buckets or modes) takes them from that map too
+    (`fill_missing`)."""
     if device is None:
         import torch
 
@@ -263,10 +290,44 @@ def load_policy_for_device(device: str | None = None, model_dir: str | os.PathLi
                 continue
             if pm.device == device:
                 pm.path = str(p)  # where it came from, for reporting
-                return pm
+                return fill_missing(pm, traits, model_dir)
     if traits is None or os.environ.get("GEARSHIFT_POLICY_FALLBACK", "1") == "0":
         return None
-    return same_architecture_map(device, traits, model_dir)
+    pm = same_architecture_map(device, traits, model_dir)
+    return pm if pm is None or pm.device != device else fill_missing(pm, traits, model_dir)
+
+
+def load_map_file(path: str | os.PathLike) -> PolicyMap:
+    """A map file named on a command line (a benchmark's --policy / --map), run as the engine would run
+    it: a map of this very GPU that lacks points takes them from its architecture's maps
+    (`fill_missing`), so the H200's shipped map, which holds 8 points, is timed with the H100's for the
+    rest and not with the built-in rules. Any other map (a what-if map of another GPU) is taken as it is."""
+    pm = PolicyMap.load(path)
+    pm.path = str(path)
+    import torch
+
+    if torch.cuda.is_available() and pm.device == torch.cuda.get_device_name():
+        return fill_missing(pm, gpu_traits())
+    return pm
+
+
+def fill_missing(pm: PolicyMap, traits: dict | None, model_dir: str | os.PathLike | None = None) -> PolicyMap:
+    """This GPU's own map, with the points it lacks taken from the maps of other GPUs of the same
+    architecture, nearest first (`PolicyMap.fill_from`; recorded in `filled_from`). So profiling a few points
+    here (`gearshift profile --m 4,8 --seed auto`) changes those points only, and a GPU whose shipped
+    map holds only the points that it runs faster with its own picks keeps the rest of the borrowed
+    map as that map is updated. Without `traits`, or with GEARSHIFT_POLICY_FALLBACK=0, the map is
+    returned as it is."""
+    if traits is None or os.environ.get("GEARSHIFT_POLICY_FALLBACK", "1") == "0":
+        return pm
+    filled = []
+    for other in same_architecture_maps(pm.device, traits, model_dir, others_only=True):  # nearest GPU first
+        taken = pm.fill_from(other)
+        if taken:
+            filled.append({"device": other.device, "path": other.path, "points": taken})
+    if filled:
+        pm.filled_from = filled
+    return pm
 
 
 def same_architecture_map(device: str, traits: dict, model_dir: str | os.PathLike | None = None) -> PolicyMap | None:
@@ -277,9 +338,17 @@ def same_architecture_map(device: str, traits: dict, model_dir: str | os.PathLik
     benchmarks/results/policy_ab_*H200*). Maps without a recorded capability are never borrowed; a
     map of this very GPU saved under another file name is taken as its own. Between otherwise equal
     maps, the one profiled under the running Triton release wins."""
+    maps = same_architecture_maps(device, traits, model_dir)
+    return maps[0] if maps else None
+
+
+def same_architecture_maps(device: str, traits: dict, model_dir: str | os.PathLike | None = None,
+                           others_only: bool = False) -> list[PolicyMap]:
+    """Every map `same_architecture_map` could take, best first (`others_only`: of other GPUs only),
+    each with its `path` and, if another GPU profiled it, `borrowed_for`."""
     dirs = ([Path(model_dir) / "policy"] if model_dir is not None else []) + [cache_dir(), bundled_dir()]
     release = triton_release()
-    best = None
+    ranked = []
     for order, d in enumerate(dirs):
         for p in sorted([*d.glob("*.json"), *d.glob("*.json.gz")]) if d.is_dir() else ():
             try:
@@ -289,20 +358,18 @@ def same_architecture_map(device: str, traits: dict, model_dir: str | os.PathLik
             cap, sms = pm.meta.get("capability"), pm.meta.get("sms")
             other_release = toolchain_note(pm, release) is not None  # a tie goes to this Triton's map
             if pm.device == device:  # this GPU's own map under another file name: no borrowing needed
+                if others_only:
+                    continue
                 rank = (-1, other_release, order)
             elif cap is None or str(cap) != str(traits["capability"]):
                 continue
             else:
                 rank = (abs(int(sms) - int(traits["sms"])) if sms is not None else 1 << 30, other_release, order)
-            if best is None or rank < best[0]:
-                best = (rank, p, pm)
-    if best is None:
-        return None
-    _, p, pm = best
-    pm.path = str(p)
-    if pm.device != device:
-        pm.borrowed_for = device
-    return pm
+            pm.path = str(p)
+            if pm.device != device:
+                pm.borrowed_for = device
+            ranked.append((rank, len(ranked), pm))  # equal ranks keep the search order
+    return [pm for *_, pm in sorted(ranked, key=lambda r: r[:2])]
 
 
 def nearest_shape_keys(keys, mode: str, group: int, n: int, k: int) -> list[str]:
@@ -334,6 +401,12 @@ def describe(pm: PolicyMap | None) -> str:
     if borrowed is not None:
         notes.append(f"profiled on {pm.device}, same sm_{str(pm.meta.get('capability', '')).replace('.', '')} "
                      f"architecture as this {borrowed}: 'gearshift profile' writes this GPU's own")
+    filled = getattr(pm, "filled_from", None)
+    if filled:
+        taken = sum(f["points"] for f in filled)
+        on = " and ".join(dict.fromkeys(f["device"] for f in filled))
+        notes.append(f"profiled on this GPU at {pm.points() - taken} of its {pm.points()} points, the others on "
+                     f"{on}, same sm_{str(pm.meta.get('capability', '')).replace('.', '')} architecture")
     toolchain = toolchain_note(pm)
     if toolchain:
         notes.append(toolchain)

@@ -395,7 +395,8 @@ def load_model(path: str | Path | None = None, *, dtype: torch.dtype | None = No
         model.use_cuda_graphs = cuda_graphs
         d = install_policy(p.parent if p.is_file() else p)
         info["policy_map"] = describe(d.policy)
-        if d.policy is None or getattr(d.policy, "borrowed_for", None) or toolchain_note(d.policy):
+        if d.policy is None or any(getattr(d.policy, a, None) for a in ("borrowed_for", "filled_from")) \
+                or toolchain_note(d.policy):
             note(f"kernel policy map: {info['policy_map']}")
         if d.policy is not None:
             shapes = {(lin.store.out_features, lin.store.in_features) for name, lin in model.linear_layers()
