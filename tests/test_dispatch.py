@@ -512,6 +512,25 @@ def test_the_shipped_h100_map_serves_other_hopper_gpus(tmp_path, monkeypatch):
     assert load_policy_for_device("NVIDIA A100-SXM4-80GB", traits={"capability": "8.0", "sms": 108}) is None
 
 
+def test_the_shipped_h200_map_holds_its_own_points_and_the_h100s_for_the_rest(tmp_path, monkeypatch):
+    """The H200's shipped map holds only the W4A16 points it measured faster with its own picks; at
+    load every other point comes from the H100's map, so the H200 runs every mode and M as before."""
+    import gearshift.dispatch.policy as P
+
+    monkeypatch.setenv("GEARSHIFT_CACHE", str(tmp_path))
+    h100 = load_policy_for_device("NVIDIA H100 80GB HBM3")
+    own = PolicyMap.load(P.bundled_dir() / "NVIDIA_H200.json")
+    pm = load_policy_for_device("NVIDIA H200", traits={"capability": "9.0", "sms": 132})
+    assert pm.device == "NVIDIA H200" and not hasattr(pm, "borrowed_for")
+    assert pm.filled_from[0]["device"] == "NVIDIA H100 80GB HBM3"
+    assert pm.points() == h100.points() > own.points() > 0
+    for key, row in h100.entries.items():
+        for m, c in zip(h100.buckets, row):
+            mine = own.lookup(key, m) if key in own.entries and own.entries[key][own.buckets.index(m)] else None
+            assert pm.lookup(key, m) == (mine or c), (key, m)
+    assert "profiled on this GPU at 8 of its" in P.describe(pm)
+
+
 def test_a_map_of_some_points_takes_the_rest_from_its_architecture(tmp_path, monkeypatch):
     """A profile of a few M buckets or one mode on a GPU that borrowed a map must not hide the
     borrowed map's other points: its own picks win where it has them, the nearest other GPU's map
