@@ -528,7 +528,7 @@ def test_the_shipped_h200_map_holds_its_own_points_and_the_h100s_for_the_rest(tm
         for m, c in zip(h100.buckets, row):
             mine = own.lookup(key, m) if key in own.entries and own.entries[key][own.buckets.index(m)] else None
             assert pm.lookup(key, m) == (mine or c), (key, m)
-    assert "profiled on this GPU at 8 of its" in P.describe(pm)
+    assert "profiled on this GPU at 12 of its" in P.describe(pm)
 
 
 def test_a_map_of_some_points_takes_the_rest_from_its_architecture(tmp_path, monkeypatch):
