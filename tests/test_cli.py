@@ -310,6 +310,31 @@ def test_profile_extends_this_gpus_map(tmp_path, monkeypatch):
         extend_base(out, "Toy GPU", default_out=True)
 
 
+def test_a_profile_of_some_points_says_where_the_rest_come_from(tmp_path, monkeypatch):
+    """After a run that wrote a map of a few points, profile says how many of the points the engine
+    will run come from another GPU's map of the same architecture; nothing when none do."""
+    from gearshift.cli.profile import filled_note
+    from gearshift.dispatch.policy import Choice, PolicyMap
+
+    monkeypatch.setenv("GEARSHIFT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr("gearshift.dispatch.policy.bundled_dir", lambda: tmp_path / "bundled")
+    monkeypatch.setattr("gearshift.dispatch.policy.gpu_traits", lambda *a: {"capability": "9.0", "sms": 132})
+    big = PolicyMap("Big GPU", meta={"capability": "9.0", "sms": 132})
+    for m in (1, 2, 4):
+        big.set("w4a16:g128:64x256", m, Choice("theirs", None))
+    big.save(tmp_path / "bundled" / "Big_GPU.json")
+    mine = PolicyMap("New GPU", meta={"capability": "9.0", "sms": 132})
+    mine.set("w4a16:g128:64x256", 4, Choice("mine", None))
+    mine.save(tmp_path / "out.json")
+    assert filled_note(tmp_path / "out.json") == (
+        "this map holds 1 of the 3 points the engine runs from it here; it takes the other 2 from the map of "
+        "Big GPU (same architecture) when it loads")
+    for m in (1, 2):
+        mine.set("w4a16:g128:64x256", m, Choice("mine", None))
+    mine.save(tmp_path / "out.json")
+    assert filled_note(tmp_path / "out.json") is None
+
+
 def test_a_seed_from_another_triton_release_is_flagged(monkeypatch):
     from gearshift.cli.profile import seed_release_note
     from gearshift.dispatch.policy import PolicyMap
@@ -373,6 +398,7 @@ def test_an_interrupted_profile_resumes_where_it_stopped(tmp_path, monkeypatch, 
                                                                           "int4_layout": "rows"}))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "Toy GPU")
+    monkeypatch.setattr("gearshift.dispatch.policy.gpu_traits", lambda *a: {"capability": "0.0", "sms": 1})  # no kin
     register(Strategy("test_cpu", DPRPartition((4,), (16,), "any", "library"), ("w4a16",),
                       lambda x, st, act, cfg: linear_reference(x.float(), st, act).to(x.dtype), gpu_only=False))
     out, partial = tmp_path / "map.json", tmp_path / "map.json.partial"

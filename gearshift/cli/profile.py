@@ -189,6 +189,22 @@ def finish_refine(args, pm, shapes, modes, refine_m, out) -> int:
     return 0
 
 
+def filled_note(path) -> str | None:
+    """What the engine adds to the map at `path` when it loads it on this GPU: the points it takes from
+    the maps of the same architecture (`policy.fill_missing`), said once a run has written a map of
+    only some points. None where it takes none."""
+    from gearshift.dispatch.policy import PolicyMap, fill_missing, gpu_traits
+
+    pm = fill_missing(PolicyMap.load(path), gpu_traits())
+    filled = getattr(pm, "filled_from", None)
+    if not filled:
+        return None
+    taken = sum(f["points"] for f in filled)
+    devices = " and ".join(dict.fromkeys(f["device"] for f in filled))
+    return (f"this map holds {pm.points() - taken} of the {pm.points()} points the engine runs from it here; it takes "
+            f"the other {taken} from the map of {devices} (same architecture) when it loads")
+
+
 def _interrupted(signum, frame):
     raise KeyboardInterrupt
 
@@ -377,7 +393,11 @@ def run(args) -> int:
         if base is None:
             raise GearshiftError(f"--refine-only: no policy map of this GPU at {out} to refine; profile first")
         print(f"gearshift: refining the map at {getattr(base, 'path', out)}; writing it to {out}", file=sys.stderr)
-        return finish_refine(args, base, shapes, modes, refine_m, out)
+        rc = finish_refine(args, base, shapes, modes, refine_m, out)
+        note = filled_note(out)
+        if note:
+            print(f"gearshift: {note}", file=sys.stderr)
+        return rc
     partial = partial_path(out)
     n_points = len(shapes) * len(modes) * len(m_list)
     done: set[str] = set()
@@ -439,4 +459,7 @@ def run(args) -> int:
                 print(f"{mode} M={m}: map {row['map'] / 1000:.3f} ms/step"
                       + ("" if row.get("adangel_r") is None else f", ADAngel-R {row['adangel_r'] / 1000:.3f}"))
     print(f"policy map written to {path}")
+    note = filled_note(path)
+    if note:
+        print(f"gearshift: {note}", file=sys.stderr)
     return 0
