@@ -26,7 +26,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gearshift.dispatch.dispatcher import AdaptiveDispatcher  # noqa: E402
-from gearshift.dispatch.policy import PolicyMap, device_slug  # noqa: E402
+from gearshift.dispatch.policy import device_slug, load_map_file  # noqa: E402
 from gearshift.dispatch.profiler import PRESETS, random_store, time_us  # noqa: E402
 from gearshift.dispatch.strategies import STRATEGIES  # noqa: E402
 
@@ -138,7 +138,7 @@ def main() -> None:
                     help="also split one fragment-kernel call (M = 1, qkv) into wrapper / Triton JIT / launcher")
     args = ap.parse_args()
     dt = torch.bfloat16
-    disp = AdaptiveDispatcher(PolicyMap.load(args.policy), autoload=False)
+    disp = AdaptiveDispatcher(load_map_file(args.policy), autoload=False)
     shapes = PRESETS["llama3-8b"]["shapes"]
     rows = []
     for m in [int(v) for v in args.ms.split(",")]:

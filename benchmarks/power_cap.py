@@ -94,7 +94,7 @@ def main() -> None:
         raise SystemExit("power_cap.py times CUDA graphs and reads nvidia-smi: it needs a GPU")
 
     from gearshift.dispatch.dispatcher import AdaptiveDispatcher
-    from gearshift.dispatch.policy import PolicyMap, device_slug
+    from gearshift.dispatch.policy import device_slug, load_map_file
     from gearshift.dispatch.profiler import PRESETS, SUSTAIN_S, time_us
     from gearshift.quant.modes import MODES
 
@@ -103,7 +103,7 @@ def main() -> None:
     unknown = [m for m in modes if m not in ("w4a16", "w4a8")]
     if unknown:
         raise SystemExit(f"--modes: {unknown} (w4a16, w4a8)")
-    disp = AdaptiveDispatcher(PolicyMap.load(a.policy), autoload=False)
+    disp = AdaptiveDispatcher(load_map_file(a.policy), autoload=False)
     models = {"w4a16": Model("int4", shapes, layers, 128, torch.bfloat16, "blocks16") if "w4a16" in modes else None,
               "w4a8": Model("int4p", shapes, layers, 128, torch.bfloat16, "blocks16") if "w4a8" in modes else None}
     dense = Model("dense", shapes, layers, 0, torch.bfloat16)

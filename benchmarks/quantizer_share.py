@@ -21,7 +21,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from gearshift.dispatch.dispatcher import AdaptiveDispatcher  # noqa: E402
-from gearshift.dispatch.policy import PolicyMap, device_slug  # noqa: E402
+from gearshift.dispatch.policy import device_slug, load_map_file  # noqa: E402
 from gearshift.dispatch.profiler import PRESETS, n_copies, random_store, time_us  # noqa: E402
 from gearshift.dispatch.strategies import STRATEGIES  # noqa: E402
 from gearshift.jsonfile import write_text  # noqa: E402
@@ -44,7 +44,7 @@ def main() -> None:
     a = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("quantizer_share.py times CUDA kernels: no GPU here")
-    d = AdaptiveDispatcher(PolicyMap.load(a.policy), autoload=False)
+    d = AdaptiveDispatcher(load_map_file(a.policy), autoload=False)
     act = MODES[a.mode].act
     fmt = "int4p" if a.int4_prog else "int4"
     rows = []

@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from gearshift.dispatch.policy import PolicyMap, device_slug, type_key  # noqa: E402
+from gearshift.dispatch.policy import PolicyMap, device_slug, load_map_file, type_key  # noqa: E402
 from gearshift.dispatch.profiler import random_store, time_us  # noqa: E402
 from gearshift.jsonfile import write_text  # noqa: E402
 from gearshift.kernels import w4a8_progressive as wp  # noqa: E402
@@ -125,7 +125,7 @@ def main() -> None:
     a = ap.parse_args()
     ms = [int(x) for x in a.m.split(",")]
     form = Form(a.kernel)
-    pm = PolicyMap.load(a.policy) if a.policy else None
+    pm = load_map_file(a.policy) if a.policy else None
     specialized = wg.gluon.jit(form.shipped.fn)  # the same function, Triton's default specialization
     rows = []
     for name in a.shapes.split(","):

@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from kernel_bench import Model, step_fn, tag_suffix, time_step, write_json  # noqa: E402
 
 from gearshift.dispatch.dispatcher import AdaptiveDispatcher  # noqa: E402
-from gearshift.dispatch.policy import PolicyMap, device_slug  # noqa: E402
+from gearshift.dispatch.policy import device_slug, load_map_file  # noqa: E402
 from gearshift.dispatch.profiler import PRESETS, copy_bandwidth  # noqa: E402
 from gearshift.kernels import int4_mma_gemv as mg  # noqa: E402
 from gearshift.quant.modes import MODES  # noqa: E402
@@ -150,7 +150,7 @@ def main() -> None:
     shapes, layers = PRESETS["llama3-8b"]["shapes"], PRESETS["llama3-8b"]["layers"]
     model = Model("int4", shapes, layers, 128, torch.bfloat16, "blocks16")
     nbytes = [s.nbytes() for s in model.stores[0]]
-    d = AdaptiveDispatcher(PolicyMap.load(a.map), autoload=False)
+    d = AdaptiveDispatcher(load_map_file(a.map), autoload=False)
     act = MODES[a.mode].act
     copy_tbs = copy_bandwidth() / 1e12
     mg.TRACE_WAIT = a.wait

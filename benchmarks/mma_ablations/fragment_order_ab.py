@@ -28,7 +28,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from kernel_bench import Model, step_fn, tag_suffix, time_step  # noqa: E402  (benchmarks/kernel_bench.py)
 
-from gearshift.dispatch.policy import PolicyMap, device_slug  # noqa: E402
+from gearshift.dispatch.policy import device_slug, load_map_file  # noqa: E402
 from gearshift.dispatch.profiler import PRESETS, copy_bandwidth, n_copies, random_store, time_us  # noqa: E402
 from gearshift.kernels import int4_mma_gemv as mg  # noqa: E402
 
@@ -45,7 +45,7 @@ def main() -> None:
     if not torch.cuda.is_available():
         raise SystemExit("fragment_order_ab.py needs a CUDA GPU")
     dtype = torch.bfloat16 if a.dtype == "bf16" else torch.float16
-    pm = PolicyMap.load(a.map)
+    pm = load_map_file(a.map)
     shapes = PRESETS["llama3-8b"]["shapes"]
     bw = copy_bandwidth()
     res = {"device": torch.cuda.get_device_name(), "map": a.map, "dtype": a.dtype, "copy_bw_Bps": bw,

@@ -46,7 +46,7 @@ from xloads import no_xloads  # noqa: E402
 
 import gearshift.kernels.int4_mma_gemv as mg  # noqa: E402
 from gearshift.dispatch.dispatcher import AdaptiveDispatcher  # noqa: E402
-from gearshift.dispatch.policy import PolicyMap, device_slug  # noqa: E402
+from gearshift.dispatch.policy import device_slug, load_map_file  # noqa: E402
 from gearshift.dispatch.profiler import PRESETS, copy_bandwidth  # noqa: E402
 from gearshift.quant.modes import MODES  # noqa: E402
 
@@ -134,7 +134,7 @@ def main() -> None:
     s8 = a.mode == "w4a8"
     shapes, layers = PRESETS["llama3-8b"]["shapes"], PRESETS["llama3-8b"]["layers"]
     model = Model("int4p" if s8 else "int4", shapes, layers, 128, torch.bfloat16, "blocks16")
-    d = AdaptiveDispatcher(PolicyMap.load(a.policy), autoload=False)
+    d = AdaptiveDispatcher(load_map_file(a.policy), autoload=False)
     act = MODES[a.mode].act
     copy_tbs = copy_bandwidth() / 1e12
     floor_ms = model.nbytes() / (copy_tbs * 1e12) * 1e3

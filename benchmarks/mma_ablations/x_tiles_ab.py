@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from kernel_bench import Model, step_fn, tag_suffix, time_step, write_json  # noqa: E402  (benchmarks/kernel_bench.py)
 
 from gearshift.kernels.config import TileConfig  # noqa: E402
-from gearshift.dispatch.policy import PolicyMap, device_slug  # noqa: E402
+from gearshift.dispatch.policy import PolicyMap, device_slug, load_map_file  # noqa: E402
 from gearshift.dispatch.profiler import PRESETS, copy_bandwidth, n_copies, random_store, time_us  # noqa: E402
 from gearshift.kernels import int4_mma_gemv as mg  # noqa: E402
 
@@ -83,7 +83,7 @@ def main() -> None:
     a = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("x_tiles_ab.py needs a CUDA GPU")
-    pm = PolicyMap.load(a.map)
+    pm = load_map_file(a.map)
     shapes = PRESETS["llama3-8b"]["shapes"]
     bw = copy_bandwidth()
     dtype = torch.bfloat16

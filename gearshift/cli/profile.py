@@ -193,14 +193,13 @@ def filled_note(path) -> str | None:
     """What the engine adds to the map at `path` when it loads it on this GPU: the points it takes from
     the maps of the same architecture (`policy.fill_missing`), said once a run has written a map of
     only some points. None where it takes none."""
-    from gearshift.dispatch.policy import PolicyMap, fill_missing, gpu_traits
+    from gearshift.dispatch.policy import PolicyMap, fill_missing, filled_points, gpu_traits
 
     pm = fill_missing(PolicyMap.load(path), gpu_traits())
-    filled = getattr(pm, "filled_from", None)
-    if not filled:
+    filled = filled_points(pm)
+    if filled is None:
         return None
-    taken = sum(f["points"] for f in filled)
-    devices = " and ".join(dict.fromkeys(f["device"] for f in filled))
+    taken, devices = filled
     return (f"this map holds {pm.points() - taken} of the {pm.points()} points the engine runs from it here; it takes "
             f"the other {taken} from the map of {devices} (same architecture) when it loads")
 

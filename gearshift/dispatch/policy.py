@@ -291,10 +291,23 @@ def load_policy_for_device(device: str | None = None, model_dir: str | os.PathLi
             if pm.device == device:
                 pm.path = str(p)  # where it came from, for reporting
                 return fill_missing(pm, traits, model_dir)
-    if traits is None or os.environ.get("GEARSHIFT_POLICY_FALLBACK", "1") == "0":
+    if traits is None or not fallback_on():
         return None
     pm = same_architecture_map(device, traits, model_dir)
     return pm if pm is None or pm.device != device else fill_missing(pm, traits, model_dir)
+
+
+def fallback_on() -> bool:
+    """Whether maps of other GPUs of the architecture may stand in (GEARSHIFT_POLICY_FALLBACK, default 1)."""
+    return os.environ.get("GEARSHIFT_POLICY_FALLBACK", "1") != "0"
+
+
+def filled_points(pm: PolicyMap) -> tuple[int, str] | None:
+    """(points taken, the GPUs they come from) where `fill_missing` filled this map, else None."""
+    filled = getattr(pm, "filled_from", None)
+    if not filled:
+        return None
+    return sum(f["points"] for f in filled), " and ".join(dict.fromkeys(f["device"] for f in filled))
 
 
 def load_map_file(path: str | os.PathLike) -> PolicyMap:
@@ -318,7 +331,7 @@ def fill_missing(pm: PolicyMap, traits: dict | None, model_dir: str | os.PathLik
     map holds only the points that it runs faster with its own picks keeps the rest of the borrowed
     map as that map is updated. Without `traits`, or with GEARSHIFT_POLICY_FALLBACK=0, the map is
     returned as it is."""
-    if traits is None or os.environ.get("GEARSHIFT_POLICY_FALLBACK", "1") == "0":
+    if traits is None or not fallback_on():
         return pm
     filled = []
     for other in same_architecture_maps(pm.device, traits, model_dir, others_only=True):  # nearest GPU first
@@ -397,16 +410,16 @@ def describe(pm: PolicyMap | None) -> str:
         return "built-in rules (no policy map for this GPU: run 'gearshift profile')"
     where = getattr(pm, "path", "given")
     borrowed = getattr(pm, "borrowed_for", None)
+    arch = f"sm_{str(pm.meta.get('capability', '')).replace('.', '')}"
     notes = []
     if borrowed is not None:
-        notes.append(f"profiled on {pm.device}, same sm_{str(pm.meta.get('capability', '')).replace('.', '')} "
-                     f"architecture as this {borrowed}: 'gearshift profile' writes this GPU's own")
-    filled = getattr(pm, "filled_from", None)
+        notes.append(f"profiled on {pm.device}, same {arch} architecture as this {borrowed}: 'gearshift profile' "
+                     "writes this GPU's own")
+    filled = filled_points(pm)
     if filled:
-        taken = sum(f["points"] for f in filled)
-        on = " and ".join(dict.fromkeys(f["device"] for f in filled))
+        taken, on = filled
         notes.append(f"profiled on this GPU at {pm.points() - taken} of its {pm.points()} points, the others on "
-                     f"{on}, same sm_{str(pm.meta.get('capability', '')).replace('.', '')} architecture")
+                     f"{on}, same {arch} architecture")
     toolchain = toolchain_note(pm)
     if toolchain:
         notes.append(toolchain)
