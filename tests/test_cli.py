@@ -128,8 +128,15 @@ def test_profile_times_the_group_the_model_holds(model_dir, tmp_path, capsys):
     assert read_target(str(tmp_path / "q")) == (shapes, layers, 32)
     assert read_target(str(model_dir("tiny"))) == (shapes, layers, None)
     assert read_target("llama3-8b")[2] is None
-    code, _, err = cli(capsys, "profile", "--model", str(tmp_path / "q"), "--m", "1")
-    assert code == 2 and "CUDA" in err and "group 32" in err
+    out = tmp_path / "map.json"
+    code, _, err = cli(capsys, "profile", "--model", str(tmp_path / "q"), "--m", "1", "--modes", "w4a16",
+                       "--out", str(out))
+    assert "timing int4 stores of group 32" in err
+    if not torch.cuda.is_available():
+        assert code == 2 and "CUDA" in err
+        return
+    keys = json.loads(out.read_text())["entries"]
+    assert code == 0 and keys and all(k.startswith("w4a16:g32:") for k in keys)
 
 
 def test_checkpoint_dense_weights_take_the_compute_dtype(model_dir, tmp_path, capsys):
