@@ -141,3 +141,64 @@ def test_refine_map_keeps_what_the_decode_step_confirms(monkeypatch):
     assert pm.lookup(KEY, 1).config.warps == 4 and pm.lookup(KEY, 2).config.warps == 8
     assert any("w4a8" in line and "nothing to refine" in line for line in said)
     assert any("5.000 -> 4.000 ms" in line for line in said)
+
+
+KEY2 = "w4a16:g128:128x64"
+
+
+def _two_shape_map(a_warps: int, b_warps: int) -> PolicyMap:
+    """Picks of warps a_warps / b_warps at M = 1 for KEY / KEY2, each with the other tile timed."""
+    def entry(w):
+        return {"1": {"strategy": "w4a16_mma", "config": CFG | {"warps": w, "kwarps": w}, "us": 5.0}}
+
+    def timed(w):
+        return {"1": {_name(warps=w, kwarps=w): 5.0, _name(warps=12 - w, kwarps=12 - w): 6.0}}
+
+    return PolicyMap.from_json({"version": 1, "device": "GPU", "buckets": [1, 2], "meta": {},
+                                "entries": {KEY: entry(a_warps), KEY2: entry(b_warps)},
+                                "timings": {KEY: timed(a_warps), KEY2: timed(b_warps)}})
+
+
+@pytest.mark.parametrize("profiled_ms, seed_ms, kept_seed", [(5.0, 4.0, True), (4.0, 5.0, False), (4.0, 4.0, True)])
+def test_a_refined_point_must_beat_the_seeds_picks_on_the_step(monkeypatch, profiled_ms, seed_ms, kept_seed):
+    """With an incumbent map (`gearshift profile --seed ... --refine`), its picks join the candidates, and
+    the refined picks replace them only when faster on the step by more than min_gain. The fake step
+    is not a sum over shapes: one shape's seed pick alone is slower (5.5 ms), so the coordinate search
+    never takes it, and only the comparison of the whole sets finds the seed's picks faster."""
+    import gearshift.model.step_timer as step_timer
+    import gearshift.model.tiny as tiny
+    from gearshift.cli.refine import refine_map, refine_points
+
+    step = {(8, 8): profiled_ms, (4, 4): seed_ms, (4, 8): 5.5, (8, 4): 5.5}
+
+    class FakeTimer:
+        def __init__(self, model, mode, batch, context=512):
+            pass
+
+        def ms(self, dispatcher):
+            pol = dispatcher.policy
+            return step[(pol.lookup(KEY, 1).config.warps, pol.lookup(KEY2, 1).config.warps)]
+
+    monkeypatch.setattr(step_timer, "DecodeStepTimer", FakeTimer)
+    monkeypatch.setattr(tiny, "build_random_model", lambda *a, **kw: object())
+    pm, seed = _two_shape_map(8, 8), _two_shape_map(4, 4)
+    seed.device = "Seed GPU"
+    shapes = [("x", 64, 128), ("y", 128, 64)]
+    # each shape: its pick, the other tile it timed (the seed's pick, 4 warps), nothing added
+    assert refine_points(pm, shapes, ["w4a16"], [1], 128, 2, incumbent=seed) == 2
+    said = []
+    recs = refine_map(pm, "llama3-8b", shapes, ["w4a16"], [1], group=128, int4_prog=False, int4_layout="blocks16",
+                      top=1, context=64, incumbent=seed, say=said.append)
+    rec = recs[0]
+    assert rec["kept_incumbent"] is kept_seed and rec["ms_incumbent"] == seed_ms and rec["ms_before"] == profiled_ms
+    want = 4 if kept_seed else 8
+    assert (pm.lookup(KEY, 1).config.warps, pm.lookup(KEY2, 1).config.warps) == (want, want)
+    assert rec["changed"] == ([KEY, KEY2] if kept_seed else [])
+    assert rec["ms_after"] == (seed_ms if kept_seed else profiled_ms)
+    assert "Seed GPU's picks" in said[0] and ("the refined ones were not faster" in said[0]) is kept_seed
+    # without the incumbent nothing joins the candidates (top=1: the pick alone) and nothing is compared
+    pm2 = _two_shape_map(8, 8)
+    assert refine_points(pm2, shapes, ["w4a16"], [1], 128, 1) == 0
+    rec2 = refine_map(pm2, "llama3-8b", shapes, ["w4a16"], [1], group=128, int4_prog=False, int4_layout="blocks16",
+                      top=1, context=64, say=said.append)[0]
+    assert "kept_incumbent" not in rec2 and rec2["changed"] == []

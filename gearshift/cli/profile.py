@@ -75,7 +75,9 @@ def register(subparsers) -> argparse.ArgumentParser:
                    help="after profiling, re-choose the picks at these batch sizes (M buckets, e.g. 1,2,4,8,16) "
                         "on the model's graphed decode step: each shape's --refine-top fastest profiled tiles are "
                         "searched with the norms, attention and SwiGLU between the linears, and a change is kept "
-                        "only if it is confirmed faster by 0.5%%. Needs --model (a random-weight model of its "
+                        "only if it is confirmed faster by 0.5%%. With --seed, the seed's pick of each shape is "
+                        "searched too, and the seed's picks are kept unless the refined ones beat them on the "
+                        "step by 0.5%%. Needs --model (a random-weight model of its "
                         "shapes is built on the GPU); about half a minute per (mode, M) once tiles are compiled")
     p.add_argument("--refine-only", action="store_true",
                    help="with --refine: skip the profile and refine the map already at --out (at the default "
@@ -169,21 +171,25 @@ def refine_buckets(args) -> list[int]:
     return ms
 
 
-def finish_refine(args, pm, shapes, modes, refine_m, out) -> int:
-    """Run the decode-step search on pm, record it in the map's meta and save it at out."""
+def finish_refine(args, pm, shapes, modes, refine_m, out, incumbent=None) -> int:
+    """Run the decode-step search on pm, record it in the map's meta and save it at out. incumbent: the
+    --seed map, whose picks a refined point must beat on the step (`cli/refine.py`)."""
     from tqdm import tqdm
 
     from gearshift.cli.refine import refine_map, refine_points
 
     say = lambda line: tqdm.write(line, file=sys.stderr)  # noqa: E731 - keeps lines above the bar
-    total = refine_points(pm, shapes, modes, refine_m, args.group_size, args.refine_top)
+    total = refine_points(pm, shapes, modes, refine_m, args.group_size, args.refine_top, incumbent)
     with tqdm(total=total, desc="refine on the decode step", unit="tile") as bar:
         recs = refine_map(pm, args.model, shapes, modes, refine_m, group=args.group_size, int4_prog=args.int4_prog,
                           int4_layout=args.int4_layout, top=args.refine_top, context=args.refine_context,
-                          progress=bar, say=say)
-    pm.meta["refined"] = list(pm.meta.get("refined", [])) + [
-        {"model": str(args.model), "context": args.refine_context, "top": args.refine_top,
-         "points": [{k: r[k] for k in ("mode", "m", "ms_before", "ms_after", "changed")} for r in recs]}]
+                          incumbent=incumbent, progress=bar, say=say)
+    keep = ("mode", "m", "ms_before", "ms_after", "changed", "ms_incumbent", "kept_incumbent")
+    run = {"model": str(args.model), "context": args.refine_context, "top": args.refine_top,
+           "int4_prog": bool(args.int4_prog), "points": [{k: r[k] for k in keep if k in r} for r in recs]}
+    if incumbent is not None:
+        run["incumbent"] = incumbent.device
+    pm.meta["refined"] = list(pm.meta.get("refined", [])) + [run]
     path = pm.save(out)
     print(f"policy map written to {path} (refined on the decode step at M = {', '.join(map(str, refine_m))})")
     return 0
@@ -450,7 +456,7 @@ def run(args) -> int:
     path = pm.save(out)
     partial.unlink(missing_ok=True)
     if refine_m:
-        finish_refine(args, pm, shapes, modes, refine_m, out)
+        finish_refine(args, pm, shapes, modes, refine_m, out, incumbent=seed)
     for mode in modes:
         ab = ablations(pm, shapes, layers, mode, group=args.group_size)
         for m, row in ab.items():

@@ -6,7 +6,10 @@ mode and batch size M, this takes each shape's fastest profiled candidates and s
 decode step itself (`dispatch/step_search.py`). The step is captured as a CUDA graph of a
 random-weight model at the model's shapes (`model/step_timer.py`): timing does not depend on weight
 values. A change is kept only if it beats the current pick by more than `min_gain` in alternating
-re-timings.
+re-timings. With an incumbent map (the --seed map: what the engine runs without this profile), each
+shape's incumbent pick joins its candidates, and the refined point must beat the incumbent's picks by
+more than `min_gain` on the step, or the incumbent's are kept: a profile chooses on the linears alone,
+and a seeded, refined profile once lost 2-4% of the decode step to its seed (stop 68, W4A4 on an H200).
 """
 
 from __future__ import annotations
@@ -38,12 +41,32 @@ def mode_keys(pm, shapes, mode: str, group: int) -> list[str]:
     return [k for k in dict.fromkeys(type_key(mode, group, n, kk) for _, n, kk in shapes) if k in pm.entries]
 
 
+def shape_candidates(pm, keys, m: int, top: int, incumbent=None) -> tuple[dict[str, list[str]], dict[str, str]]:
+    """({key: pm's pick, then its fastest other candidates, then the incumbent's pick where it is none of
+    them}, {key: the incumbent's pick at m, as the engine looks it up}) for one batch size."""
+    from gearshift.dispatch.policy import candidate_name
+    from gearshift.dispatch.step_search import candidates, same_candidate
+
+    cands = {key: candidates(pm, key, m, top) for key in keys}
+    held = {}
+    for key in keys:
+        c = None if incumbent is None else incumbent.lookup(key, m)
+        if c is None:
+            continue
+        held[key] = candidate_name(c.strategy, c.config)
+        if not any(same_candidate(held[key], o) for o in cands[key]):
+            cands[key].append(held[key])
+    return cands, held
+
+
 def refine_map(pm, model: str, shapes, modes, m_list, *, group: int, int4_prog: bool, int4_layout: str,
-               top: int = 6, context: int = 512, min_gain: float = 0.005, progress=None, say=print) -> list[dict]:
+               top: int = 6, context: int = 512, min_gain: float = 0.005, incumbent=None, progress=None,
+               say=print) -> list[dict]:
     """Search each (mode, M) of the map on the decode step; write the kept changes into pm.
-    Returns one record per (mode, M): the step before and after, and the keys changed."""
+    Returns one record per (mode, M): the step before and after, the keys changed, and with an
+    incumbent map the step under its picks and whether they were kept."""
     from gearshift.dispatch import AdaptiveDispatcher
-    from gearshift.dispatch.step_search import adopt, candidates, coordinate_descent, with_choices
+    from gearshift.dispatch.step_search import adopt, confirmed_faster, coordinate_descent, same_candidate, with_choices
     from gearshift.model.step_timer import DecodeStepTimer
     from gearshift.model.tiny import build_random_model
 
@@ -62,27 +85,42 @@ def refine_map(pm, model: str, shapes, modes, m_list, *, group: int, int4_prog: 
             def step_ms(choices, m=m, timer=timer):
                 return timer.ms(AdaptiveDispatcher(with_choices(pm, choices, m), autoload=False))
 
-            cands = {key: candidates(pm, key, m, top) for key in keys}
-            before = [step_ms({k: c[0] for k, c in cands.items()}) for _ in range(3)]
+            cands, held = shape_candidates(pm, keys, m, top, incumbent)
+            start = {k: c[0] for k, c in cands.items()}
+            before = [step_ms(start) for _ in range(3)]
             cur, log = coordinate_descent(cands, step_ms, min_gain=min_gain,
                                           on_try=None if progress is None else lambda: progress.update(1))
-            after = [step_ms(cur) for _ in range(3)] if cur != {k: c[0] for k, c in cands.items()} else before
+            theirs = cur | held
+            verdict = ""
+            rec = {"mode": mode, "m": m}
+            if any(not same_candidate(theirs[k], cur[k]) for k in held):
+                try:  # the refined picks must beat the incumbent's, which are the base here
+                    taken, ratio, ta, _ = confirmed_faster(step_ms, theirs, cur, min_gain=min_gain)
+                except Exception as e:  # noqa: BLE001 - an incumbent tile this store cannot run
+                    log.append({"incumbent": theirs, "error": f"{type(e).__name__}: {e}"[:200]})
+                else:
+                    rec.update(ms_incumbent=statistics.median(ta), kept_incumbent=not taken)
+                    verdict = (f"; {incumbent.device}'s picks {rec['ms_incumbent']:.3f} ms"
+                               + (", kept: the refined ones were not faster" if not taken
+                                  else f", the refined ones {ratio:.3f}x that"))
+                    if not taken:
+                        cur = theirs
+            after = [step_ms(cur) for _ in range(3)] if cur != start else before
             changed = adopt(pm, cur, m)
-            rec = {"mode": mode, "m": m, "ms_before": statistics.median(before),
-                   "ms_after": statistics.median(after), "changed": changed,
-                   "errors": [e for e in log if "error" in e]}
+            rec.update(ms_before=statistics.median(before), ms_after=statistics.median(after), changed=changed,
+                       errors=[e for e in log if "error" in e])
             records.append(rec)
             say(f"refine {mode} M={m}: decode step {rec['ms_before']:.3f} -> {rec['ms_after']:.3f} ms"
-                + (f" ({', '.join(changed)} changed)" if changed else " (picks kept)"))
+                + (f" ({', '.join(changed)} changed)" if changed else " (picks kept)") + verdict)
     return records
 
 
-def refine_points(pm, shapes, modes, m_list, group: int, top: int) -> int:
+def refine_points(pm, shapes, modes, m_list, group: int, top: int, incumbent=None) -> int:
     """How many alternative candidates the search will try once per (mode, M) (for a progress bar)."""
-    from gearshift.dispatch.step_search import candidates
-
     total = 0
     for mode in modes:
         keys = mode_keys(pm, shapes, mode, group)
-        total += sum(max(len(candidates(pm, k, m, top)) - 1, 0) for k in keys for m in m_list)
+        for m in m_list:
+            cands, _ = shape_candidates(pm, keys, m, top, incumbent)
+            total += sum(max(len(c) - 1, 0) for c in cands.values())
     return total
