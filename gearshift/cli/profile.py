@@ -398,7 +398,7 @@ def run(args) -> int:
         if base is None:
             raise GearshiftError(f"--refine-only: no policy map of this GPU at {out} to refine; profile first")
         print(f"gearshift: refining the map at {getattr(base, 'path', out)}; writing it to {out}", file=sys.stderr)
-        rc = finish_refine(args, base, shapes, modes, refine_m, out)
+        rc = finish_refine(args, base, shapes, modes, refine_m, out, incumbent=seed)
         note = filled_note(out)
         if note:
             print(f"gearshift: {note}", file=sys.stderr)
