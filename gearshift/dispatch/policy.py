@@ -313,8 +313,8 @@ def filled_points(pm: PolicyMap) -> tuple[int, str] | None:
 def load_map_file(path: str | os.PathLike) -> PolicyMap:
     """A map file named on a command line (a benchmark's --policy / --map), run as the engine would run
     it: a map of this very GPU that lacks points takes them from its architecture's maps
-    (`fill_missing`), so the H200's shipped map, which holds 8 points, is timed with the H100's for the
-    rest and not with the built-in rules. Any other map (a what-if map of another GPU) is taken as it is."""
+    (`fill_missing`), so the H200's shipped map, which holds only some points, is timed with the H100's for
+    the rest and not with the built-in rules. Any other map (a what-if map of another GPU) is taken as it is."""
     pm = PolicyMap.load(path)
     pm.path = str(path)
     import torch
