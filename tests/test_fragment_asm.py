@@ -139,10 +139,10 @@ def test_emulator_refuses_unknown_instructions():
         run("{\nmul.lo.u32 $0, $1, $1;\n}", {1: np.zeros(32, dtype=np.uint32)}, {}, 1)
 
 
-@pytest.mark.parametrize("dt,rows,tiles,shared", [c for c in CASES if c[0] != "s8"])
+@pytest.mark.parametrize("dt,rows,tiles,shared", CASES)
 def test_fragment_order_block_gives_the_same_bits_without_input_prmts(dt, rows, tiles, shared):
-    """Inputs stored in fragment order: the block without its input PRMTs gives, lane for lane, the
-    bits the shipped block gives on natural-order inputs."""
+    """Inputs stored in fragment order (16-bit inputs, and int8 codes in their own order): the block without
+    its input PRMTs gives, lane for lane, the bits the shipped block gives on natural-order inputs."""
     ops, memories, n_out, _, _ = _case(dt, rows, tiles, shared, seed=11)
     ops_f, memories_f, _, _, _ = _case(dt, rows, tiles, shared, seed=11, fragment_order=True)
     asm = mg.block_asm(dt, rows, tiles, shared, fragment_order=True)
@@ -153,16 +153,22 @@ def test_fragment_order_block_gives_the_same_bits_without_input_prmts(dt, rows, 
 
 
 def test_fragment_order_is_the_nibble_pairs_order():
+    """16-bit inputs pair a word's nibbles i and i + 4 (one LOP3 each); int8 codes take its even nibbles, then
+    its odd ones (the int8 block's two ANDs)."""
     x = torch.arange(2 * 16).reshape(2, 16)
     f = mg.to_fragment_order(x)
     assert f[0, :8].tolist() == [0, 4, 1, 5, 2, 6, 3, 7] and f[1, 8:].tolist() == [24, 28, 25, 29, 26, 30, 27, 31]
     assert torch.equal(mg.from_fragment_order(f), x)
+    c = x.to(torch.int8)
+    fc = mg.to_fragment_order(c)
+    assert fc[0, :8].tolist() == [0, 2, 4, 6, 1, 3, 5, 7] and fc[1, 8:].tolist() == [24, 26, 28, 30, 25, 27, 29, 31]
+    assert torch.equal(mg.from_fragment_order(fc), c)
     with pytest.raises(ValueError):
-        mg.block_asm("s8", 16, 1, fragment_order=True)
+        mg.block_asm("s8", 16, 1, fragment_order=True, dequant=True)
 
 
 @pytest.mark.parametrize("dt,rows,tiles,fragment_order", [(dt, rows, tiles, f) for dt, rows, tiles, _ in CASES
-                                                        if not _ for f in ((False, True) if dt != "s8" else (False,))])
+                                                        if not _ for f in (False, True)])
 def test_x_tile_block_gives_the_same_bits(dt, rows, tiles, fragment_order):
     """Inputs in `to_x_tiles`' layout (each chunk load of the warp reads 512 contiguous bytes): the block
     gives, lane for lane, the bits the shipped block gives on natural-order inputs."""
@@ -185,13 +191,11 @@ def test_x_tiles_layout(dtype, m):
     x = (torch.arange(m * k) % 127).reshape(m, k).to(dtype)
     sixteen = dtype != torch.int8
     assert sixteen == mg.tiles_in_fragment_order(dtype)
-    if sixteen:  # the layout is the natural-chunk tiles of the columns in fragment order
-        nat = mg.to_x_tiles(x, fragment_order=False)
-        assert torch.equal(mg.to_x_tiles(x), mg.to_x_tiles(mg.to_fragment_order(x), fragment_order=False))
-        assert torch.equal(mg.from_x_tiles(nat, m, fragment_order=False), x)
-    else:
-        with pytest.raises(ValueError):
-            mg.to_x_tiles(x, fragment_order=True)
+    # in fragment order the layout is the natural-chunk tiles of the columns in that order
+    nat, frag = mg.to_x_tiles(x, fragment_order=False), mg.to_x_tiles(x, fragment_order=True)
+    assert torch.equal(frag, mg.to_x_tiles(mg.to_fragment_order(x), fragment_order=False))
+    assert torch.equal(mg.from_x_tiles(nat, m, fragment_order=False), x)
+    assert torch.equal(mg.from_x_tiles(frag, m, fragment_order=True), x)
     xt = mg.to_x_tiles(x)
     rows = mg.x_tile_rows(m)
     assert xt.shape == (rows, k) and rows % 8 == 0 and (m <= 8 or rows % 16 == 0)

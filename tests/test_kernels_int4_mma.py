@@ -780,7 +780,8 @@ def test_gpu_glu_epilogue_is_gate_up_then_swiglu_bit_for_bit(rows, warps, kwarps
     TileConfig(32, 0, 128, 1, 4, 1, kwarps=2, xshare=True), TileConfig(32, 0, 128, 2, 2, 1, prefetch=True)])
 def test_gpu_fragment_order_inputs_give_the_same_bits(cfg):
     """`mma_gemv(to_fragment_order(x), ..., fragment_order=True)`, the block without its input PRMTs,
-    gives the shipped kernel's bits on x, from global or (xshare) shared memory (CPU: test_fragment_asm)."""
+    gives the shipped kernel's bits on x, from global or (xshare) shared memory: 16-bit inputs and int8 codes
+    (CPU: test_fragment_asm)."""
     from gearshift.kernels.int4_mma_gemv import mma_gemv, to_fragment_order
 
     torch.manual_seed(cfg.bm + cfg.warps)
@@ -792,6 +793,10 @@ def test_gpu_fragment_order_inputs_give_the_same_bits(cfg):
             x = torch.randn(m, 2048, device="cuda", dtype=dt)
             assert torch.equal(mma_gemv(to_fragment_order(x), store, cfg, fragment_order=True),
                                mma_gemv(x, store, cfg)), (m, dt)
+        codes = torch.randint(-127, 128, (m, 2048), device="cuda", dtype=torch.int8)
+        ts = torch.rand(m, device="cuda") + 0.5
+        assert torch.equal(mma_gemv(to_fragment_order(codes), store, cfg, ts, torch.bfloat16, fragment_order=True),
+                           mma_gemv(codes, store, cfg, ts, torch.bfloat16)), m
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the PTX needs a CUDA GPU")
@@ -801,8 +806,8 @@ def test_gpu_fragment_order_inputs_give_the_same_bits(cfg):
     TileConfig(32, 0, 128, 1, 8, 1, kwarps=8, pairs=True, ksum=True, trigger=2)])
 def test_gpu_x_tile_inputs_give_the_same_bits(cfg):
     """`mma_gemv(to_x_tiles(x), ..., x_tiles=M)`, whose warps load 512 contiguous input bytes at a time, gives
-    the shipped kernel's bits on x: bf16 / fp16 inputs (their chunks in fragment order, and in natural order),
-    int8 codes, up to 40 tokens (CPU: test_fragment_asm), whatever the padding rows hold (the producers
+    the shipped kernel's bits on x: bf16 / fp16 inputs and int8 codes (their chunks in fragment order, and in
+    natural order), up to 40 tokens (CPU: test_fragment_asm), whatever the padding rows hold (the producers
     leave them unwritten)."""
     from gearshift.kernels.int4_mma_gemv import mma_gemv, to_x_tiles, x_tile_rows
 
@@ -825,8 +830,11 @@ def test_gpu_x_tile_inputs_give_the_same_bits(cfg):
                                         fragment_order=False, x_tiles=m), want), (m, dt)
         codes = torch.randint(-127, 128, (m, 2048), device="cuda", dtype=torch.int8)
         ts = torch.rand(m, device="cuda") + 0.5
+        want = mma_gemv(codes, store, cfg, ts, torch.bfloat16)
         assert torch.equal(mma_gemv(to_x_tiles_padded_with(codes, -128), store, cfg, ts, torch.bfloat16, x_tiles=m),
-                           mma_gemv(codes, store, cfg, ts, torch.bfloat16)), m
+                           want), m
+        assert torch.equal(mma_gemv(to_x_tiles_padded_with(codes, 127, fragment_order=True), store, cfg, ts,
+                                    torch.bfloat16, x_tiles=m, fragment_order=True), want), m
         ran += 1
     assert ran >= 4
 

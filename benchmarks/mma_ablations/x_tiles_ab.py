@@ -16,7 +16,9 @@ input PRMTs in the block). Per mode, shape and M, in one process:
 - the whole 32-layer step of the four linears (CUDA-graph replay, `kernels.step_fn`): the map's picks
   natural, each shape's best natural tile, and each shape's best tile on each x-tile layout, `--rounds` times
   alternating.
-W4A8 runs int8 codes through `w4a8_mma_int8`'s tiles (codes made before timing, as the producers hand them).
+W4A8 runs int8 codes through `w4a8_mma_int8`'s tiles (codes made before timing, as the producers hand them),
+on four inputs: "natural", "tiles" (natural chunk order), and since stop 69 "fragment" (row order, each 8 codes'
+even columns then odd ones: no input PRMTs in the int8 block) and "tiles_fragment" (x tiles of that order).
 
     PYTHONPATH=. python benchmarks/mma_ablations/x_tiles_ab.py --modes w4a16,w4a8 --m 1,4,8,16 --out $OUT
 """
@@ -71,6 +73,20 @@ def token_scales(mode: str, m: int) -> torch.Tensor | None:
     return None if mode == "w4a16" else torch.rand(m, device="cuda") + 0.5
 
 
+VARIANTS = {"w4a16": ("natural", "tiles", "tiles_fragment"),
+            "w4a8": ("natural", "tiles", "fragment", "tiles_fragment")}
+
+
+def prepared(variant: str, m: int):
+    """(how a variant lays out a linear's inputs, the `mma_gemv` arguments that say so)."""
+    if variant == "natural":
+        return (lambda x: x), {}
+    if variant == "fragment":
+        return mg.to_fragment_order, {"fragment_order": True}
+    fo = variant == "tiles_fragment"
+    return (lambda x: mg.to_x_tiles(x, fragment_order=fo)), {"x_tiles": m, "fragment_order": fo}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--map", default="gearshift/data/policy/NVIDIA_H100_80GB_HBM3.json")
@@ -95,7 +111,7 @@ def main() -> None:
     t0 = time.time()
     for mode in a.modes.split(","):
         # W4A16: "tiles" is stop 64's layout (16-bit chunks in natural order), "tiles_fragment" the shipped one
-        variants = ["natural", "tiles"] + (["tiles_fragment"] if mode == "w4a16" else [])
+        variants = VARIANTS[mode]
         for m in (int(v) for v in a.m.split(",")):
             best = {v: {} for v in variants}  # shape -> (us, cfg)
             picks = {}
@@ -106,10 +122,10 @@ def main() -> None:
                            for _ in range(n_copies(stores[0]) - 1)]
                 x, ts = inputs(mode, m, k, dtype), token_scales(mode, m)
                 od = dtype if ts is not None else None
-                xin = {"natural": (x, {}), "tiles": (mg.to_x_tiles(x, fragment_order=False),
-                                                      {"x_tiles": m, "fragment_order": False})}
-                if "tiles_fragment" in variants:
-                    xin["tiles_fragment"] = (mg.to_x_tiles(x), {"x_tiles": m})
+                xin = {}
+                for v in variants:
+                    prep, kw = prepared(v, m)
+                    xin[v] = (prep(x), kw)
                 cands = candidates(pm, mode, key, m, a.top)
                 picks[name] = cands[0]
                 rows = []
@@ -117,7 +133,7 @@ def main() -> None:
                     y = mg.mma_gemv(x, stores[0], c, ts, od)
                     row = {"tile": c.key()}
                     for v, (xv, kw) in xin.items():
-                        cv = dataclasses.replace(c, xshare=False) if v != "natural" else c
+                        cv = dataclasses.replace(c, xshare=False) if v.startswith("tiles") else c
                         if v != "natural" and not torch.equal(mg.mma_gemv(xv, stores[0], cv, ts, od, **kw), y):
                             raise SystemExit(f"{mode} {name} M={m} {cv.key()}: {v} inputs give other bits")
                         us = time_us([lambda s=s, xv=xv, kw=kw, cv=cv: mg.mma_gemv(xv, s, cv, ts, od, **kw)
@@ -138,14 +154,9 @@ def main() -> None:
                 ids = {id(t): i for i, t in enumerate(xv)}
                 return step_fn(model, xv, lambda t, s: mg.mma_gemv(t, s, cfgs[ids[id(t)]], ts, od, **kw))
 
-            runs = {"map_natural": run_for([picks[nm] for nm, _, _ in shapes], lambda x: x, {}),
-                    "best_natural": run_for([best["natural"][nm][1] for nm, _, _ in shapes], lambda x: x, {})}
-            runs["best_tiles"] = run_for([best["tiles"][nm][1] for nm, _, _ in shapes],
-                                         lambda x: mg.to_x_tiles(x, fragment_order=False),
-                                         {"x_tiles": m, "fragment_order": False})
-            if "tiles_fragment" in variants:
-                runs["best_tiles_fragment"] = run_for([best["tiles_fragment"][nm][1] for nm, _, _ in shapes],
-                                                      mg.to_x_tiles, {"x_tiles": m})
+            runs = {"map_natural": run_for([picks[nm] for nm, _, _ in shapes], lambda x: x, {})}
+            for v in variants:
+                runs[f"best_{v}"] = run_for([best[v][nm][1] for nm, _, _ in shapes], *prepared(v, m))
             times = {r: [] for r in runs}
             for _ in range(a.rounds):
                 for r, run in runs.items():
@@ -154,7 +165,7 @@ def main() -> None:
             res["step_ms"][f"{mode}|{m}"] = {"runs": times, **med, **{
                 f"best_{v}_cfg": {nm: c.key() for nm, (_, c) in best[v].items()} for v in variants}}
             print(f"{mode} M={m:2d} step ms: " + "  ".join(f"{r} {v:.3f}" for r, v in med.items())
-                  + f"  tiles/natural {med['best_tiles'] / med['best_natural']:.3f}"
+                  + "".join(f"  {v}/natural {med[f'best_{v}'] / med['best_natural']:.3f}" for v in variants[1:])
                   + f"  ({time.time() - t0:.0f} s)", flush=True)
             write_json(a.out, name_out, res)
     print(f"wrote {Path(a.out) / name_out}")

@@ -214,7 +214,8 @@ def _mma_asm(dt: str, magic: int, rows: int, tiles: int = 1, chains: int = 1, fu
     return "\n".join(lines)
 
 
-def _mma_asm_s8(rows: int, tiles: int = 1, shared: bool = False, x_step: int = 16) -> str:
+def _mma_asm_s8(rows: int, tiles: int = 1, shared: bool = False, x_step: int = 16,
+                fragment_order: bool = False) -> str:
     """PTX for one 128-column block on int8 activation codes (W4A8 / W4A4): `mma.m16n8k32` s8.
 
     Same operands and outputs as `_mma_asm` (the outputs as fp32), but a nibble becomes an int8 in
@@ -226,6 +227,8 @@ def _mma_asm_s8(rows: int, tiles: int = 1, shared: bool = False, x_step: int = 1
     reads 32 bytes of each token per block, half of the 16-bit codes' traffic, and runs half the MMAs.
     shared: the codes come from shared memory at two 32-bit addresses per token tile (`TileConfig.xshare`).
     x_step: as in `_mma_asm` (512: `to_x_tiles`' layout).
+    fragment_order: the codes are stored in `S8_FRAGMENT_ORDER` (each 8-byte run's even columns, then its odd
+    ones), so each input register already is a B operand and the 8 PRMTs per token tile and block go (stop 69).
     """
     per_lane = rows // 8
     mma = "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32"
@@ -257,7 +260,7 @@ def _mma_asm_s8(rows: int, tiles: int = 1, shared: bool = False, x_step: int = 1
             split("c0", "c2", f"${w0[2] + j}")
             split("c1", "c3", f"${w0[3] + j}")
         lines += _tile_ksteps(mma, per_lane, tiles, 0, lambda tile: (f"x{8 * tile + 2 * j}", f"x{8 * tile + 2 * j + 1}"),
-                              ("0x6420", "0x7531"))
+                              None if fragment_order else ("0x6420", "0x7531"))
     for i, v in enumerate(_block_outputs(per_lane, tiles)):
         lines += [f"cvt.rn.f32.s32 cv, {v};", f"mov.b32 ${i}, cv;"]
     lines.append("}")
@@ -285,6 +288,9 @@ MMA_ASM_DQ = {(dt, rows, tiles, shared): _mma_asm(dt, magic, rows, tiles, shared
 #: int8 activation codes: `_mma_asm_s8`
 MMA_ASM_S8 = {(rows, tiles): _mma_asm_s8(rows, tiles) for rows in ROWS_PER_WARP for tiles in (1, 2)}
 MMA_ASM_S8_SHARED = {(rows, tiles): _mma_asm_s8(rows, tiles, shared=True) for rows in ROWS_PER_WARP for tiles in (1, 2)}
+#: int8 codes in `S8_FRAGMENT_ORDER`, from global or shared memory: keyed (rows, tiles, shared)
+MMA_ASM_S8_FRAGMENT = {(rows, tiles, shared): _mma_asm_s8(rows, tiles, shared=shared, fragment_order=True)
+                       for rows in ROWS_PER_WARP for tiles in (1, 2) for shared in (False, True)}
 OFFSET = {"bf16": 128.0, "f16": 1024.0, "s8": 0.0}
 # PTX of the weight loads (16 bytes per lane and row, read once: no L1 allocation). The L2 prefetch-size
 # forms make the row's next blocks L2 hits; benchmarks/mma_ablations/loads.py times them.
@@ -1203,12 +1209,12 @@ def mma_gemv(x: torch.Tensor, store: Int4Weight, cfg: TileConfig, token_scales: 
     `pdl_trigger`) change timing only, never the result; tail != 0 is a timing experiment with
     wrong results (`splitk_finish`). glu: the store is SwiGLU's gate_up (gate rows, then up rows) and y
     [M, N / 2] = silu(gate) * up, bit for bit what the unfused gate_up and `silu_mul_triton` give
-    (`mma_glu_supports` says which tiles can). fragment_order: x is bf16 / fp16 in `to_fragment_order`'s
-    column order, and y is bit for bit what natural-order x gives (a kernel without the input PRMTs: stop
-    52). x_tiles = M > 0: x is `to_x_tiles` of M tokens, which every warp loads 512 contiguous bytes at a
+    (`mma_glu_supports` says which tiles can). fragment_order: x is in `to_fragment_order`'s column order
+    (16-bit inputs; int8 codes since stop 69), and y is bit for bit what natural-order x gives (a kernel
+    without the input PRMTs: stop 52). x_tiles = M > 0: x is `to_x_tiles` of M tokens, which every warp loads 512 contiguous bytes at a
     time (the rows past M are never read: their lanes read token M - 1's place); y is bit for bit what x in
     order gives (stop 64; global-memory inputs only). Their 16-bit chunks are in fragment order unless
-    fragment_order=False says they are not (`tiles_in_fragment_order`).
+    fragment_order=False says they are not, int8 codes' only if fragment_order=True (`tiles_in_fragment_order`).
     y_tiles (with glu, 16-bit inputs): y, down's input, in that layout, as [`x_tile_rows(M)`, N / 2]."""
     x2 = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])  # (host time: eager decode pays every line)
     m = x_tiles or x2.shape[0]
@@ -1294,8 +1300,8 @@ def mma_gemv(x: torch.Tensor, store: Int4Weight, cfg: TileConfig, token_scales: 
 def block_asm(dt: str, rows: int, tiles: int, shared: bool = False, fragment_order: bool = False,
               dequant: bool = False, x_tiles: bool = False) -> str:
     """The block PTX for activations of kind dt ('bf16', 'f16' or int8 codes 's8'), read from global
-    memory or (`TileConfig.xshare`) from shared memory; fragment_order: 16-bit inputs stored in
-    fragment order (`to_fragment_order`); dequant: weights dequantized before the MMA (groups of 32 / 64);
+    memory or (`TileConfig.xshare`) from shared memory; fragment_order: inputs stored in fragment
+    order (`to_fragment_order`); dequant: weights dequantized before the MMA (groups of 32 / 64);
     x_tiles: the inputs in `to_x_tiles`' layout (global memory only)."""
     if x_tiles:
         if shared or dequant:
@@ -1307,7 +1313,7 @@ def block_asm(dt: str, rows: int, tiles: int, shared: bool = False, fragment_ord
         return MMA_ASM_DQ[(dt, rows, tiles, shared)]
     if fragment_order:
         if dt == "s8":
-            raise ValueError("fragment-order inputs are 16-bit; int8 codes have their own gather")
+            return MMA_ASM_S8_FRAGMENT[(rows, tiles, shared)]
         return MMA_ASM_FRAGMENT[(dt, rows, tiles, shared)]
     if dt == "s8":
         return (MMA_ASM_S8_SHARED if shared else MMA_ASM_S8)[(rows, tiles)]
@@ -1319,9 +1325,7 @@ def block_asm(dt: str, rows: int, tiles: int, shared: bool = False, fragment_ord
 @functools.cache
 def _x_tiles_asm(dt: str, rows: int, tiles: int, fragment_order: bool) -> str:
     if dt == "s8":
-        if fragment_order:
-            raise ValueError("fragment-order inputs are 16-bit; int8 codes have their own gather")
-        return _mma_asm_s8(rows, tiles, x_step=X_TILE_CHUNK)
+        return _mma_asm_s8(rows, tiles, x_step=X_TILE_CHUNK, fragment_order=fragment_order)
     return _mma_asm(dt, {"bf16": 0x4300, "f16": 0x6400}[dt], rows, tiles, fragment_order=fragment_order,
                     x_step=X_TILE_CHUNK)
 

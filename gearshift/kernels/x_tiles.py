@@ -30,6 +30,14 @@ X_TILE_TOKENS = range(1, 17)
 #: column order of every 8 in fragment order: position p holds natural column FRAGMENT_ORDER[p] (the pairs
 #: one weight word's LOP3s make)
 FRAGMENT_ORDER = (0, 4, 1, 5, 2, 6, 3, 7)
+#: the same for int8 codes (stop 69): a weight word's even nibbles, then its odd ones (the int8 block's two ANDs),
+#: so each 4-byte input register already is an `m16n8k32` B operand
+S8_FRAGMENT_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
+
+
+def fragment_order_of(dtype: torch.dtype) -> tuple[int, ...]:
+    """The column order of every 8 that the block for dtype reads without input PRMTs."""
+    return S8_FRAGMENT_ORDER if dtype == torch.int8 else FRAGMENT_ORDER
 
 
 def _reorder_eights(x: torch.Tensor, order) -> torch.Tensor:
@@ -38,22 +46,21 @@ def _reorder_eights(x: torch.Tensor, order) -> torch.Tensor:
 
 
 def to_fragment_order(x: torch.Tensor) -> torch.Tensor:
-    """x [..., K] with each 8 columns' values in FRAGMENT_ORDER: what `mma_gemv(..., fragment_order=True)`
-    reads (a copy)."""
-    return _reorder_eights(x, FRAGMENT_ORDER)
+    """x [..., K] with each 8 columns' values in `fragment_order_of(x.dtype)`: what `mma_gemv(...,
+    fragment_order=True)` reads (a copy)."""
+    return _reorder_eights(x, fragment_order_of(x.dtype))
 
 
 def from_fragment_order(x: torch.Tensor) -> torch.Tensor:
     """The inverse of `to_fragment_order`."""
-    return _reorder_eights(x, [FRAGMENT_ORDER.index(c) for c in range(8)])
+    order = fragment_order_of(x.dtype)
+    return _reorder_eights(x, [order.index(c) for c in range(8)])
 
 
 def tiles_in_fragment_order(dtype: torch.dtype, fragment_order: bool | None = None) -> bool:
     """Whether x tiles of dtype hold their chunks in fragment order: 16-bit inputs do unless told not to
-    (an ablation's natural chunk order); int8 codes never do (their block has its own gather)."""
+    (an ablation's natural chunk order); int8 codes only when told to (no producer writes them so yet)."""
     sixteen = dtype in (torch.bfloat16, torch.float16)
-    if fragment_order and not sixteen:
-        raise ValueError(f"fragment order is for 16-bit inputs; got {dtype}")
     return sixteen if fragment_order is None else fragment_order
 
 
