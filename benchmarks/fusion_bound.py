@@ -42,10 +42,11 @@ class _StaticCodes:
     def get(self, rows: int, width: int, spec, device):
         from gearshift.kernels.act_quant import ActCodes
 
-        key = (rows, width, spec.dtype, spec.qmax)
+        key = (rows, width, spec.dtype, spec.qmax, spec.fragment_order)
         if key not in self.buffers:
             q = torch.zeros((rows, width), device=device, dtype=spec.dtype)
-            self.buffers[key] = ActCodes(q, torch.ones((rows,), device=device, dtype=torch.float32), spec.qmax)
+            self.buffers[key] = ActCodes(q, torch.ones((rows,), device=device, dtype=torch.float32), spec.qmax,
+                                         spec.fragment_order)
         return self.buffers[key]
 
 

@@ -29,7 +29,7 @@ from gearshift.dispatch.policy import M_BUCKETS, PolicyMap, device_slug, load_ma
 from gearshift.dispatch.profiler import PRESETS, ablations, copy_bandwidth, profile, random_store, time_us  # noqa: E402
 from gearshift.dispatch.strategies import strategies_for  # noqa: E402
 from gearshift.jsonfile import write_text  # noqa: E402
-from gearshift.kernels.act_quant import ActCodes, quantize_act_triton  # noqa: E402
+from gearshift.kernels.act_quant import quantize_for  # noqa: E402
 from gearshift.kernels.library import scaled_mm_fp8_linear, tinygemm_linear, to_fp8_rowwise, to_tinygemm  # noqa
 from gearshift.kernels.reference import linear_reference  # noqa: E402
 from gearshift.kernels.silu_mul import emits_codes  # noqa: E402
@@ -164,8 +164,7 @@ def producer_codes(d, shapes, stores, xs, act, m, fed=PRODUCER_FED, every_m: boo
         if spec is None:
             out.append(None)
             continue
-        c, sc = quantize_act_triton(x, act)
-        out.append(ActCodes(c.to(spec.dtype), sc, spec.qmax))
+        out.append(quantize_for(x, act, spec))
     return out
 
 

@@ -25,7 +25,7 @@ from gearshift.dispatch.policy import device_slug, load_map_file  # noqa: E402
 from gearshift.dispatch.profiler import PRESETS, n_copies, random_store, time_us  # noqa: E402
 from gearshift.dispatch.strategies import STRATEGIES  # noqa: E402
 from gearshift.jsonfile import write_text  # noqa: E402
-from gearshift.kernels.act_quant import ActCodes, quantize_act_triton  # noqa: E402
+from gearshift.kernels.act_quant import quantize_for  # noqa: E402
 from gearshift.quant.modes import MODES  # noqa: E402
 
 
@@ -58,8 +58,7 @@ def main() -> None:
             if pick is None or pick16 is None or spec is None:
                 raise SystemExit(f"{name} M={m}: the map has no {a.mode} / w4a16 pick taking codes here")
             strat = STRATEGIES[pick.strategy]
-            c, sc = quantize_act_triton(x, act)
-            codes = ActCodes(c.to(spec.dtype), sc, spec.qmax)
+            codes = quantize_for(x, act, spec)
             y_profiled = strat.run(x, probe, act, pick.config)
             y_codes = d.linear(x, probe, act, codes=codes)
             if not torch.equal(y_profiled, y_codes):

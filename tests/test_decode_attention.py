@@ -17,6 +17,7 @@ from gearshift.kernels.act_quant import quantize_act_triton  # noqa: E402
 from gearshift.kernels.decode_attention import (decode_attention_reference,  # noqa: E402
                                                 decode_attention_triton)
 from gearshift.kernels.splitk import zeroed_words  # noqa: E402
+from gearshift.kernels.x_tiles import to_fragment_order  # noqa: E402
 from gearshift.quant.activations import ActQuantSpec  # noqa: E402
 
 DEV = "cuda" if GPU else "cpu"
@@ -75,6 +76,10 @@ def test_codes_are_the_quantizers_bits(qmax, codes_dtype):
     assert codes.codes.dtype == codes_dtype and codes.qmax == qmax
     assert torch.equal(codes.codes, want_q) and torch.equal(codes.scales, want_s)
     assert not zeroed_words("decode_attention", out.device, 1).any()  # arrival counters back at zero
+    if codes_dtype == torch.int8:  # in the int8 fragment block's column order: the same codes, each 8 permuted
+        _, fo = decode_attention_triton(q, k, v, slots, 72, qmax=qmax, fragment_order=True, **SMALL)
+        assert fo.fragment_order and torch.equal(fo.codes, to_fragment_order(want_q))
+        assert torch.equal(fo.scales, want_s)
 
 
 def test_a_tokens_bits_do_not_depend_on_the_bucket_batch_or_pass():

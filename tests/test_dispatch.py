@@ -214,7 +214,7 @@ def test_linear_from_codes_alone_is_the_linear_of_their_activations():
 def test_gpu_linear_from_codes_alone_gives_the_same_bits(m):
     """Where `codes_for` asks for codes, the codes-only call runs the same kernel on the same codes
     as `linear` with them, so the bits are the same."""
-    from gearshift.kernels.act_quant import ActCodes, quantize_act_triton
+    from gearshift.kernels.act_quant import quantize_for
     from gearshift.quant.int4 import quantize_int4_progressive
 
     d = AdaptiveDispatcher()
@@ -225,8 +225,7 @@ def test_gpu_linear_from_codes_alone_gives_the_same_bits(m):
         spec = d.codes_for(st, act, m, x.dtype)
         if spec is None:
             continue
-        q, s = quantize_act_triton(x, act, codes_dtype=spec.dtype)
-        codes = ActCodes(q, s, spec.qmax)
+        codes = quantize_for(x, act, spec)
         assert torch.equal(d.linear_codes(codes, st, act, None, x.dtype), d.linear(x, st, act, codes=codes))
 
 

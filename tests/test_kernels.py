@@ -163,6 +163,24 @@ def test_act_quant_matches_reference(dtype):
         assert torch.equal(s, s2.reshape(-1))
 
 
+@pytest.mark.parametrize("one_pass", [16384, 0], ids=["one-pass", "two-pass"])
+def test_act_quant_stores_fragment_order_codes(one_pass, monkeypatch):
+    """fragment_order: the int8 codes with each 8 columns in `S8_FRAGMENT_ORDER` (the int8 fragment block reads
+    them without input PRMTs), the same codes and scales otherwise; only int8 rows of a multiple of 8 columns."""
+    from gearshift.kernels import act_quant
+    from gearshift.kernels.x_tiles import to_fragment_order
+
+    monkeypatch.setattr(act_quant, "ONE_PASS_COLUMNS", one_pass)
+    x = torch.randn(3, 4096, device=DEV).to(torch.float16)
+    for spec in (ActQuantSpec("int8"), ActQuantSpec("int4")):
+        q, s = act_quant.quantize_act_triton(x, spec)
+        qf, sf = act_quant.quantize_act_triton(x, spec, fragment_order=True)
+        assert torch.equal(qf, to_fragment_order(q)) and not torch.equal(qf, q) and torch.equal(sf, s)
+    for bad, kw in ((x, {"codes_dtype": torch.float16}), (x[:, :1004], {})):
+        with pytest.raises(ValueError, match="fragment-order"):
+            act_quant.quantize_act_triton(bad, ActQuantSpec("int8"), fragment_order=True, **kw)
+
+
 @pytest.mark.parametrize("k,one_pass,rows", [(1000, 16384, 256), (14336, 16384, 256), (14336, 0, 256),
                                              (20000, 16384, 256), (14336, 16384, 2)],
                          ids=["one-pass", "one-pass-wide", "two-pass", "two-pass-wider-than-one-pass",

@@ -59,8 +59,9 @@ _HALF = [torch.bfloat16] if DEV == "cuda" else []  # the interpreter truncates t
 def test_norm_emits_the_quantizers_codes(shape, dtype, qmax, act, with_add):
     """The codes an RMSNorm emits for the next linear are, bit for bit, what the activation
     quantizer makes of the rows the norm stored; the stored rows do not change."""
-    from gearshift.kernels.act_quant import quantize_act_triton
+    from gearshift.kernels.act_quant import natural_codes, quantize_act_triton
     from gearshift.kernels.rmsnorm import (add_rms_norm_codes_triton, add_rms_norm_triton, rms_norm_codes_triton)
+    from gearshift.kernels.x_tiles import to_fragment_order
     from gearshift.quant.activations import ActQuantSpec
 
     g = torch.Generator().manual_seed(shape[-1] + int(qmax))
@@ -87,6 +88,11 @@ def test_norm_emits_the_quantizers_codes(shape, dtype, qmax, act, with_add):
     else:
         none, alone = rms_norm_codes_triton(x, w, 1e-5, qmax, normed=False)
     assert none is None and torch.equal(alone.codes, q) and torch.equal(alone.scales, sc)
+    # in the int8 fragment block's column order (`CodesSpec.fragment_order`): the same codes, each 8 permuted
+    fo = (add_rms_norm_codes_triton(x, d, w, 1e-5, qmax, fragment_order=True)[2] if with_add
+          else rms_norm_codes_triton(x, w, 1e-5, qmax, fragment_order=True)[1])
+    assert fo.fragment_order and torch.equal(fo.codes, to_fragment_order(q)) and torch.equal(natural_codes(fo), q)
+    assert torch.equal(fo.scales, sc)
 
 
 def test_norm_codes_need_an_integer_range():

@@ -51,6 +51,7 @@ def test_silu_mul_emits_the_quantizers_codes(shape, dtype, qmax, act):
     activation quantizer makes of the product it stored; the stored product does not change."""
     from gearshift.kernels.act_quant import quantize_act_triton
     from gearshift.kernels.silu_mul import silu_mul_codes_triton
+    from gearshift.kernels.x_tiles import to_fragment_order
     from gearshift.quant.activations import ActQuantSpec
 
     g = torch.Generator().manual_seed(shape[-1] + int(qmax))
@@ -66,6 +67,12 @@ def test_silu_mul_emits_the_quantizers_codes(shape, dtype, qmax, act):
     assert torch.equal(as_float.codes.to(torch.int8), q)  # the 16-bit float codes hold the same integers
     none, alone = silu_mul_codes_triton(gu, qmax, product=False)  # the codes without storing the product
     assert none is None and torch.equal(alone.codes, q) and torch.equal(alone.scales, sc)
+    if y.shape[-1] % 8:  # fragment order permutes each 8 columns in place
+        with pytest.raises(ValueError, match="multiple of 8"):
+            silu_mul_codes_triton(gu, qmax, fragment_order=True)
+    else:
+        _, fo = silu_mul_codes_triton(gu, qmax, fragment_order=True)
+        assert fo.fragment_order and torch.equal(fo.codes, to_fragment_order(q)) and torch.equal(fo.scales, sc)
 
 
 def test_silu_mul_codes_width_limit():
@@ -86,6 +93,7 @@ def test_split_rows_give_the_one_program_kernels_codes(rows, width, qmax, act):
     scales and product of one program per row, launch after launch: the barrier's counters are never
     reset, and launches of other program counts (other block sizes) in between keep counters of their own."""
     from gearshift.kernels.silu_mul import _barrier_words, silu_mul_codes_triton
+    from gearshift.kernels.x_tiles import to_fragment_order
 
     g = torch.Generator().manual_seed(rows * width + int(qmax))
     gu = (torch.randn(rows, 2 * width, generator=g) * 4).to(DEV, _HALF)
@@ -101,5 +109,10 @@ def test_split_rows_give_the_one_program_kernels_codes(rows, width, qmax, act):
                 ys, split = silu_mul_codes_triton(gu, qmax, split=True, split_block=block, product=product)
                 assert torch.equal(split.codes, one.codes) and torch.equal(split.scales, one.scales)
                 assert (ys is None) == (not product) and (ys is None or torch.equal(ys, y1))
+                if width % 8 == 0:  # the int8 fragment block's column order: the same codes, each 8 permuted
+                    _, fo = silu_mul_codes_triton(gu, qmax, split=True, split_block=block, product=product,
+                                                  fragment_order=True)
+                    assert torch.equal(fo.codes, to_fragment_order(one.codes)) and torch.equal(fo.scales, one.scales)
+    per_trip = 6 if width % 8 else 12  # (with the fragment-order launches)
     for p, b in zip(programs, before):  # each launch added its program count to each of its rows' counters
-        assert (_barrier_words(gu.device, rows, p)[0][:rows] - b).tolist() == [6 * launches[p] * p] * rows
+        assert (_barrier_words(gu.device, rows, p)[0][:rows] - b).tolist() == [per_trip * launches[p] * p] * rows

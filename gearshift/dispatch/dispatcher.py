@@ -20,10 +20,11 @@ import warnings
 import torch
 
 from gearshift.dispatch.policy import Choice, PolicyMap, load_policy_for_device, nearest_shape_keys, type_key
-from gearshift.dispatch.strategies import MAX_TOKENS, STRATEGIES, group_of, mode_key, strategies_for, tiles_serve
+from gearshift.dispatch.strategies import (MAX_TOKENS, STRATEGIES, group_of, mode_key, reads_fragment_codes,
+                                           strategies_for, tiles_serve)
 from gearshift.errors import GearshiftError
 from gearshift.kernels._triton import HAS_TRITON
-from gearshift.kernels.act_quant import ActCodes, CodesSpec, codes_qmax
+from gearshift.kernels.act_quant import ActCodes, CodesSpec, codes_qmax, natural_codes
 from gearshift.kernels.config import TileConfig, block_m_for
 from gearshift.kernels.reference import linear_reference, linear_reference_codes
 from gearshift.kernels.switches import glu_epilogue_codes_on, glu_epilogue_on, x_tiles_on
@@ -89,7 +90,7 @@ class Dispatcher:
         dequantized codes, which is `linear` on the activations they came from."""
         if not isinstance(act, ActQuantSpec) or act.group_size is not None or codes.qmax != codes_qmax(act):
             raise GearshiftError(f"activation codes of range {codes.qmax} do not fit the activation quantizer {act}")
-        return linear_reference_codes(codes.codes, codes.scales, store, act, bias, dtype)
+        return linear_reference_codes(natural_codes(codes), codes.scales, store, act, bias, dtype)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -320,7 +321,7 @@ class AdaptiveDispatcher(Dispatcher):
         s = None if c is None else STRATEGIES.get(c.strategy)
         if s is None or s.run_codes is None or not s.supports(store, act, c.config):
             return None
-        return CodesSpec(qmax, dtype if s.codes_float else torch.int8)
+        return CodesSpec(qmax, dtype if s.codes_float else torch.int8, reads_fragment_codes(s))
 
     def x_tiles_for(self, store: WeightFormat, act: ActQuantSpec | None, m: int, dtype: torch.dtype) -> bool:
         """Whether the kernel chosen for m tokens reads its inputs in `x_tiles`' layout, so that their producer
@@ -458,7 +459,8 @@ class AdaptiveDispatcher(Dispatcher):
 def _takes(strat, codes: ActCodes, act, shape, dtype: torch.dtype) -> bool:
     """Whether strategy `strat` takes these codes for activations of `shape` and `dtype`."""
     return (strat.run_codes is not None and codes.qmax == codes_qmax(act) and tuple(codes.codes.shape) == tuple(shape)
-            and codes.codes.dtype == (dtype if strat.codes_float else torch.int8))
+            and codes.codes.dtype == (dtype if strat.codes_float else torch.int8)
+            and codes.fragment_order == reads_fragment_codes(strat))
 
 
 _active: Dispatcher = AdaptiveDispatcher()

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from gearshift.kernels.config import TileConfig, block_m_for
 from gearshift.kernels.dpr import DPRPartition
 from gearshift.kernels.reference import linear_reference
+from gearshift.kernels.switches import s8_fragment_order_on
 from gearshift.quant.activations import ActQuantSpec
 from gearshift.quant.base import DenseWeight, WeightFormat
 from gearshift.quant.int4 import ROWS, Int4Weight
@@ -50,6 +51,9 @@ class Strategy:
     run_codes: Callable[[object, WeightFormat, TileConfig | None, torch.dtype], torch.Tensor] | None = None
     #: run_codes takes the codes as exact integers in the activations' bf16 / fp16 (else int8)
     codes_float: bool = False
+    #: the kernel reads int8 codes in `x_tiles.S8_FRAGMENT_ORDER` (fewer instructions, the same bits) where
+    #: `switches.s8_fragment_order_on()`: `reads_fragment_codes`
+    codes_fragment_order: bool = False
     #: SwiGLU in the kernel's epilogue: (x2, gate_up store, config) -> silu(gate) * up [M, N / 2], or None
     #: where this tile has no such epilogue (the caller then runs gate_up and SwiGLU)
     run_glu: Callable[[torch.Tensor, WeightFormat, TileConfig | None], torch.Tensor | None] | None = None
@@ -62,6 +66,11 @@ class Strategy:
 
 
 STRATEGIES: dict[str, Strategy] = {}
+
+
+def reads_fragment_codes(s: Strategy) -> bool:
+    """Whether the producers of s's activation codes store them in `x_tiles.S8_FRAGMENT_ORDER` (`CodesSpec`)."""
+    return s.codes_fragment_order and s8_fragment_order_on()
 
 
 def register(s: Strategy) -> Strategy:
@@ -269,7 +278,8 @@ def _run_w4a8_mma_glu_codes(codes, store, cfg, out_dtype):
 
     if not mma_glu_supports(store, cfg, codes.codes.shape[0], codes.codes.dtype, codes=True):
         return None
-    return mma_gemv(codes.codes, store, cfg, token_scales=codes.scales, out_dtype=out_dtype, glu=True)
+    return mma_gemv(codes.codes, store, cfg, token_scales=codes.scales, out_dtype=out_dtype, glu=True,
+                    fragment_order=codes.fragment_order)
 
 
 def _run_w4a8_mma(x2, store, act, cfg):
@@ -281,13 +291,14 @@ def _run_w4a8_mma(x2, store, act, cfg):
 def _run_w4a8_mma_codes(codes, store, cfg, out_dtype):
     from gearshift.kernels.int4_mma_gemv import mma_gemv
 
-    return mma_gemv(codes.codes, store, cfg, token_scales=codes.scales, out_dtype=out_dtype)
+    return mma_gemv(codes.codes, store, cfg, token_scales=codes.scales, out_dtype=out_dtype,
+                    fragment_order=codes.fragment_order)
 
 
 def _run_w4a8_mma_int8(x2, store, act, cfg):
     from gearshift.kernels.int4_mma_gemv import mma_gemv_quantized
 
-    return mma_gemv_quantized(x2, store, act, cfg, int8=True)
+    return mma_gemv_quantized(x2, store, act, cfg, int8=True, fragment_order=s8_fragment_order_on())
 
 
 def _sup_mma(quantized: bool, int8: bool = False):
@@ -535,7 +546,7 @@ register(Strategy("w4a8_mma", DPRPartition((4,), (8,), "bf16-mma.sync", "padding
                   run_glu_codes=_run_w4a8_mma_glu_codes))
 register(Strategy("w4a8_mma_int8", DPRPartition((4,), (8,), "int8-mma.sync", "padding"), ("w4a8", "w4a4"),
                   _run_w4a8_mma_int8, mma_configs, _sup_mma(True, int8=True), run_codes=_run_w4a8_mma_codes,
-                  run_glu_codes=_run_w4a8_mma_glu_codes))
+                  run_glu_codes=_run_w4a8_mma_glu_codes, codes_fragment_order=True))
 register(Strategy("w4a8_pad", DPRPartition((4,), (8,), "int8", "padding"), ("w4a8", "w4a4"),
                   _w4a8_runner(1, 1), a8_configs, _sup_w4a8(False)))
 register(Strategy("w4a8_split", DPRPartition((4,), (4, 4), "int8", "split"), ("w4a8",),

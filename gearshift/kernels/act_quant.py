@@ -17,6 +17,7 @@ import torch
 
 from gearshift.kernels._triton import HAS_TRITON, next_pow2, tl, triton
 from gearshift.kernels.pdl import launch_kwargs, pdl_enabled, small_pdl
+from gearshift.kernels.x_tiles import from_fragment_order
 from gearshift.quant.activations import ActQuantSpec, quantize_activations
 
 _QMAX = {"int8": 127.0, "int4": 7.0, "fp8": 448.0}
@@ -24,11 +25,19 @@ _QMAX = {"int8": 127.0, "int4": 7.0, "fp8": 448.0}
 
 class ActCodes(NamedTuple):
     """Activations already quantized per token by the kernel that produced them (an RMSNorm):
-    codes [M, K] int8 and fp32 scales [M], for a linear whose activations quantize with `qmax`."""
+    codes [M, K] int8 and fp32 scales [M], for a linear whose activations quantize with `qmax`.
+    fragment_order: the int8 codes' columns are in `x_tiles.S8_FRAGMENT_ORDER` within each 8 (for the
+    fragment kernel's int8 block, `CodesSpec.fragment_order`); `natural_codes` gives them in order."""
 
     codes: torch.Tensor
     scales: torch.Tensor
     qmax: float
+    fragment_order: bool = False
+
+
+def natural_codes(codes: ActCodes) -> torch.Tensor:
+    """The codes [M, K] with their columns in order (a copy where the producer stored them in fragment order)."""
+    return from_fragment_order(codes.codes) if codes.fragment_order else codes.codes
 
 
 class CodesSpec(NamedTuple):
@@ -38,19 +47,34 @@ class CodesSpec(NamedTuple):
 
     qmax: float
     dtype: torch.dtype
+    #: int8 codes with each 8 columns in `x_tiles.S8_FRAGMENT_ORDER` (the fragment kernel's int8 block reads
+    #: them without input PRMTs: stop 69)
+    fragment_order: bool = False
 
 
-def codes_buffers(rows: int, d: int, qmax: float | None, like: torch.Tensor, dtype: torch.dtype):
+def codes_buffers(rows: int, d: int, qmax: float | None, like: torch.Tensor, dtype: torch.dtype,
+                  fragment_order: bool = False):
     """Codes [rows, D] (int8, or exact integers in a float dtype), scales [rows] fp32 and the codes'
-    row stride for a producer that emits them, else stand-ins it never touches (like, like, 0)."""
+    row stride for a producer that emits them, else stand-ins it never touches (like, like, 0).
+    fragment_order: the producer stores them in `S8_FRAGMENT_ORDER` (int8 only)."""
     if qmax is None:
+        if fragment_order:
+            raise ValueError("fragment order is a layout of codes; this producer emits none")
         return like, like, 0
+    if fragment_order:
+        check_fragment_codes(d, dtype)
     if not 0 < qmax <= 127:
         raise ValueError(f"integer codes need 0 < qmax <= 127, got {qmax}")
     if dtype not in (torch.int8, torch.bfloat16, torch.float16, torch.float32):
         raise ValueError(f"codes are int8 or exact integers in a float dtype, got {dtype}")
     q = torch.empty((rows, d), device=like.device, dtype=dtype)
     return q, torch.empty((rows,), device=like.device, dtype=torch.float32), q.stride(0)
+
+
+def check_fragment_codes(k: int, dtype: torch.dtype) -> None:
+    """Fragment-order codes are int8 rows of a multiple of 8 columns (each 8 is permuted in place)."""
+    if dtype != torch.int8 or k % 8:
+        raise ValueError(f"fragment-order codes are int8 rows of a multiple of 8 columns; got {dtype}, K={k}")
 
 
 def codes_qmax(spec) -> float | None:
@@ -62,6 +86,7 @@ def codes_qmax(spec) -> float | None:
 
 if HAS_TRITON:
     from gearshift.kernels.pdl import small_prologue
+    from gearshift.kernels.x_tiles import s8_fragment_columns
 
     @triton.jit
     def token_codes(x, scale, QMAX: tl.constexpr, FP8: tl.constexpr):
@@ -82,20 +107,21 @@ if HAS_TRITON:
         return tl.maximum(tl.math.div_rn(amax, QMAX), 1e-8)
 
     @triton.jit
-    def row_codes(y, q_row_ptr, scale_ptr, offs, mask, QMAX: tl.constexpr):
+    def row_codes(y, q_row_ptr, scale_ptr, offs, mask, QMAX: tl.constexpr, FO: tl.constexpr = False):
         """The per-token integer codes of a row a kernel has just stored (y, in the stored dtype),
         as the quantizer would make them from that row: for producers that emit the next linear's
-        codes in their own pass (RMSNorm, SwiGLU). Lanes past the row hold 0 and do not move the max."""
+        codes in their own pass (RMSNorm, SwiGLU). Lanes past the row hold 0 and do not move the max.
+        FO: stored in `S8_FRAGMENT_ORDER` (the row's columns a multiple of 8)."""
         yf = y.to(tl.float32)
         scale = token_scale(tl.max(tl.abs(yf), 0), QMAX)
         q = token_codes(yf, scale, QMAX, False)  # int8; exact in bf16 / fp16 too
-        tl.store(q_row_ptr + offs, q.to(q_row_ptr.dtype.element_ty), mask=mask)
+        tl.store(q_row_ptr + s8_fragment_columns(offs, FO), q.to(q_row_ptr.dtype.element_ty), mask=mask)
         tl.store(scale_ptr, scale)
 
     @triton.jit
     def _act_quant_kernel(x_ptr, q_ptr, s_ptr, sum_ptr, K, stride_x, stride_q, sum_row, sum_group,
                           QMAX: tl.constexpr, FP8: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr,
-                          GROUP: tl.constexpr, ONE_PASS: tl.constexpr):
+                          GROUP: tl.constexpr, ONE_PASS: tl.constexpr, FO: tl.constexpr = False):
         small_prologue(PDL)
         row = tl.program_id(0)
         offs = tl.arange(0, BLOCK)
@@ -103,15 +129,16 @@ if HAS_TRITON:
             m = offs < K
             x = tl.load(x_ptr + row * stride_x + offs, mask=m, other=0.0).to(tl.float32)
             scale = token_scale(tl.max(tl.abs(x), 0), QMAX)
-            tl.store(q_ptr + row * stride_q + offs, token_codes(x, scale, QMAX, FP8), mask=m)
+            tl.store(q_ptr + row * stride_q + s8_fragment_columns(offs, FO), token_codes(x, scale, QMAX, FP8), mask=m)
         else:
             scale = _two_pass_row(x_ptr, q_ptr, sum_ptr, row, offs, K, stride_x, stride_q, sum_row, sum_group,
-                                  QMAX, FP8, BLOCK, GROUP)
+                                  QMAX, FP8, BLOCK, GROUP, FO)
         tl.store(s_ptr + row, scale)
 
     @triton.jit
     def _two_pass_row(x_ptr, q_ptr, sum_ptr, row, offs, K, stride_x, stride_q, sum_row, sum_group,
-                      QMAX: tl.constexpr, FP8: tl.constexpr, BLOCK: tl.constexpr, GROUP: tl.constexpr):
+                      QMAX: tl.constexpr, FP8: tl.constexpr, BLOCK: tl.constexpr, GROUP: tl.constexpr,
+                      FO: tl.constexpr):
         """A row wider than one block: its amax over the blocks, then the codes (and group sums)."""
         amax = tl.zeros([BLOCK], tl.float32)
         for k0 in range(0, K, BLOCK):
@@ -122,7 +149,7 @@ if HAS_TRITON:
             m = k0 + offs < K
             x = tl.load(x_ptr + row * stride_x + k0 + offs, mask=m, other=0.0).to(tl.float32)
             q = token_codes(x, scale, QMAX, FP8)
-            tl.store(q_ptr + row * stride_q + k0 + offs, q, mask=m)
+            tl.store(q_ptr + row * stride_q + s8_fragment_columns(k0 + offs, FO), q, mask=m)
             if GROUP > 0:  # per-group sums of the codes (exact for int8; fp32 sums of e4m3 values)
                 gs = tl.sum(tl.reshape(q.to(tl.float32), (BLOCK // GROUP, GROUP)), 1)
                 go = k0 // GROUP + tl.arange(0, BLOCK // GROUP)
@@ -169,7 +196,7 @@ def quant_warps(block: int, rows: int) -> int:
 
 
 def quantize_act_triton(x2: torch.Tensor, spec: ActQuantSpec, codes_dtype: torch.dtype | None = None,
-                        group_sums: int = 0, sums_by_group: bool = False):
+                        group_sums: int = 0, sums_by_group: bool = False, fragment_order: bool = False):
     """x2 [M, K] -> codes [M, K] (int8 or float8_e4m3fn) and fp32 scales [M].
 
     codes_dtype=torch.bfloat16/float16 stores the same codes as 16-bit floats (every int8, int4 and
@@ -177,13 +204,16 @@ def quantize_act_triton(x2: torch.Tensor, spec: ActQuantSpec, codes_dtype: torch
     group_sums=G > 0 also returns the fp32 sums of the codes over each G columns [M, K // G]: the
     W4A8 GEMM needs them for the weight mins, and summing here (where x is read anyway) saves a
     reduction over every K tile of every output tile there. sums_by_group=True returns them as
-    [K // G, M] instead, rows padded to 16 bytes (a TMA box per group for the wgmma kernels)."""
+    [K // G, M] instead, rows padded to 16 bytes (a TMA box per group for the wgmma kernels).
+    fragment_order: int8 codes with each 8 columns in `S8_FRAGMENT_ORDER` (`CodesSpec.fragment_order`)."""
     if spec.group_size is not None:
         raise ValueError("the Triton activation quantizer is per token only")
     m, k = x2.shape
     fp8 = spec.dtype == "fp8"
     q = torch.empty((m, k), device=x2.device,
                     dtype=codes_dtype or (torch.float8_e4m3fn if fp8 else torch.int8))
+    if fragment_order:
+        check_fragment_codes(k, q.dtype)
     s = torch.empty((m,), device=x2.device, dtype=torch.float32)
     block = act_block(k, group_sums, m)
     if group_sums and not fused_group_sums(k, group_sums):
@@ -202,9 +232,16 @@ def quantize_act_triton(x2: torch.Tensor, spec: ActQuantSpec, codes_dtype: torch
         sum_row, sum_group = (sums.stride(1), sums.stride(0)) if sums_by_group else sums.stride()
     _act_quant_kernel[(m,)](x2, q, s, sums, k, x2.stride(0), q.stride(0), sum_row, sum_group,
                             QMAX=_QMAX[spec.dtype], FP8=fp8, BLOCK=block, PDL=pdl, GROUP=group_sums,
-                            ONE_PASS=one_pass(k, group_sums, m),
+                            ONE_PASS=one_pass(k, group_sums, m), FO=fragment_order,
                             num_warps=quant_warps(block, m), **launch_kwargs(pdl))
     return (q, s, sums) if group_sums else (q, s)
+
+
+def quantize_for(x2: torch.Tensor, spec: ActQuantSpec, codes: CodesSpec) -> ActCodes:
+    """x2's codes as a producer would hand them to a linear whose kernel asked for `codes` (`codes_for`): in its
+    dtype and column order (benchmarks and tests stand in for the engine's producers with this)."""
+    q, s = quantize_act_triton(x2, spec, codes_dtype=codes.dtype, fragment_order=codes.fragment_order)
+    return ActCodes(q, s, codes.qmax, codes.fragment_order)
 
 
 def quantize_act_reference(x2: torch.Tensor, spec: ActQuantSpec) -> tuple[torch.Tensor, torch.Tensor]:

@@ -83,7 +83,7 @@ if HAS_TRITON:
                                  SPLIT: tl.constexpr,
                                  CODES: tl.constexpr,
                                  QMAX: tl.constexpr, PDL: tl.constexpr, LAUNCH: tl.constexpr, F32_DOT: tl.constexpr,
-                                 YT: tl.constexpr = False):
+                                 YT: tl.constexpr = False, FO: tl.constexpr = False):
         """Program (token row, KV head, key chunk). ws [rows, KV, chunks, G, D] fp32 partial outputs,
         stat [rows, KV, chunks, 2, GP] (running max in log2 units, sum of exponentials);
         cnt: rows * KV chunk arrivals, then rows KV-head arrivals (zero between launches). YT: out in
@@ -166,20 +166,22 @@ if HAS_TRITON:
                     tl.atomic_xchg(cnt_row, 0, sem="relaxed", scope="gpu")
                     offs = tl.arange(0, HDP)
                     y = tl.load(out_ptr + row * so_row + offs, mask=offs < HD, other=0.0, cache_modifier=".cg")
-                    row_codes(y, codes_ptr + row * s_codes, scales_ptr + row, offs, offs < HD, QMAX)
+                    row_codes(y, codes_ptr + row * s_codes, scales_ptr + row, offs, offs < HD, QMAX, FO)
 
 
 def decode_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
                             upto: int, qmax: float | None = None, codes_dtype: torch.dtype = torch.int8,
                             chunk: int = KV_CHUNK, block: int = KV_BLOCK, max_splits: int = MAX_SPLITS,
                             warps: int = WARPS, stages: int = STAGES,
-                            tiles: bool = False) -> tuple[torch.Tensor | XTiles, ActCodes | None]:
+                            tiles: bool = False,
+                            fragment_order: bool = False) -> tuple[torch.Tensor | XTiles, ActCodes | None]:
     """`decode_attention_reference` as one launch: (out [B, T, H * D], codes or None). qmax: also
     emit out's per-token integer codes in that range and `codes_dtype` (what `quantize_act_triton`
     makes of out, bit for bit) for an o projection that takes them. chunk / block / max_splits /
     warps / stages: for timing (a token's bits depend on the first three). tiles: out as `XTiles`
     (for an o projection whose kernel reads the fragment layout; its padding rows are left unwritten:
-    the fragment kernel never reads them)."""
+    the fragment kernel never reads them). fragment_order: int8 codes in `S8_FRAGMENT_ORDER`
+    (`CodesSpec.fragment_order`)."""
     b, t, h, d = q.shape
     n_kv = k_cache.shape[1]
     if h % n_kv or d != next_pow2(d) or d < 16 or k_cache.stride(-1) != 1 or q.stride(-1) != 1:
@@ -207,7 +209,7 @@ def decode_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     stat = torch.empty((rows * n_kv * n_chunks * 2 * gp,) if n_chunks > 1 else (1,), device=q.device,
                        dtype=torch.float32)
     cnt = zeroed_words("decode_attention", q.device, rows * (n_kv + 1))
-    codes, scales, s_codes = codes_buffers(rows, h * d, qmax, out, codes_dtype)
+    codes, scales, s_codes = codes_buffers(rows, h * d, qmax, out, codes_dtype, fragment_order)
     launch = attention_launch(rows)
     pdl = pdl_enabled(out) and launch != "off"
     _decode_attention_kernel[(rows, n_kv, n_chunks)](
@@ -215,8 +217,8 @@ def decode_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         q.stride(0), q.stride(1), q.stride(2), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         out.stride(0), s_codes, G=g, GP=gp, D=d, HD=h * d, HDP=next_pow2(h * d), CHUNK=chunk, BLOCK=block, MAX_SPLITS=max_splits,
         SPLIT=n_chunks > 1, CODES=qmax is not None,
-        QMAX=qmax or 0.0, PDL=pdl, LAUNCH=0 if launch == "start" else 1, F32_DOT=interpreting(), YT=tiles,
+        QMAX=qmax or 0.0, PDL=pdl, LAUNCH=0 if launch == "start" else 1, F32_DOT=interpreting(), YT=tiles, FO=fragment_order,
         num_warps=warps, num_stages=stages, **launch_kwargs(pdl))
     if tiles:
         return XTiles(out, (b, t, h * d)), None
-    return out.view(b, t, h * d), (None if qmax is None else ActCodes(codes, scales, qmax))
+    return out.view(b, t, h * d), (None if qmax is None else ActCodes(codes, scales, qmax, fragment_order))

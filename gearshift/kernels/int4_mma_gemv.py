@@ -1384,16 +1384,20 @@ def pdl_trigger(m: int, codes: bool = False) -> int:
     return 1 if m <= 4 else 2 if m <= 12 else 3 if m <= 16 else 0
 
 
-def mma_gemv_quantized(x2: torch.Tensor, store: Int4Weight, act, cfg: TileConfig, int8: bool = False) -> torch.Tensor:
+def mma_gemv_quantized(x2: torch.Tensor, store: Int4Weight, act, cfg: TileConfig, int8: bool = False,
+                       fragment_order: bool = False) -> torch.Tensor:
     """W4A8 / W4A4 / W4A8-fp8 for 1..64 tokens: the activations are quantized per token (Triton),
     their codes stored as exact 16-bit floats and run through the same bf16/fp16 fragments; with
     integer codes every product and per-block sum is an exact integer in fp32, so this computes
     what an int8 MMA would (DPR padding: P_X = (8) padded to 16 bits). int8 (W4A8 / W4A4): the
-    codes stay int8 and the int8 MMA runs them (`_mma_asm_s8`: half the code bytes and MMAs)."""
+    codes stay int8 and the int8 MMA runs them (`_mma_asm_s8`: half the code bytes and MMAs);
+    fragment_order (int8): the quantizer stores them in `S8_FRAGMENT_ORDER` and the block reads them
+    without its input PRMTs (the same bits)."""
     from gearshift.kernels.act_quant import quantize_act_triton
 
-    codes, scales = quantize_act_triton(x2, act, codes_dtype=torch.int8 if int8 else x2.dtype)
-    return mma_gemv(codes, store, cfg, token_scales=scales, out_dtype=x2.dtype)
+    codes, scales = quantize_act_triton(x2, act, codes_dtype=torch.int8 if int8 else x2.dtype,
+                                        fragment_order=fragment_order)
+    return mma_gemv(codes, store, cfg, token_scales=scales, out_dtype=x2.dtype, fragment_order=fragment_order)
 
 
 def mma_config(n: int, k: int, m: int = 1) -> TileConfig:

@@ -47,7 +47,7 @@ if HAS_TRITON:
     @triton.jit
     def _rms_norm_kernel(x_ptr, w_ptr, y_ptr, q_ptr, qs_ptr, M, D, stride_x, stride_y, stride_q, eps,
                          BD: tl.constexpr, PDL: tl.constexpr, QMAX: tl.constexpr, STORE_Y: tl.constexpr = True,
-                         YT: tl.constexpr = False):
+                         YT: tl.constexpr = False, FO: tl.constexpr = False):
         # YT: the normed rows in `x_tiles`' layout (the real tokens' rows: a fragment kernel never reads the others)
         small_prologue(PDL)
         row = tl.program_id(0)
@@ -55,8 +55,8 @@ if HAS_TRITON:
         mask = offs < D
         x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0)
         y = _norm_row(x, w_ptr, _y_ptrs(y_ptr, row, stride_y, offs, D, YT), offs, mask, D, eps, STORE_Y)
-        if QMAX > 0:
-            row_codes(y, q_ptr + row * stride_q, qs_ptr + row, offs, mask, QMAX)
+        if QMAX > 0:  # (FO: the codes in `S8_FRAGMENT_ORDER`)
+            row_codes(y, q_ptr + row * stride_q, qs_ptr + row, offs, mask, QMAX, FO)
 
     @triton.jit
     def _norm_row(x, w_ptr, y_ptrs, offs, mask, D, eps, STORE_Y: tl.constexpr = True):
@@ -75,7 +75,7 @@ if HAS_TRITON:
     @triton.jit
     def _add_rms_norm_kernel(x_ptr, d_ptr, w_ptr, s_ptr, y_ptr, q_ptr, qs_ptr, M, D, stride_x, stride_d, stride_s,
                              stride_y, stride_q, eps, BD: tl.constexpr, PDL: tl.constexpr, QMAX: tl.constexpr,
-                             STORE_Y: tl.constexpr = True, YT: tl.constexpr = False):
+                             STORE_Y: tl.constexpr = True, YT: tl.constexpr = False, FO: tl.constexpr = False):
         small_prologue(PDL)
         row = tl.program_id(0)
         offs = tl.arange(0, BD)
@@ -86,7 +86,7 @@ if HAS_TRITON:
         tl.store(s_ptr + row * stride_s + offs, s, mask=mask)
         y = _norm_row(s, w_ptr, _y_ptrs(y_ptr, row, stride_y, offs, D, YT), offs, mask, D, eps, STORE_Y)
         if QMAX > 0:
-            row_codes(y, q_ptr + row * stride_q, qs_ptr + row, offs, mask, QMAX)
+            row_codes(y, q_ptr + row * stride_q, qs_ptr + row, offs, mask, QMAX, FO)
 
 
 def _warps(bd: int, codes: bool) -> int:
@@ -110,21 +110,23 @@ def _normed_buffer(rows: int, d: int, x: torch.Tensor, weight: torch.Tensor, nor
 
 
 def _launch_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, qmax: float | None,
-                 codes_dtype: torch.dtype = torch.int8, normed: bool = True, tiles: bool = False):
+                 codes_dtype: torch.dtype = torch.int8, normed: bool = True, tiles: bool = False,
+                 fragment_order: bool = False):
     d = x.shape[-1]
     x2 = _rows(x)
     m = x2.shape[0]
     rows = _out_rows(m, d, tiles, qmax)
     y = _normed_buffer(rows, d, x, weight, normed)
-    q, qs, sq = codes_buffers(m, d, qmax, y, codes_dtype)
+    q, qs, sq = codes_buffers(m, d, qmax, y, codes_dtype, fragment_order)
     bd = next_pow2(d)
     pdl = small_pdl(pdl_enabled(y))
     _rms_norm_kernel[(m,)](x2, weight, y, q, qs, m, d, x2.stride(0), y.stride(0), sq, eps, BD=bd, PDL=pdl,
-                              QMAX=qmax or 0.0, STORE_Y=normed, YT=tiles, num_warps=_warps(bd, qmax is not None),
-                              **launch_kwargs(pdl))
+                              QMAX=qmax or 0.0, STORE_Y=normed, YT=tiles, FO=fragment_order,
+                              num_warps=_warps(bd, qmax is not None), **launch_kwargs(pdl))
     if tiles:
         return XTiles(y, tuple(x.shape)), None
-    return (y.reshape(*x.shape[:-1], d) if normed else None), (None if qmax is None else ActCodes(q, qs, qmax))
+    return ((y.reshape(*x.shape[:-1], d) if normed else None),
+            None if qmax is None else ActCodes(q, qs, qmax, fragment_order))
 
 
 def _out_rows(m: int, d: int, tiles: bool, qmax: float | None) -> int:
@@ -143,17 +145,19 @@ def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float, tiles: bo
 
 
 def rms_norm_codes_triton(x: torch.Tensor, weight: torch.Tensor, eps: float, qmax: float,
-                          codes_dtype: torch.dtype = torch.int8,
-                          normed: bool = True) -> tuple[torch.Tensor | None, ActCodes]:
+                          codes_dtype: torch.dtype = torch.int8, normed: bool = True,
+                          fragment_order: bool = False) -> tuple[torch.Tensor | None, ActCodes]:
     """The norm and, from the same pass, its per-token integer codes for the next linear (W4A8 /
     W4A4): what `quantize_act_triton` would make of the result, without its launch and re-read.
     codes_dtype: int8, or the 16-bit float the next kernel multiplies in (exact integers).
-    normed=False: the codes only (None for the normed rows, which are not stored)."""
-    return _launch_norm(x, weight, eps, qmax, codes_dtype, normed)
+    normed=False: the codes only (None for the normed rows, which are not stored).
+    fragment_order: int8 codes in `S8_FRAGMENT_ORDER` (`CodesSpec.fragment_order`)."""
+    return _launch_norm(x, weight, eps, qmax, codes_dtype, normed, fragment_order=fragment_order)
 
 
 def _launch_add_norm(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float, qmax: float | None,
-                     codes_dtype: torch.dtype = torch.int8, normed: bool = True, tiles: bool = False):
+                     codes_dtype: torch.dtype = torch.int8, normed: bool = True, tiles: bool = False,
+                     fragment_order: bool = False):
     if x.shape != delta.shape or x.dtype != delta.dtype:
         raise ValueError(f"residual {tuple(x.shape)} {x.dtype} and update {tuple(delta.shape)} {delta.dtype} differ")
     d = x.shape[-1]
@@ -162,16 +166,16 @@ def _launch_add_norm(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor,
     rows = _out_rows(m, d, tiles, qmax)
     s = torch.empty((m, d), device=x.device, dtype=x.dtype)
     y = _normed_buffer(rows, d, x, weight, normed)
-    q, qs, sq = codes_buffers(m, d, qmax, y, codes_dtype)
+    q, qs, sq = codes_buffers(m, d, qmax, y, codes_dtype, fragment_order)
     bd = next_pow2(d)
     pdl = small_pdl(pdl_enabled(y))
     _add_rms_norm_kernel[(m,)](x2, d2, weight, s, y, q, qs, m, d, x2.stride(0), d2.stride(0), s.stride(0),
                                   y.stride(0), sq, eps, BD=bd, PDL=pdl, QMAX=qmax or 0.0, STORE_Y=normed, YT=tiles,
-                                  num_warps=_warps(bd, qmax is not None), **launch_kwargs(pdl))
+                                  FO=fragment_order, num_warps=_warps(bd, qmax is not None), **launch_kwargs(pdl))
     if tiles:
         return s.reshape(x.shape), XTiles(y, tuple(x.shape)), None
     return (s.reshape(x.shape), y.reshape(*x.shape[:-1], d) if normed else None,
-            None if qmax is None else ActCodes(q, qs, qmax))
+            None if qmax is None else ActCodes(q, qs, qmax, fragment_order))
 
 
 def add_rms_norm_triton(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor,
@@ -183,7 +187,7 @@ def add_rms_norm_triton(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tens
 
 
 def add_rms_norm_codes_triton(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float, qmax: float,
-                              codes_dtype: torch.dtype = torch.int8,
-                              normed: bool = True) -> tuple[torch.Tensor, torch.Tensor | None, ActCodes]:
+                              codes_dtype: torch.dtype = torch.int8, normed: bool = True,
+                              fragment_order: bool = False) -> tuple[torch.Tensor, torch.Tensor | None, ActCodes]:
     """`add_rms_norm_triton` plus the normed rows' integer codes (see `rms_norm_codes_triton`)."""
-    return _launch_add_norm(x, delta, weight, eps, qmax, codes_dtype, normed)
+    return _launch_add_norm(x, delta, weight, eps, qmax, codes_dtype, normed, fragment_order=fragment_order)

@@ -34,6 +34,7 @@ def silu_mul_reference(gate_up: torch.Tensor) -> torch.Tensor:
 if HAS_TRITON:
     from gearshift.kernels.act_quant import row_codes, token_codes, token_scale
     from gearshift.kernels.pdl import small_prologue
+    from gearshift.kernels.x_tiles import s8_fragment_columns
 
     @triton.jit
     def _silu_mul_kernel(gu_ptr, y_ptr, I, stride_gu, stride_y, BLOCK: tl.constexpr, PDL: tl.constexpr):
@@ -55,14 +56,16 @@ if HAS_TRITON:
 
     @triton.jit
     def _silu_mul_codes_kernel(gu_ptr, y_ptr, q_ptr, qs_ptr, I, stride_gu, stride_y, stride_q, BLOCK: tl.constexpr,
-                               PDL: tl.constexpr, QMAX: tl.constexpr, STORE_Y: tl.constexpr = True):
-        """STORE_Y=False: the codes only (the product is rounded to y's dtype all the same)."""
+                               PDL: tl.constexpr, QMAX: tl.constexpr, STORE_Y: tl.constexpr = True,
+                               FO: tl.constexpr = False):
+        """STORE_Y=False: the codes only (the product is rounded to y's dtype all the same). FO: the codes in
+        `S8_FRAGMENT_ORDER`."""
         small_prologue(PDL)
         row = tl.program_id(0)
         offs = tl.arange(0, BLOCK)  # the whole row: its codes need its max
         mask = offs < I
         y = _product(gu_ptr, y_ptr, row, offs, mask, I, stride_gu, stride_y, STORE_Y)
-        row_codes(y, q_ptr + row * stride_q, qs_ptr + row, offs, mask, QMAX)
+        row_codes(y, q_ptr + row * stride_q, qs_ptr + row, offs, mask, QMAX, FO)
 
     @triton.jit
     def _product(gu_ptr, y_ptr, row, offs, mask, I, stride_gu, stride_y, STORE_Y: tl.constexpr):
@@ -78,7 +81,7 @@ if HAS_TRITON:
     @triton.jit
     def _silu_mul_codes_split_kernel(gu_ptr, y_ptr, q_ptr, qs_ptr, cnt_ptr, part_ptr, I, stride_gu, stride_y,
                                      stride_q, BLOCK: tl.constexpr, PDL: tl.constexpr, QMAX: tl.constexpr,
-                                     STORE_Y: tl.constexpr, PP: tl.constexpr):
+                                     STORE_Y: tl.constexpr, PP: tl.constexpr, FO: tl.constexpr = False):
         """The codes kernel for few rows: each row split over P = cdiv(I, BLOCK) programs that meet at a
         barrier of their own (every program of this small grid is resident: the launch's dependents start
         only once all of them have begun). Each program stores its chunk's max |y| in its own slot, arrives
@@ -103,8 +106,8 @@ if HAS_TRITON:
         slots = tl.arange(0, PP)
         amax = tl.max(tl.load(part_ptr + row * PP + slots, mask=slots < n_prog, other=0.0, cache_modifier=".cg"), 0)
         scale = token_scale(amax, QMAX)
-        tl.store(q_ptr + row * stride_q + offs, token_codes(yf, scale, QMAX, False).to(q_ptr.dtype.element_ty),
-                 mask=mask)
+        tl.store(q_ptr + row * stride_q + s8_fragment_columns(offs, FO),
+                 token_codes(yf, scale, QMAX, False).to(q_ptr.dtype.element_ty), mask=mask)
         if tl.program_id(1) == 0:
             tl.store(qs_ptr + row, scale)
 
@@ -180,8 +183,8 @@ def silu_mul_triton(gate_up: torch.Tensor) -> torch.Tensor:
 
 def silu_mul_codes_triton(gate_up: torch.Tensor, qmax: float, codes_dtype: torch.dtype = torch.int8,
                           warps: int | None = None, product: bool = True,
-                          split: bool | None = None,
-                          split_block: int = SPLIT_BLOCK) -> tuple[torch.Tensor | None, ActCodes]:
+                          split: bool | None = None, split_block: int = SPLIT_BLOCK,
+                          fragment_order: bool = False) -> tuple[torch.Tensor | None, ActCodes]:
     """`silu_mul_triton` and, from the same pass, the product's per-token integer codes for the down
     projection (W4A8 / W4A4): what `quantize_act_triton` makes of the stored product, bit for bit.
     codes_dtype: int8, or the 16-bit float the next kernel multiplies in (exact integers). warps:
@@ -189,9 +192,12 @@ def silu_mul_codes_triton(gate_up: torch.Tensor, qmax: float, codes_dtype: torch
     product=False: the codes only, the product is not stored (None is returned for it): where the
     down projection's kernel takes the codes, the product's 2 bytes per element are never read.
     split (default: `splits_rows`): each row over programs of split_block columns that meet at a
-    barrier, the same bits (few rows: one program per row is slower than SwiGLU plus the quantizer)."""
+    barrier, the same bits (few rows: one program per row is slower than SwiGLU plus the quantizer).
+    fragment_order: int8 codes in `S8_FRAGMENT_ORDER` (`CodesSpec.fragment_order`)."""
     gu, i, y = _rows(gate_up, product)
-    q, qs, sq = codes_buffers(gu.shape[0], i, qmax, y, codes_dtype)
+    q, qs, sq = codes_buffers(gu.shape[0], i, qmax, y, codes_dtype, fragment_order)
+    if fragment_order and split_block % 8:
+        raise ValueError(f"fragment-order codes need split blocks of a multiple of 8 columns; got {split_block}")
     if split if split is not None else splits_rows(gu.shape[0], i, gu.device):
         grid = (gu.shape[0], triton.cdiv(i, split_block))
         if gu.is_cuda and grid[0] * grid[1] > max_split_programs(gu.device):
@@ -201,13 +207,14 @@ def silu_mul_codes_triton(gate_up: torch.Tensor, qmax: float, codes_dtype: torch
         cnt, part = _barrier_words(gu.device, gu.shape[0], grid[1])
         _silu_mul_codes_split_kernel[grid](gu, y, q, qs, cnt, part, i, gu.stride(0), y.stride(0), sq,
                                            BLOCK=split_block, PDL=pdl, QMAX=qmax, STORE_Y=product,
-                                           PP=next_pow2(grid[1]), num_warps=4, **launch_kwargs(pdl))
-        return (y.reshape(*gate_up.shape[:-1], i) if product else None), ActCodes(q, qs, qmax)
+                                           PP=next_pow2(grid[1]), FO=fragment_order, num_warps=4, **launch_kwargs(pdl))
+        return (y.reshape(*gate_up.shape[:-1], i) if product else None), ActCodes(q, qs, qmax, fragment_order)
     block = next_pow2(i)
     if block > CODES_MAX_WIDTH:
         raise ValueError(f"SwiGLU codes need the whole row in one program: width {i} > {CODES_MAX_WIDTH}")
     warps = warps or (4 if block <= 4096 else 8 if block <= 8192 else 32)  # swiglu_codes.py: 32 best at 14336
     pdl = small_pdl(pdl_enabled(y))
     _silu_mul_codes_kernel[(gu.shape[0],)](gu, y, q, qs, i, gu.stride(0), y.stride(0), sq, BLOCK=block, PDL=pdl,
-                                           QMAX=qmax, STORE_Y=product, num_warps=warps, **launch_kwargs(pdl))
-    return (y.reshape(*gate_up.shape[:-1], i) if product else None), ActCodes(q, qs, qmax)
+                                           QMAX=qmax, STORE_Y=product, FO=fragment_order, num_warps=warps,
+                                           **launch_kwargs(pdl))
+    return (y.reshape(*gate_up.shape[:-1], i) if product else None), ActCodes(q, qs, qmax, fragment_order)

@@ -16,7 +16,7 @@ _FUSED = {"enabled": True, "on_cpu": False, "swiglu_codes": True, "swiglu_codes_
           "decode_attention_launch": "rule", "gemv_trigger": -1, "small_trigger": "rule", "glu_epilogue": True,
           "glu_epilogue_codes": False, "x_tiles": True, "x_tiles_from": 1,
           "x_tiles_linears": "qkv+o+gate_up+down", "norm_warps": 0, "norm_codes_warps": 0,
-          "sdpa_backend": "efficient"}
+          "sdpa_backend": "efficient", "s8_fragment_order": True}
 
 
 def state() -> tuple:
@@ -102,6 +102,13 @@ def x_tiles_on(tokens: int, linear: str | None = None) -> bool:
     `X_TILE_LINEARS` name; None: any) among `x_tiles_linears` (all four unless an A/B leaves some out)."""
     return (_FUSED["x_tiles"] and tokens in X_TILE_TOKENS and tokens >= _FUSED["x_tiles_from"]
             and (linear is None or linear in _FUSED["x_tiles_linears"].split("+")))
+
+
+def s8_fragment_order_on() -> bool:
+    """Whether int8 activation codes for the fragment kernel (`w4a8_mma_int8`) are stored with each 8 columns in
+    `x_tiles.S8_FRAGMENT_ORDER`, so its block needs no input PRMTs (stop 69; same bits). Their producers (the
+    RMSNorms, SwiGLU, decode attention, the strategy's own quantizer) write them so where `codes_for` asks."""
+    return _FUSED["s8_fragment_order"]
 
 
 def glu_epilogue_codes_on() -> bool:

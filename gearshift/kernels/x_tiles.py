@@ -123,6 +123,14 @@ class XTiles:
 
 if HAS_TRITON:
     @triton.jit
+    def s8_fragment_columns(col, FO: tl.constexpr):
+        """Where natural column col of int8 codes is stored: in `S8_FRAGMENT_ORDER` (FO; each 8's even columns,
+        then its odd ones, for the fragment kernel's int8 block) or in place."""
+        if FO:
+            return col - col % 8 + (col % 2) * 4 + (col % 8) // 2
+        return col
+
+    @triton.jit
     def x_tile_offsets(tok, col, NB):
         """Element offsets of (token, column) in the layout of 16-bit inputs, NB = K / 128 blocks per row (natural
         column c of each 8 at position 2 (c % 4) + c // 4: `FRAGMENT_ORDER`)."""

@@ -55,14 +55,15 @@ class RMSNorm(nn.Module):
         return add_rms_norm_reference(x, delta, self.weight, self.eps)
 
     def with_codes(self, x: torch.Tensor, delta: torch.Tensor | None, qmax: float,
-                   codes_dtype: torch.dtype = torch.int8, normed: bool = True):
+                   codes_dtype: torch.dtype = torch.int8, normed: bool = True, fragment_order: bool = False):
         """(residual, normed, ActCodes): the norm (after the residual add, if delta) also emits the
-        per-token integer codes the next linear's kernel takes, in its dtype (fused kernels).
-        normed=False: the normed rows are not stored (`CodesOnly` stands for them)."""
+        per-token integer codes the next linear's kernel takes, in its dtype and (fragment_order) column
+        order (fused kernels). normed=False: the normed rows are not stored (`CodesOnly` stands for them)."""
+        fo = fragment_order
         if delta is None:
-            s, (h, codes) = x, rms_norm_codes_triton(x, self.weight, self.eps, qmax, codes_dtype, normed)
+            s, (h, codes) = x, rms_norm_codes_triton(x, self.weight, self.eps, qmax, codes_dtype, normed, fo)
         else:
-            s, h, codes = add_rms_norm_codes_triton(x, delta, self.weight, self.eps, qmax, codes_dtype, normed)
+            s, h, codes = add_rms_norm_codes_triton(x, delta, self.weight, self.eps, qmax, codes_dtype, normed, fo)
         if h is None:
             h = CodesOnly(codes, tuple(x.shape), torch.promote_types(self.weight.dtype, x.dtype))
         return s, h, codes
@@ -98,7 +99,8 @@ class Attention(nn.Module):
             tiles = spec is None and self.o_proj.x_tiles_for(mode, b * t, q.dtype, "o")
             out, codes = decode_attention_triton(q, cache.k[layer], cache.v[layer], targets, upto,
                                                  None if spec is None else spec.qmax,
-                                                 torch.int8 if spec is None else spec.dtype, tiles=tiles)
+                                                 torch.int8 if spec is None else spec.dtype, tiles=tiles,
+                                                 fragment_order=spec is not None and spec.fragment_order)
             return self.o_proj(out, mode, codes)
         q = q.transpose(1, 2)
         keys, values = cache.view(layer, upto)
@@ -140,7 +142,8 @@ class MLP(nn.Module):
         if emits_codes(rows, gate_up.shape[-1] // 2):
             spec = self.down_proj.codes_for(mode, rows, gate_up.dtype)
         if spec is not None:  # the product is stored only for an observed down_proj (calibration)
-            h, down_codes = silu_mul_codes_triton(gate_up, spec.qmax, spec.dtype, product=self.down_proj.observed())
+            h, down_codes = silu_mul_codes_triton(gate_up, spec.qmax, spec.dtype, product=self.down_proj.observed(),
+                                                  fragment_order=spec.fragment_order)
             if h is None:  # down's kernel reads only the codes
                 h = CodesOnly(down_codes, (*gate_up.shape[:-1], gate_up.shape[-1] // 2), gate_up.dtype)
             return self.down_proj(h, mode, down_codes)
@@ -179,7 +182,8 @@ class DecoderLayer(nn.Module):
         if fused_for(x):
             spec = linear.codes_for(mode, x.shape[0] * x.shape[1], x.dtype)
         if spec is not None:  # the normed rows are stored only for an observed linear (calibration)
-            return norm.with_codes(x, delta, spec.qmax, spec.dtype, normed=linear.observed())
+            return norm.with_codes(x, delta, spec.qmax, spec.dtype, normed=linear.observed(),
+                                   fragment_order=spec.fragment_order)
         tiles = fused_for(x) and linear.x_tiles_for(mode, x.shape[0] * x.shape[1], x.dtype, name)  # (`XTiles`)
         x, h = (x, norm(x, tiles)) if delta is None else norm.add(x, delta, tiles)
         return x, h, None
