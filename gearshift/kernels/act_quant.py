@@ -86,7 +86,7 @@ def codes_qmax(spec) -> float | None:
 
 if HAS_TRITON:
     from gearshift.kernels.pdl import small_prologue
-    from gearshift.kernels.x_tiles import s8_fragment_columns
+    from gearshift.kernels.x_tiles import s8_fragment_permute
 
     @triton.jit
     def token_codes(x, scale, QMAX: tl.constexpr, FP8: tl.constexpr):
@@ -115,7 +115,7 @@ if HAS_TRITON:
         yf = y.to(tl.float32)
         scale = token_scale(tl.max(tl.abs(yf), 0), QMAX)
         q = token_codes(yf, scale, QMAX, False)  # int8; exact in bf16 / fp16 too
-        tl.store(q_row_ptr + s8_fragment_columns(offs, FO), q.to(q_row_ptr.dtype.element_ty), mask=mask)
+        tl.store(q_row_ptr + offs, s8_fragment_permute(q.to(q_row_ptr.dtype.element_ty), FO), mask=mask)
         tl.store(scale_ptr, scale)
 
     @triton.jit
@@ -129,7 +129,7 @@ if HAS_TRITON:
             m = offs < K
             x = tl.load(x_ptr + row * stride_x + offs, mask=m, other=0.0).to(tl.float32)
             scale = token_scale(tl.max(tl.abs(x), 0), QMAX)
-            tl.store(q_ptr + row * stride_q + s8_fragment_columns(offs, FO), token_codes(x, scale, QMAX, FP8), mask=m)
+            tl.store(q_ptr + row * stride_q + offs, s8_fragment_permute(token_codes(x, scale, QMAX, FP8), FO), mask=m)
         else:
             scale = _two_pass_row(x_ptr, q_ptr, sum_ptr, row, offs, K, stride_x, stride_q, sum_row, sum_group,
                                   QMAX, FP8, BLOCK, GROUP, FO)
@@ -149,7 +149,7 @@ if HAS_TRITON:
             m = k0 + offs < K
             x = tl.load(x_ptr + row * stride_x + k0 + offs, mask=m, other=0.0).to(tl.float32)
             q = token_codes(x, scale, QMAX, FP8)
-            tl.store(q_ptr + row * stride_q + s8_fragment_columns(k0 + offs, FO), q, mask=m)
+            tl.store(q_ptr + row * stride_q + k0 + offs, s8_fragment_permute(q, FO), mask=m)
             if GROUP > 0:  # per-group sums of the codes (exact for int8; fp32 sums of e4m3 values)
                 gs = tl.sum(tl.reshape(q.to(tl.float32), (BLOCK // GROUP, GROUP)), 1)
                 go = k0 // GROUP + tl.arange(0, BLOCK // GROUP)

@@ -34,7 +34,7 @@ def silu_mul_reference(gate_up: torch.Tensor) -> torch.Tensor:
 if HAS_TRITON:
     from gearshift.kernels.act_quant import row_codes, token_codes, token_scale
     from gearshift.kernels.pdl import small_prologue
-    from gearshift.kernels.x_tiles import s8_fragment_columns
+    from gearshift.kernels.x_tiles import s8_fragment_permute
 
     @triton.jit
     def _silu_mul_kernel(gu_ptr, y_ptr, I, stride_gu, stride_y, BLOCK: tl.constexpr, PDL: tl.constexpr):
@@ -106,8 +106,8 @@ if HAS_TRITON:
         slots = tl.arange(0, PP)
         amax = tl.max(tl.load(part_ptr + row * PP + slots, mask=slots < n_prog, other=0.0, cache_modifier=".cg"), 0)
         scale = token_scale(amax, QMAX)
-        tl.store(q_ptr + row * stride_q + s8_fragment_columns(offs, FO),
-                 token_codes(yf, scale, QMAX, False).to(q_ptr.dtype.element_ty), mask=mask)
+        tl.store(q_ptr + row * stride_q + offs,
+                 s8_fragment_permute(token_codes(yf, scale, QMAX, False).to(q_ptr.dtype.element_ty), FO), mask=mask)
         if tl.program_id(1) == 0:
             tl.store(qs_ptr + row, scale)
 
