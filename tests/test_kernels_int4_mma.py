@@ -407,7 +407,7 @@ def test_dispatcher_takes_the_codes_the_chosen_fragment_kernel_takes(strategy, c
     """Where the map picks a fragment kernel for W4A8 / W4A4, the dispatcher asks the norm for its
     codes in that kernel's form (exact integers in bf16 for w4a8_mma, int8 for w4a8_mma_int8), uses
     them (zeros give zeros) and, given the real ones, returns the bits of quantizing itself; codes
-    in the other form are ignored."""
+    in the other form, or (int8) in the other column order (`CodesSpec.fragment_order`), are ignored."""
     from gearshift.dispatch.dispatcher import AdaptiveDispatcher
     from gearshift.dispatch.policy import Choice, PolicyMap, type_key
     from gearshift.kernels.act_quant import ActCodes
@@ -424,11 +424,15 @@ def test_dispatcher_takes_the_codes_the_chosen_fragment_kernel_takes(strategy, c
     assert spec is not None and spec.qmax == qmax and spec.dtype == codes_dtype
     x = torch.randn(m, 1024, device="cuda", dtype=torch.bfloat16)
     w = torch.ones(1024, device="cuda", dtype=torch.bfloat16)
-    h, codes = rms_norm_codes_triton(x, w, 1e-5, qmax, codes_dtype)
+    assert spec.fragment_order == (codes_dtype == torch.int8)  # (the switch's default)
+    h, codes = rms_norm_codes_triton(x, w, 1e-5, qmax, codes_dtype, fragment_order=spec.fragment_order)
     plain = disp.linear(h, st, act)
     assert torch.equal(disp.linear(h, st, act, codes=codes), plain)
-    zeros = ActCodes(torch.zeros_like(codes.codes), codes.scales, qmax)
+    zeros = ActCodes(torch.zeros_like(codes.codes), codes.scales, qmax, codes.fragment_order)
     assert not disp.linear(h, st, act, codes=zeros).any()
+    if spec.fragment_order:
+        rows_zeros = ActCodes(torch.zeros_like(codes.codes), codes.scales, qmax)
+        assert torch.equal(disp.linear(h, st, act, codes=rows_zeros), plain)
     other = rms_norm_codes_triton(x, w, 1e-5, qmax, torch.bfloat16 if codes_dtype == torch.int8 else torch.int8)[1]
     assert torch.equal(disp.linear(h, st, act, codes=other), plain)
     ref = linear_reference(h.float(), st, act)
