@@ -5,8 +5,8 @@ flight (`results/h200_stop52.md`). This compiles each W4A16 fragment tile the ma
 M as the engine launches it (`map_registers.compile_tile`), disassembles the cubin with Triton's
 nvdisasm, and counts the main loop's SASS per block by kind:
 - `unpack`: LOP3 / SHF on the weight words (nibble pairs into bf16), `pair x`: PRMT,
-- `mma`: HMMA (IMMA for W4A8's int8 codes, `--mode w4a8`), `loads`: LDG / LDS, `fold`: FFMA, `const`: moves of immediates (the asm's magic and
-  1.0 operands, set again every block), `copy`: register-to-register moves (the loop's rotation of
+- `mma`: HMMA (IMMA for W4A8's int8 codes, `--mode w4a8`), `loads`: LDG / LDS, `fold`: FFMA, `const`: moves of
+  immediates (the asm's magic and 1.0 operands, set again every block), `copy`: register-to-register moves (the loop's rotation of
   its prefetched registers), `other`: integer and address arithmetic, compares, branches.
 Preload tiles (whole K slice before the PDL wait) have no loop; their straight-line kernel is counted
 instead and divided by the blocks per warp.

@@ -216,8 +216,8 @@ def decode_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         q, k_cache, v_cache, slots, out, ws, stat, cnt, codes, scales, t, upto, n_chunks, 1.0 / math.sqrt(d),
         q.stride(0), q.stride(1), q.stride(2), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         out.stride(0), s_codes, G=g, GP=gp, D=d, HD=h * d, HDP=next_pow2(h * d), CHUNK=chunk, BLOCK=block, MAX_SPLITS=max_splits,
-        SPLIT=n_chunks > 1, CODES=qmax is not None,
-        QMAX=qmax or 0.0, PDL=pdl, LAUNCH=0 if launch == "start" else 1, F32_DOT=interpreting(), YT=tiles, FO=fragment_order,
+        SPLIT=n_chunks > 1, CODES=qmax is not None, FO=fragment_order,
+        QMAX=qmax or 0.0, PDL=pdl, LAUNCH=0 if launch == "start" else 1, F32_DOT=interpreting(), YT=tiles,
         num_warps=warps, num_stages=stages, **launch_kwargs(pdl))
     if tiles:
         return XTiles(out, (b, t, h * d)), None

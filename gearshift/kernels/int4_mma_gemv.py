@@ -259,7 +259,8 @@ def _mma_asm_s8(rows: int, tiles: int = 1, shared: bool = False, x_step: int = 1
         if per_lane == 4:
             split("c0", "c2", f"${w0[2] + j}")
             split("c1", "c3", f"${w0[3] + j}")
-        lines += _tile_ksteps(mma, per_lane, tiles, 0, lambda tile: (f"x{8 * tile + 2 * j}", f"x{8 * tile + 2 * j + 1}"),
+        lines += _tile_ksteps(mma, per_lane, tiles, 0,
+                              lambda tile: (f"x{8 * tile + 2 * j}", f"x{8 * tile + 2 * j + 1}"),
                               None if fragment_order else ("0x6420", "0x7531"))
     for i, v in enumerate(_block_outputs(per_lane, tiles)):
         lines += [f"cvt.rn.f32.s32 cv, {v};", f"mov.b32 ${i}, cv;"]
