@@ -14,8 +14,8 @@ input PRMTs in the block). Per mode, shape and M, in one process:
   tiles (whose warps share each block's inputs through shared memory), so an xshare tile runs them as the
   same tile without xshare;
 - the whole 32-layer step of the four linears (CUDA-graph replay, `kernels.step_fn`): the map's picks
-  natural, each shape's best natural tile, and each shape's best tile on each x-tile layout, `--rounds` times
-  alternating.
+  natural (W4A8: also on fragment-order codes), each shape's best natural tile, and each shape's best tile on each
+  other input, `--rounds` times alternating.
 W4A8 runs int8 codes through `w4a8_mma_int8`'s tiles (codes made before timing, as the producers hand them),
 on four inputs: "natural", "tiles" (natural chunk order), and since stop 69 "fragment" (row order, each 8 codes'
 even columns then odd ones: no input PRMTs in the int8 block) and "tiles_fragment" (x tiles of that order).
@@ -155,6 +155,8 @@ def main() -> None:
                 return step_fn(model, xv, lambda t, s: mg.mma_gemv(t, s, cfgs[ids[id(t)]], ts, od, **kw))
 
             runs = {"map_natural": run_for([picks[nm] for nm, _, _ in shapes], lambda x: x, {})}
+            if "fragment" in variants:  # the map's own picks on fragment-order codes: what the engine runs
+                runs["map_fragment"] = run_for([picks[nm] for nm, _, _ in shapes], *prepared("fragment", m))
             for v in variants:
                 runs[f"best_{v}"] = run_for([best[v][nm][1] for nm, _, _ in shapes], *prepared(v, m))
             times = {r: [] for r in runs}
