@@ -45,7 +45,7 @@ def test_a_kernel_takes_codes_only_in_the_order_it_reads():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_gpu_w4a8_decode_steps_are_bit_identical_in_either_order():
+def test_gpu_w4a8_decode_steps_are_bit_identical_in_either_order(monkeypatch):
     """W4A8 steps of 1, 4 and 16 sequences (and of 2 with decode attention emitting o's codes) with the codes in
     fragment order and in rows; the int8 fragment kernel gets fragment-order codes from the producers."""
     from gearshift.model.tiny import build_random_model
@@ -57,10 +57,9 @@ def test_gpu_w4a8_decode_steps_are_bit_identical_in_either_order():
         seen.append(codes.fragment_order)
         return real.run_codes(codes, store, cfg, out_dtype)
 
+    monkeypatch.setitem(strategies.STRATEGIES, "w4a8_mma_int8", dataclasses.replace(real, run_codes=spy_codes))
     model = build_random_model("llama3-8b", weights="int4", num_hidden_layers=2, device="cuda")
     before = switches.state()
-    old = strategies.STRATEGIES["w4a8_mma_int8"]
-    strategies.STRATEGIES["w4a8_mma_int8"] = dataclasses.replace(real, run_codes=spy_codes)
     try:
         for b, extra in ((4, {}), (16, {}), (1, {}), (2, {"decode_attention_codes": True})):
             out = {}
@@ -72,6 +71,5 @@ def test_gpu_w4a8_decode_steps_are_bit_identical_in_either_order():
                 out[on] = (first, model(ids[:, 1:], cache, [1] * b, [1] * b, mode="w4a8", logits="last"))
             assert all(torch.equal(a, b_) for a, b_ in zip(out[True], out[False])), b
     finally:
-        strategies.STRATEGIES["w4a8_mma_int8"] = old
         switches.set_switches(**dict(before))
     assert True in seen and False in seen  # both orders reached the kernel
