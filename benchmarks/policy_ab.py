@@ -69,6 +69,8 @@ def main() -> None:
                     help="what-if timing: side B hands these linears (e.g. qkv,o,gate_up,down) codes made before "
                     "timing at every M, as if every producer wrote them at no cost; side A keeps --norm-codes. "
                     "B - A is then what the remaining quantizer launches cost in the step")
+    ap.add_argument("--shapes", default="", metavar="NAMES",
+                    help="time only these linears of the step (e.g. qkv or gate_up,down): which shape a change moves")
     ap.add_argument("--x-tiles", action="store_true",
                     help="W4A16: hand qkv, gate_up and down their inputs in the fragment kernel's layout where that "
                     "side's kernel reads it (9..16 tokens), as the engine's RMSNorms and SwiGLU epilogue write them "
@@ -89,6 +91,11 @@ def main() -> None:
 
         cfg = preset_config(a.preset)
         shapes, layers = shapes_from_config(cfg), int(cfg["num_hidden_layers"])
+    if a.shapes:
+        known = [name for name, _, _ in shapes]
+        if set(a.shapes.split(",")) - set(known):
+            raise SystemExit(f"--shapes: comma-separated names among {known}, not {a.shapes!r}")
+        shapes = [s for s in shapes if s[0] in a.shapes.split(",")]
     model = Model("int4p" if a.int4_prog else "int4", shapes, layers, 128, torch.bfloat16, a.layout_a)
     models = {"a": model, "b": model}
     if a.layout_b != a.layout_a:
@@ -149,7 +156,7 @@ def main() -> None:
     write_json(a.out, f"policy_ab_{device_slug(dev)}{tag_suffix(a.tag)}_{a.mode}.json",
                {"device": dev, "preset": a.preset, "a": a.a, "b": a.b, "layout_a": a.layout_a, "layout_b": a.layout_b,
                 "mode": a.mode, "int4_prog": a.int4_prog, "set_a": a.set_a, "set_b": a.set_b,
-                "norm_codes": a.norm_codes, "free_codes_b": a.free_codes_b, "x_tiles": a.x_tiles,
+                "norm_codes": a.norm_codes, "free_codes_b": a.free_codes_b, "x_tiles": a.x_tiles, "shapes": a.shapes,
                 "weight_bytes": model.nbytes(),
                 "copy_bw_Bps": copy_bandwidth(), "ms": res})
 
