@@ -279,6 +279,39 @@ def test_gpu_fused_lop3_paired_loop_and_register_cap_give_the_same_bits(rows, sp
         assert torch.equal(mg.mma_gemv(x, store, capped), ref), m
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the PTX needs a CUDA GPU")
+@pytest.mark.parametrize("rows,split,warps,kwarps,loop", [
+    (16, 1, 8, 4, ""), (16, 1, 8, 8, "U"), (16, 1, 8, 8, "L"), (32, 1, 4, 4, "T"), (8, 1, 4, 1, ""),
+    (16, 2, 4, 2, ""), (16, 1, 16, 8, "X")])
+def test_gpu_unsigned_group_index_gives_the_same_bits(rows, split, warps, kwarps, loop, monkeypatch):
+    """The scale group of a block's words, divided unsigned (stop 70), reads the same scales as the signed
+    division it replaced, on 16-bit inputs and int8 codes, in the stepped (U: 2 blocks a step), paired (T),
+    preload (L) and xshare (X) loops, with groups of 64 (16-bit inputs, dequantized first), 128 and 256."""
+    from gearshift.kernels import int4_mma_gemv as mg
+
+    cfg = TileConfig(rows, 0, 128, split, warps, 1, kwarps=kwarps, prefetch=loop == "U", pairs=loop == "T",
+                     preload=loop == "L", xshare=loop == "X")
+    checked = 0
+    for group in (64, 128, 256):
+        torch.manual_seed(rows + warps + group)
+        store = quantize_int4(torch.randn(208, 4096), group).cuda().to_layout("blocks16")
+        for m in (1, 5, 9, 16):
+            for int8 in (False, True):
+                if not mma_gemv_supports(store, cfg, m, torch.int8 if int8 else torch.bfloat16):
+                    continue
+                if int8:
+                    x = torch.randint(-127, 128, (m, 4096), device="cuda", dtype=torch.int8)
+                    kw = {"token_scales": torch.rand(m, device="cuda") + 0.01, "out_dtype": torch.bfloat16}
+                else:
+                    x, kw = torch.randn(m, 4096, device="cuda", dtype=torch.bfloat16), {}
+                monkeypatch.setattr(mg, "GROUP_SIGNED", 1)
+                ref = mg.mma_gemv(x, store, cfg, **kw)
+                monkeypatch.setattr(mg, "GROUP_SIGNED", 0)
+                assert torch.equal(mg.mma_gemv(x, store, cfg, **kw), ref), (group, m, int8)
+                checked += 1
+    assert checked
+
+
 def test_pairs_need_an_even_block_count_per_warp():
     store = quantize_int4(torch.randn(64, 768), 128)  # 6 blocks of 128 columns
     assert mma_gemv_supports(store, TileConfig(16, 0, 128, 1, 2, 1, pairs=True), 1)  # 6 per warp

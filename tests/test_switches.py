@@ -113,3 +113,25 @@ def test_x_tiles_rule_and_overrides():
             switches.set_switches(x_tiles_linears="qkv+up")
     finally:
         switches.set_switches(**dict(before))
+
+
+def test_group_index_rule_and_overrides(monkeypatch):
+    """The fragment GEMV divides the scale group index unsigned only for 16-bit inputs in one token tile without
+    codes or dequantize-first (stop 70's H200 steps); the switch and the module's experiment knob override it."""
+    from gearshift.kernels import int4_mma_gemv as mg
+
+    rule = {(t, c, d): mg.group_signed(t, c, d) for t in (1, 2) for c in (False, True) for d in (False, True)}
+    assert [k for k, v in rule.items() if v == 0] == [(1, False, False)]
+    before = switches.state()
+    try:
+        switches.set_switches(group_index="signed")
+        assert {mg.group_signed(*k) for k in rule} == {1}
+        switches.set_switches(group_index="unsigned")
+        assert {mg.group_signed(*k) for k in rule} == {0}
+        monkeypatch.setattr(mg, "GROUP_SIGNED", 1)
+        assert mg.group_signed(1, False, False) == 1
+        with pytest.raises(ValueError, match="group_index must be one of"):
+            switches.set_switches(group_index="fast")
+    finally:
+        switches.set_switches(**dict(before))
+    assert switches.state() == before

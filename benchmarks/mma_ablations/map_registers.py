@@ -46,7 +46,7 @@ def compile_tile(cfg: TileConfig, dt: str, m: int, k: int, fragment_order: bool 
               ZPID=dt != "s8" and bool(mg.ONE_GROUP_Z), OFFSET=mg.OFFSET[dt], U=2 if cfg.prefetch else 1,
               HAS_XS=dt == "s8", PDL=True, L2_PREFETCH=False, LOAD=mg.WEIGHT_LOADS["plain"], SHINT=0, TILED=True,
               TRIGGER=mg.pdl_trigger(m, dt == "s8"), TAIL=0, KWARPS=cfg.kwarps, PRE=blocks if cfg.preload else 0,
-              L2_AHEAD=0, EVEN=int(cfg.pairs), RES=0)
+              L2_AHEAD=0, EVEN=int(cfg.pairs), RES=0, GS=mg.group_signed(tiles, dt == "s8", False))
     dtype = torch.int8 if dt == "s8" else torch.bfloat16
     cx |= mg.ksum_args(cfg, tiles)
     if x_tiles:  # inputs in `to_x_tiles`' layout

@@ -326,6 +326,9 @@ TRACE_ARENA: torch.Tensor | None = None  # int64 [rows, 4] that TRACE's launches
 TRACE_WAIT = False
 # scales 1: the scale/min loads with an L2 prefetch size too; 2: none (timing ablation, wrong results)
 WEIGHT_LOAD = {"name": "plain", "scales": 0}
+#: 1 / 0: the scale group index divided signed / unsigned in every launch; -1: `switches.group_signed`'s choice
+#: (a timing ablation: results never change)
+GROUP_SIGNED = -1
 CONSTRAINTS = {(rows, tiles): ",".join(["=r"] * ({8: 4, 16: 6, 32: 10}[rows] * tiles) + ["r"] * (rows // 2)
                                        + ["l"] * tiles) for rows in ROWS_PER_WARP for tiles in (1, 2)}
 XS_GLOBAL_LOAD = "ld.global.v4.b32 {$0, $1, $2, $3}, [$4];"  # an xshare block's inputs (written by the
@@ -477,17 +480,26 @@ if HAS_TRITON:
 
 
     @triton.jit
+    def _group_of(kw, G: tl.constexpr, GS: tl.constexpr):
+        """The scale group of int32 word kw (8 columns a word). GS 0: divided unsigned (kw >= 0), without the
+        signed division's fix-up in every block; which is faster depends on the tile (`switches.group_signed`)."""
+        if GS:
+            return (kw * 8) // G
+        return (kw.to(tl.uint32) // (G // 8)).to(tl.int32)
+
+
+    @triton.jit
     def _load_step(w_ptrs, s_ptr, mn_ptr, s_offs, kw, G: tl.constexpr, ROWS: tl.constexpr, LOAD: tl.constexpr,
-                   TILED: tl.constexpr, SHINT: tl.constexpr, U: tl.constexpr):
+                   TILED: tl.constexpr, SHINT: tl.constexpr, U: tl.constexpr, GS: tl.constexpr):
         """Weights and scales of the U blocks from word kw: (w, sc, w2, sc2), the second pair
         repeating the first when U == 1."""
         w = _load_rows(w_ptrs, kw, ROWS, LOAD, TILED)
-        sc = _load_scales(s_ptr, mn_ptr, s_offs, (kw * 8) // G, ROWS, SHINT)
+        sc = _load_scales(s_ptr, mn_ptr, s_offs, _group_of(kw, G, GS), ROWS, SHINT)
         w2 = w
         sc2 = sc
         if U == 2:
             w2 = _load_rows(w_ptrs, kw + 16, ROWS, LOAD, TILED)
-            sc2 = _load_scales(s_ptr, mn_ptr, s_offs, ((kw + 16) * 8) // G, ROWS, SHINT)
+            sc2 = _load_scales(s_ptr, mn_ptr, s_offs, _group_of(kw + 16, G, GS), ROWS, SHINT)
         return w, sc, w2, sc2
 
 
@@ -767,7 +779,8 @@ if HAS_TRITON:
                          XS_ROWB: tl.constexpr = 256, KSUM: tl.constexpr = 0, KSUM_DECL: tl.constexpr = "",
                          KSUM_ST: tl.constexpr = "", KSUM_STC: tl.constexpr = "", KSUM_LD: tl.constexpr = "",
                          TRACE: tl.constexpr = 0, GLU: tl.constexpr = 0, DQ: tl.constexpr = 0,
-                         XT: tl.constexpr = 0, XW: tl.constexpr = 8, YT: tl.constexpr = 0):
+                         XT: tl.constexpr = 0, XW: tl.constexpr = 8, YT: tl.constexpr = 0,
+                         GS: tl.constexpr = 0):
         # Every per-lane quantity comes from the lane's own %tid.x, so the fragment plan holds
         # whatever layout Triton picks for these [32 * WARPS] tensors (one element per thread).
         # ROWS: weight rows per warp; lane (g, t) holds rows g, g+8, g+16, g+24 of them.
@@ -876,7 +889,7 @@ if HAS_TRITON:
             sl = ()
             for i in tl.static_range(PRE):
                 wl = wl + (_load_rows(w_ptrs, k_lo + 16 * i, ROWS, LOAD, TILED),)
-                sl = sl + (_load_scales(s_ptr, mn_ptr, s_offs, ((k_lo + 16 * i) * 8) // G, ROWS, SHINT),)
+                sl = sl + (_load_scales(s_ptr, mn_ptr, s_offs, _group_of(k_lo + 16 * i, G, GS), ROWS, SHINT),)
             grid_wait(PDL)
             if TRACE == 2:
                 _trace(ws_ptr, tid, 1)
@@ -895,7 +908,7 @@ if HAS_TRITON:
         else:
             # U blocks per step, the next step's weights and scales loaded before this step's math:
             # 16*U bytes per lane and row in flight. Past the slice's end the last step re-reads itself.
-            w, sc, w2, sc2 = _load_step(w_ptrs, s_ptr, mn_ptr, s_offs, k_lo, G, ROWS, LOAD, TILED, SHINT, U)
+            w, sc, w2, sc2 = _load_step(w_ptrs, s_ptr, mn_ptr, s_offs, k_lo, G, ROWS, LOAD, TILED, SHINT, U, GS)
             grid_wait(PDL)  # weights only above this line: x, y and the split-K buffers below
             if TRACE == 2:
                 _trace(ws_ptr, tid, 1)
@@ -907,11 +920,11 @@ if HAS_TRITON:
                     for it in range(0, kws, 32):
                         kw0 = k_lo + it
                         wn, sn, _, _ = _load_step(w_ptrs, s_ptr, mn_ptr, s_offs, kw0 + 16, G, ROWS, LOAD, TILED,
-                                                  SHINT, 1)
+                                                  SHINT, 1, GS)
                         acc = _xs_step(ASM, CONSTRAINTS, ROWS, TILES, OFFSET, w, sc, acc, xi32, srow, m0_tok, M,
                                        kw0 + 16, xs_q, xs_buf, g, t, 0, xs_bar, XS_NT, XS_NCH, XS_BUFB, XS_ROWB, DQ)
                         w, sc, _, _ = _load_step(w_ptrs, s_ptr, mn_ptr, s_offs, tl.minimum(kw0 + 32, k_last), G,
-                                                 ROWS, LOAD, TILED, SHINT, 1)
+                                                 ROWS, LOAD, TILED, SHINT, 1, GS)
                         acc = _xs_step(ASM, CONSTRAINTS, ROWS, TILES, OFFSET, wn, sn, acc, xi32, srow, m0_tok, M,
                                        tl.minimum(kw0 + 32, k_last), xs_q, xs_buf, g, t, 1, xs_bar, XS_NT,
                                        XS_NCH, XS_BUFB, XS_ROWB, DQ)
@@ -919,7 +932,8 @@ if HAS_TRITON:
                     for it in range(0, kws, 16):
                         kw0 = k_lo + it
                         nxt = tl.minimum(kw0 + 16, k_last)
-                        wn, sn, _, _ = _load_step(w_ptrs, s_ptr, mn_ptr, s_offs, nxt, G, ROWS, LOAD, TILED, SHINT, 1)
+                        wn, sn, _, _ = _load_step(w_ptrs, s_ptr, mn_ptr, s_offs, nxt, G, ROWS, LOAD, TILED, SHINT, 1,
+                                                  GS)
                         acc = _xs_step(ASM, CONSTRAINTS, ROWS, TILES, OFFSET, w, sc, acc, xi32, srow, m0_tok, M, nxt,
                                        xs_q, xs_buf, g, t, (it // 16) % 2, xs_bar, XS_NT, XS_NCH, XS_BUFB,
                                        XS_ROWB, DQ)
@@ -931,17 +945,18 @@ if HAS_TRITON:
                 # the loop carries (a one-block loop copies 8+ registers per block at its end)
                 for it in range(0, kws, 32):
                     kw0 = k_lo + it
-                    wn, sn, _, _ = _load_step(w_ptrs, s_ptr, mn_ptr, s_offs, kw0 + 16, G, ROWS, LOAD, TILED, SHINT, 1)
+                    wn, sn, _, _ = _load_step(w_ptrs, s_ptr, mn_ptr, s_offs, kw0 + 16, G, ROWS, LOAD, TILED, SHINT, 1,
+                                              GS)
                     acc = _block(ASM, CONSTRAINTS, ROWS, TILES, OFFSET, w, x0 + kw0 * XW, x1 + kw0 * XW, sc, acc, 0, DQ)
                     w, sc, _, _ = _load_step(w_ptrs, s_ptr, mn_ptr, s_offs, tl.minimum(kw0 + 32, k_last), G, ROWS,
-                                             LOAD, TILED, SHINT, 1)
+                                             LOAD, TILED, SHINT, 1, GS)
                     acc = _block(ASM, CONSTRAINTS, ROWS, TILES, OFFSET, wn, x0 + (kw0 + 16) * XW, x1 + (kw0 + 16) * XW,
                                  sn, acc, 0, DQ)
                 kws = 0  # the stepped loop below has nothing left to do
             for it in range(0, kws, 16 * U):
                 kw0 = k_lo + it
                 nxt = tl.minimum(kw0 + 16 * U, k_last)
-                wn, sn, wn2, sn2 = _load_step(w_ptrs, s_ptr, mn_ptr, s_offs, nxt, G, ROWS, LOAD, TILED, SHINT, U)
+                wn, sn, wn2, sn2 = _load_step(w_ptrs, s_ptr, mn_ptr, s_offs, nxt, G, ROWS, LOAD, TILED, SHINT, U, GS)
                 if L2_AHEAD > 0:  # one step more into L2, L2_AHEAD + 1 steps ahead of this one
                     ahead = kw0 + 16 * U * (L2_AHEAD + 1)
                     _prefetch_blocks(qw32, ra, rc, KW, ahead, tl.where(ahead < k_lo + kws, 16 * U, 0), lane, t,
@@ -1142,6 +1157,11 @@ if HAS_TRITON:
 DEQUANT_GROUPS = (32, 64)
 
 
+def group_signed(tiles: int, codes: bool, dequant: bool) -> int:
+    """The launch's scale group division: `GROUP_SIGNED` where an experiment sets it, else the switch's."""
+    return GROUP_SIGNED if GROUP_SIGNED >= 0 else switches.group_signed(tiles, codes, dequant)
+
+
 def mma_gemv_supports(store: Int4Weight, cfg: TileConfig, m: int = 1, dtype=torch.bfloat16) -> bool:
     """Groups a multiple of 128 (a block never straddles one; 32 or 64 with 16-bit inputs, dequantized
     before the MMA), K tiled by the split (and 2-block
@@ -1282,7 +1302,9 @@ def mma_gemv(x: torch.Tensor, store: Int4Weight, cfg: TileConfig, token_scales: 
                            U=2 if cfg.prefetch else 1, HAS_XS=token_scales is not None, PDL=pdl,
                            L2_PREFETCH=l2_prefetch, TRIGGER=trigger, PRE=pre, L2_AHEAD=L2_AHEAD,
                            EVEN=int(cfg.pairs),
-                           LOAD=WEIGHT_LOADS[WEIGHT_LOAD["name"]], SHINT=WEIGHT_LOAD["scales"], TILED=store.layout == BLOCKS16,
+                           LOAD=WEIGHT_LOADS[WEIGHT_LOAD["name"]], SHINT=WEIGHT_LOAD["scales"],
+                           GS=group_signed(tiles, token_scales is not None, dequant),
+                           TILED=store.layout == BLOCKS16,
                            num_warps=cfg.warps, num_stages=1, TAIL=tail, KWARPS=cfg.kwarps,
                            **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {}),
                            RES=RESIDENCY, **launch_kwargs(pdl),

@@ -16,7 +16,7 @@ _FUSED = {"enabled": True, "on_cpu": False, "swiglu_codes": True, "swiglu_codes_
           "decode_attention_launch": "rule", "gemv_trigger": -1, "small_trigger": "rule", "glu_epilogue": True,
           "glu_epilogue_codes": False, "x_tiles": True, "x_tiles_from": 1,
           "x_tiles_linears": "qkv+o+gate_up+down", "norm_warps": 0, "norm_codes_warps": 0,
-          "sdpa_backend": "efficient", "s8_fragment_order": True}
+          "sdpa_backend": "efficient", "s8_fragment_order": True, "group_index": "rule"}
 
 
 def state() -> tuple:
@@ -35,6 +35,8 @@ def set_switches(**values) -> None:
     if "decode_attention_launch" in values and values["decode_attention_launch"] not in DECODE_ATTENTION_LAUNCHES:
         raise ValueError(f"decode_attention_launch must be one of {DECODE_ATTENTION_LAUNCHES}, "
                          f"not {values['decode_attention_launch']!r}")
+    if "group_index" in values and values["group_index"] not in GROUP_INDEXES:
+        raise ValueError(f"group_index must be one of {GROUP_INDEXES}, not {values['group_index']!r}")
     if "sdpa_backend" in values and values["sdpa_backend"] not in SDPA_BACKENDS:
         raise ValueError(f"sdpa_backend must be one of {SDPA_BACKENDS}, not {values['sdpa_backend']!r}")
     if "x_tiles_linears" in values:
@@ -198,6 +200,23 @@ def gemv_trigger() -> int:
     """-1: the fragment GEMV lets its PDL successor in where `int4_mma_gemv.pdl_trigger` says; 0-3:
     at that one point for every launch (end-to-end A/B of the rule; the bits never change)."""
     return _FUSED["gemv_trigger"]
+
+
+GROUP_INDEXES = ("rule", "signed", "unsigned")
+
+
+def group_signed(tiles: int, codes: bool, dequant: bool) -> int:
+    """1: the fragment GEMV divides a block's word index by the group's words signed, 0: unsigned (same bits).
+
+    Unsigned takes 2-6 SASS off a block (`sass_loop.py`), but ptxas then schedules and allocates some tiles
+    otherwise, and whole steps move either way (stop 70, `policy_ab.py --set-b int4_mma_gemv.GROUP_SIGNED=0`,
+    the H200): bf16 inputs at one token tile 0.979 / 0.980 / 0.990 / 0.998 at 1 / 2 / 4 / 8 tokens, but 1.024 at
+    16 (down 1.089, qkv 1.037 alone), and int8 codes 1.010-1.037 (qkv's preload tiles 1.07-1.12 alone). The
+    "rule" takes unsigned only where it gained: 16-bit inputs, no codes, one token tile, no dequantize-first."""
+    where = _FUSED["group_index"]
+    if where == "rule":
+        return int(tiles > 1 or codes or dequant)
+    return int(where == "signed")
 
 
 SMALL_TRIGGERS = ("rule", "start", "wait")
