@@ -13,6 +13,7 @@ instead and divided by the blocks per warp.
 
     PYTHONPATH=/path/to/triton-3.6:. TRITON_INTERPRET=0 python benchmarks/mma_ablations/sass_loop.py --m 1,8
     ... sass_loop.py --mode w4a8 --m 1,16 --fragment-order   # int8 codes in S8_FRAGMENT_ORDER (stop 69)
+    ... sass_loop.py --m 1,16 --fragment-order --group-index unsigned   # stop 70's group division
 """
 import argparse
 import collections
@@ -101,7 +102,10 @@ def main() -> None:
     ap.add_argument("--fragment-order", action="store_true", help="the kernels for inputs in fragment order")
     ap.add_argument("--mode", choices=sorted(MODES), default="w4a16",
                     help="w4a16: bf16 inputs; w4a8: int8 codes (the map's w4a8_mma_int8 tiles)")
+    ap.add_argument("--group-index", choices=("rule", "signed", "unsigned"), default="rule",
+                    help="the scale group index's division (`switches.group_signed`; stop 70)")
     a = ap.parse_args()
+    mg.GROUP_SIGNED = {"rule": -1, "signed": 1, "unsigned": 0}[a.group_index]
     strategy, dt = MODES[a.mode]
     if not os.path.exists(NVDISASM):
         raise SystemExit(f"no nvdisasm in this Triton ({NVDISASM})")
