@@ -284,8 +284,8 @@ def test_gpu_fused_lop3_paired_loop_and_register_cap_give_the_same_bits(rows, sp
     (16, 1, 8, 4, ""), (16, 1, 8, 8, "U"), (16, 1, 8, 8, "L"), (32, 1, 4, 4, "T"), (8, 1, 4, 1, ""),
     (16, 2, 4, 2, ""), (16, 1, 16, 8, "X")])
 def test_gpu_unsigned_group_index_gives_the_same_bits(rows, split, warps, kwarps, loop, monkeypatch):
-    """The scale group of a block's words, divided unsigned (stop 70), reads the same scales as the signed
-    division it replaced, on 16-bit inputs and int8 codes, in the stepped (U: 2 blocks a step), paired (T),
+    """The scale group of a block's words, divided unsigned (stop 70's `group_index` switch), reads the same
+    scales as the signed division, on 16-bit inputs and int8 codes, in the stepped (U: 2 blocks a step), paired (T),
     preload (L) and xshare (X) loops, with groups of 64 (16-bit inputs, dequantized first), 128 and 256."""
     from gearshift.kernels import int4_mma_gemv as mg
 
