@@ -157,7 +157,7 @@ def producer_codes(d, shapes, stores, xs, act, m, fed=PRODUCER_FED, every_m: boo
     timing: a SwiGLU that emits codes at few tokens as cheaply as without)."""
     out = []
     for (name, _, k), store, x in zip(shapes, stores, xs):
-        if name == "down" and not every_m and not emits_codes(m, k):  # SwiGLU emits codes only from 64 tokens
+        if name == "down" and not every_m and not emits_codes(m, k):  # where the engine's SwiGLU emits them
             out.append(None)
             continue
         spec = d.codes_for(store, act, m, x.dtype) if name in fed else None
