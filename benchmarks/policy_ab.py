@@ -92,10 +92,10 @@ def main() -> None:
         cfg = preset_config(a.preset)
         shapes, layers = shapes_from_config(cfg), int(cfg["num_hidden_layers"])
     if a.shapes:
-        known = [name for name, _, _ in shapes]
-        if set(a.shapes.split(",")) - set(known):
+        wanted, known = set(a.shapes.split(",")), [name for name, _, _ in shapes]
+        if wanted - set(known):
             raise SystemExit(f"--shapes: comma-separated names among {known}, not {a.shapes!r}")
-        shapes = [s for s in shapes if s[0] in a.shapes.split(",")]
+        shapes = [s for s in shapes if s[0] in wanted]
     model = Model("int4p" if a.int4_prog else "int4", shapes, layers, 128, torch.bfloat16, a.layout_a)
     models = {"a": model, "b": model}
     if a.layout_b != a.layout_a:
