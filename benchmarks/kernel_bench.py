@@ -33,6 +33,7 @@ from gearshift.kernels.act_quant import quantize_for  # noqa: E402
 from gearshift.kernels.library import scaled_mm_fp8_linear, tinygemm_linear, to_fp8_rowwise, to_tinygemm  # noqa
 from gearshift.kernels.reference import linear_reference  # noqa: E402
 from gearshift.kernels.silu_mul import emits_codes  # noqa: E402
+from gearshift.kernels.switches import x_tiles_on  # noqa: E402
 from gearshift.kernels.x_tiles import XTiles, to_x_tiles  # noqa: E402
 from gearshift.quant.modes import MODES  # noqa: E402
 
@@ -168,17 +169,13 @@ def producer_codes(d, shapes, stores, xs, act, m, fed=PRODUCER_FED, every_m: boo
     return out
 
 
-#: the linears whose input a producer writes in the fragment kernel's layout (`XTiles`) in the engine where their
-#: kernel reads it (W4A16, 9..16 tokens): qkv and gate_up from an RMSNorm, down from gate_up's SwiGLU epilogue.
-#: o's producer, decode attention, writes rows
-TILES_FED = ("qkv", "gate_up", "down")
-
-
-def producer_tiles(d, shapes, stores, xs, act, m, fed=TILES_FED) -> list:
+def producer_tiles(d, shapes, stores, xs, act, m) -> list:
     """Per shape: x as `XTiles` (made here, the bits the producers store) where the engine's producer would
-    write it so for dispatcher d's kernel at m tokens (`x_tiles_for`), else x itself."""
-    return [XTiles(to_x_tiles(x), tuple(x.shape)) if name in fed and d.x_tiles_for(store, act, m, x.dtype) else x
-            for (name, _, _), store, x in zip(shapes, stores, xs)]
+    write it so for dispatcher d's kernel at m tokens, else x itself. As `QuantLinear.x_tiles_for` asks: the
+    switches (`x_tiles_on`, every linear of `X_TILE_LINEARS` unless an A/B leaves some out) and then d. The
+    producers are the RMSNorms (qkv, gate_up), gate_up's SwiGLU epilogue (down) and decode attention (o)."""
+    return [XTiles(to_x_tiles(x), tuple(x.shape)) if x_tiles_on(m, name) and d.x_tiles_for(store, act, m, x.dtype)
+            else x for (name, _, _), store, x in zip(shapes, stores, xs)]
 
 
 def codes_step_fn(model, xs, d, act, codes):
@@ -232,7 +229,7 @@ def stage_bench(pm, m_list, bw, log, dtype=torch.bfloat16, layers=32, layout="bl
                     record(f"{mode}:norm_codes_dispatch", m, time_step(codes_step_fn(int4, xs, disp, act, codes)))
                 xt = producer_tiles(disp, shapes, int4.stores[0], xs, act, m)
                 if any(isinstance(t, XTiles) for t in xt):  # as the engine runs it: the fragment layout from the
-                    # norms and SwiGLU's epilogue (W4A16, 9..16 tokens)
+                    # norms, SwiGLU's epilogue and decode attention (W4A16, 1..16 tokens)
                     record(f"{mode}:x_tiles_dispatch", m,
                            time_step(step_fn(int4, xt, lambda x, s: disp.linear(x, s, act))))
             except Exception as e:

@@ -72,9 +72,10 @@ def main() -> None:
     ap.add_argument("--shapes", default="", metavar="NAMES",
                     help="time only these linears of the step (e.g. qkv or gate_up,down): which shape a change moves")
     ap.add_argument("--x-tiles", action="store_true",
-                    help="W4A16: hand qkv, gate_up and down their inputs in the fragment kernel's layout where that "
-                    "side's kernel reads it (9..16 tokens), as the engine's RMSNorms and SwiGLU epilogue write them "
-                    "(QuantLinear.x_tiles_for); o gets rows, as decode attention writes them")
+                    help="W4A16: hand each linear its input in the fragment kernel's layout where that side's kernel "
+                    "reads it (1..16 tokens, the linears `switches.x_tiles_linears` names), as the engine's RMSNorms "
+                    "(qkv, gate_up), SwiGLU epilogue (down) and decode attention (o) write them "
+                    "(QuantLinear.x_tiles_for)")
     a = ap.parse_args()
     sets = {"a": kernel_switches(a.set_a), "b": kernel_switches(a.set_b)}
     defaults = {key: getattr(*key) for s in sets.values() for key in s}

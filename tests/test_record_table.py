@@ -97,3 +97,29 @@ def test_bench_leaves_out_static_strategies_that_cannot_run_the_store():
 
     assert serves("w4a16_mma", 1) and serves("w4a16_tc", 64) and serves("dequant_cublas", 1)
     assert not serves("w4a16_rowgemv", 1) and not serves("w4a16_gemv", 1) and not serves("w4a16_wgmma", 1)
+
+
+def test_producer_tiles_feed_the_linears_the_engine_feeds():
+    """The benchmarks' x tiles go to every linear whose producer writes them in the engine (o's from decode
+    attention too; stop 71: o had been left on rows) and follow `x_tiles_linears`, as QuantLinear.x_tiles_for."""
+    import torch
+
+    from gearshift.kernels import switches
+    from gearshift.kernels.x_tiles import XTiles
+
+    class Reads:  # a dispatcher whose kernel reads x tiles for every store at 16 tokens
+        def x_tiles_for(self, store, act, m, dtype):
+            return m == 16
+
+    shapes = [("qkv", 6144, 128), ("o", 128, 128), ("gate_up", 256, 128), ("down", 128, 128)]
+    xs = [torch.randn(16, k, dtype=torch.bfloat16) for _, _, k in shapes]
+    fed = kernels_bench.producer_tiles(Reads(), shapes, [None] * 4, xs, None, 16)
+    assert all(isinstance(t, XTiles) and torch.equal(t.rows(), x) for t, x in zip(fed, xs))
+    assert kernels_bench.producer_tiles(Reads(), shapes, [None] * 4, [x[:4] for x in xs], None, 4)[1].shape == (4, 128)
+    before = switches.state()
+    try:
+        switches.set_switches(x_tiles_linears="qkv+down")
+        fed = kernels_bench.producer_tiles(Reads(), shapes, [None] * 4, xs, None, 16)
+        assert [isinstance(t, XTiles) for t in fed] == [True, False, False, True]
+    finally:
+        switches.set_switches(**dict(before))
