@@ -16,7 +16,8 @@ import torch
 from gearshift.dispatch.profiler import PRESETS, random_store
 from gearshift.kernels.config import TileConfig
 from gearshift.kernels.reference import linear_reference
-from gearshift.kernels.w4a16_wgmma import (BKS, HAS_GLUON, smem_bytes, w4a16_wgmma, w4a16_wgmma_emulate,
+from gearshift.kernels import w4a16_wgmma as W16
+from gearshift.kernels.w4a16_wgmma import (BKS, HAS_GLUON, smem_bytes, tma_rows, w4a16_wgmma, w4a16_wgmma_emulate,
                                            wgmma_configs, wgmma_supports)
 from gearshift.quant.int4 import BLOCKS16, ROWS, Int4Weight
 
@@ -255,6 +256,36 @@ def test_kernel_matches_its_torch_model(layout, dtype):
             assert ((y.float() - emu).norm() / emu.norm()).item() < 1e-3, (m, cfg)
             if cfg.split_k > 1 or cfg.stream_k:  # the reductions sum in a fixed order: the same bits every run
                 assert torch.equal(y, w4a16_wgmma(x, st, cfg)), (m, cfg)
+
+
+def test_activations_are_padded_to_whole_token_tiles_only_where_many_rows_are_absent(monkeypatch):
+    """`tma_rows`: where 3/8 or more of the last token tile's TMA box lies past x, x gets zero rows up to the
+    tile (stop 71: such boxes read slowly); with fewer rows absent, or PAD_ABSENT_EIGHTHS -1, x goes as it is."""
+    big = torch.randn(256, 64)
+    x = big[:33]
+    p = tma_rows(x, 64)
+    assert p.shape == (64, 64) and torch.equal(p[:33], x) and not p[33:].any()
+    assert tma_rows(big[:40], 64).shape == (64, 64) and tma_rows(big[:129], 256).shape == (256, 64)  # 24/64, 127/256
+    for v, bm in ((big[:41], 64), (big[:200], 256), (big[:64], 64)):  # 23/64, 56/256, none absent
+        assert tma_rows(v, bm) is v
+    monkeypatch.setattr(W16, "PAD_ABSENT_EIGHTHS", -1)
+    assert tma_rows(x, 64) is x
+
+
+@needs_hopper
+@pytest.mark.parametrize("m", [33, 40, 47, 65, 129])
+def test_padded_token_tiles_give_the_same_bits(m, monkeypatch):
+    """x padded to whole token tiles (`tma_rows`) or read with the rows past M out of bounds: the same output."""
+    torch.manual_seed(0)
+    st = random_store("int4", 384, 1024, 128, "cuda", layout=BLOCKS16)
+    x = torch.randn(m, 1024, device="cuda", dtype=torch.bfloat16)
+    for cfg in wgmma_configs(m):
+        if not wgmma_supports(st, cfg):
+            continue
+        monkeypatch.setattr(W16, "PAD_ABSENT_EIGHTHS", 0)  # every partial tile padded
+        y = w4a16_wgmma(x, st, cfg)
+        monkeypatch.setattr(W16, "PAD_ABSENT_EIGHTHS", -1)
+        assert torch.equal(y, w4a16_wgmma(x, st, cfg)), (m, cfg)
 
 
 @needs_hopper

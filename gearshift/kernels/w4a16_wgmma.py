@@ -725,6 +725,25 @@ if HAS_GLUON:
         return TensorDescriptor.from_tensor(qw, block, layout)
 
 
+#: pad the activations to whole token tiles (`tma_rows`, one copy) where at least this many eighths of the last
+#: tile's rows lie past x; -1: never. Such TMA boxes run slowly: on the H200 (stop 71,
+#: `benchmarks/results/h200_stop71.md`) the map's picks took gate_up 62.9 us at 33 tokens (31 of 64 rows absent)
+#: against 43.8 at 64, and 50.6 padded; the 32-layer W4A16 step 15.9 ms at 257 tokens, 10.8 padded. The copy
+#: costs about 5 us a linear (it also stands between two PDL launches), so from a quarter of a tile absent down
+#: padding lost (step 1.07 at 200 tokens, 1.10 at 47). The same bits either way: the padded rows feed only output
+#: rows that are never stored.
+PAD_ABSENT_EIGHTHS = 3
+
+
+def tma_rows(x2: torch.Tensor, bm: int) -> torch.Tensor:
+    """x2 [M, K], or x2 with zero rows up to a multiple of bm where `PAD_ABSENT_EIGHTHS` of the last token
+    tile's rows would lie past M (the kernel is still told M)."""
+    absent = -x2.shape[0] % bm
+    if PAD_ABSENT_EIGHTHS < 0 or absent == 0 or 8 * absent < PAD_ABSENT_EIGHTHS * bm:
+        return x2
+    return torch.nn.functional.pad(x2, (0, 0, 0, absent))
+
+
 #: when the consumers dequantize in packed 16-bit math (`dequant_bytes_x2`): "exact" (default) where
 #: that gives the fp32 path's bits (`packed_dequant`), "never", or "always" (timing experiments only:
 #: it rounds a bf16 model's fp16 scales and mins to bf16)
@@ -895,7 +914,7 @@ def w4a16_wgmma(x2: torch.Tensor, store: Int4Weight, cfg: TileConfig,
     m = x2.shape[0]
     n, k = store.out_features, store.in_features
     y = torch.empty((m, n), device=x2.device, dtype=x2.dtype)
-    x_desc, w_desc = _descriptors(x2, store, cfg.bm, cfg.bn, cfg.bk)
+    x_desc, w_desc = _descriptors(tma_rows(x2, cfg.bm), store, cfg.bm, cfg.bn, cfg.bk)
     consumers = 2 if _two_consumers(cfg) else 1
     tiles = (n // cfg.bn) * -(-m // cfg.bm)
     per = cmax = dpt = 0
