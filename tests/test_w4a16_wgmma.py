@@ -259,15 +259,17 @@ def test_kernel_matches_its_torch_model(layout, dtype):
 
 
 def test_activations_are_padded_to_whole_token_tiles_only_where_many_rows_are_absent(monkeypatch):
-    """`tma_rows`: where 3/8 or more of the last token tile's TMA box lies past x, x gets zero rows up to the
-    tile (stop 71: such boxes read slowly); with fewer rows absent, or PAD_ABSENT_EIGHTHS -1, x goes as it is."""
-    big = torch.randn(256, 64)
+    """`tma_rows`: where 3/8 or more of the last token tile's TMA box lies past x (a quarter where it is the only
+    tile), x gets zero rows up to the tile (stop 71: such boxes read slowly); with fewer rows absent, or
+    PAD_ABSENT_EIGHTHS -1, x goes as it is."""
+    big = torch.randn(1024, 64)
     x = big[:33]
     p = tma_rows(x, 64)
     assert p.shape == (64, 64) and torch.equal(p[:33], x) and not p[33:].any()
-    assert tma_rows(big[:40], 64).shape == (64, 64) and tma_rows(big[:129], 256).shape == (256, 64)  # 24/64, 127/256
-    for v, bm in ((big[:41], 64), (big[:200], 256), (big[:64], 64)):  # 23/64, 56/256, none absent
-        assert tma_rows(v, bm) is v
+    for m, bm, rows in ((47, 64, 64), (129, 256, 256), (400, 256, 512), (80, 128, 128)):  # 17/64 of the only
+        assert tma_rows(big[:m], bm).shape == (rows, 64)  # tile, 127/256, 112/256 of the second, 48/128
+    for m, bm in ((49, 64), (200, 256), (64, 64), (700, 256), (100, 128)):  # 15/64, 56/256, 0, 68/256 of the
+        assert tma_rows(big[:m], bm).shape == (m, 64)  # third, 28/128
     monkeypatch.setattr(W16, "PAD_ABSENT_EIGHTHS", -1)
     assert tma_rows(x, 64) is x
 
@@ -283,6 +285,7 @@ def test_padded_token_tiles_give_the_same_bits(m, monkeypatch):
         if not wgmma_supports(st, cfg):
             continue
         monkeypatch.setattr(W16, "PAD_ABSENT_EIGHTHS", 0)  # every partial tile padded
+        monkeypatch.setattr(W16, "PAD_ONE_TILE_EIGHTHS", 0)
         y = w4a16_wgmma(x, st, cfg)
         monkeypatch.setattr(W16, "PAD_ABSENT_EIGHTHS", -1)
         assert torch.equal(y, w4a16_wgmma(x, st, cfg)), (m, cfg)

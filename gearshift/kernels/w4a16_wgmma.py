@@ -39,6 +39,7 @@ import torch
 
 from gearshift.kernels._triton import HAS_TRITON
 from gearshift.kernels.config import TileConfig
+from gearshift.kernels.pad_rows import pad_rows
 from gearshift.kernels.pdl import launch_kwargs, pdl_enabled
 from gearshift.kernels.splitk import counters, splitk_buffers
 from gearshift.quant.int4 import BLOCKS16, Int4Weight
@@ -725,23 +726,27 @@ if HAS_GLUON:
         return TensorDescriptor.from_tensor(qw, block, layout)
 
 
-#: pad the activations to whole token tiles (`tma_rows`, one copy) where at least this many eighths of the last
-#: tile's rows lie past x; -1: never. Such TMA boxes run slowly: on the H200 (stop 71,
-#: `benchmarks/results/h200_stop71.md`) the map's picks took gate_up 62.9 us at 33 tokens (31 of 64 rows absent)
-#: against 43.8 at 64, and 50.6 padded; the 32-layer W4A16 step 15.9 ms at 257 tokens, 10.8 padded. The copy
-#: costs about 5 us a linear (it also stands between two PDL launches), so from a quarter of a tile absent down
-#: padding lost (step 1.07 at 200 tokens, 1.10 at 47). The same bits either way: the padded rows feed only output
-#: rows that are never stored.
+#: pad the activations to whole token tiles (`tma_rows`, one `pad_rows` launch) where at least this many eighths
+#: of the last tile's rows lie past x (PAD_ONE_TILE_EIGHTHS where that tile is the only one); -1: never. Such TMA
+#: boxes read slowly: on the H200 (stop 71, `benchmarks/results/h200_stop71.md`) the map's picks took gate_up
+#: 62.9 us at 33 tokens (31 of 64 rows absent) against 43.8 at 64, and 50.6 on padded rows; the 32-layer W4A16
+#: step 16.1 ms at 257 tokens and 10.4 padded. The copy is not free (torch's pad, a plain launch between two PDL
+#: launches, cost about 5 us a linear): with a quarter of the last of three tiles absent (700 tokens) padding
+#: lost 4.6%, with a quarter of the only tile (41-47 tokens) it gained 6-12%. The same bits either way: the padded
+#: rows feed only output rows that are never stored.
 PAD_ABSENT_EIGHTHS = 3
+PAD_ONE_TILE_EIGHTHS = 2
 
 
 def tma_rows(x2: torch.Tensor, bm: int) -> torch.Tensor:
-    """x2 [M, K], or x2 with zero rows up to a multiple of bm where `PAD_ABSENT_EIGHTHS` of the last token
-    tile's rows would lie past M (the kernel is still told M)."""
-    absent = -x2.shape[0] % bm
-    if PAD_ABSENT_EIGHTHS < 0 or absent == 0 or 8 * absent < PAD_ABSENT_EIGHTHS * bm:
+    """x2 [M, K], or x2 with zero rows up to a multiple of bm where `PAD_ABSENT_EIGHTHS` (one token tile:
+    `PAD_ONE_TILE_EIGHTHS`) of the last tile's rows would lie past M (the kernel is still told M)."""
+    m = x2.shape[0]
+    absent = -m % bm
+    eighths = PAD_ONE_TILE_EIGHTHS if m < bm else PAD_ABSENT_EIGHTHS
+    if PAD_ABSENT_EIGHTHS < 0 or eighths < 0 or absent == 0 or 8 * absent < eighths * bm:
         return x2
-    return torch.nn.functional.pad(x2, (0, 0, 0, absent))
+    return pad_rows(x2, m + absent)
 
 
 #: when the consumers dequantize in packed 16-bit math (`dequant_bytes_x2`): "exact" (default) where
