@@ -123,3 +123,29 @@ def test_producer_tiles_feed_the_linears_the_engine_feeds():
         assert [isinstance(t, XTiles) for t in fed] == [True, False, False, True]
     finally:
         switches.set_switches(**dict(before))
+
+
+def test_bucket_shift_writes_a_map_whose_bucket_runs_another_buckets_picks(tmp_path, monkeypatch):
+    """benchmarks/bucket_shift.py (stop 71's what-if maps): bucket 32 takes bucket 16's picks, other buckets and
+    modes stay, and the timings are dropped."""
+    bucket_shift = pytest.importorskip("bucket_shift")
+    from gearshift.dispatch.policy import PolicyMap
+
+    src = Path(__file__).resolve().parents[1] / "gearshift/data/policy/NVIDIA_H100_80GB_HBM3.json"
+    out = tmp_path / "b.json"
+    monkeypatch.setattr(sys, "argv", ["bucket_shift.py", "--map", str(src), "--take", "16", "--into", "32",
+                                      "--modes", "w4a16", "--out", str(out)])
+    bucket_shift.main()
+    before, after = PolicyMap.load(src), PolicyMap.load(out)
+    i16, i32 = before.buckets.index(16), before.buckets.index(32)
+    for key, row in after.entries.items():
+        if key.startswith("w4a16:") and before.entries[key][i16] is not None:
+            assert row[i32].to_dict() == before.entries[key][i16].to_dict()
+            assert row[i16].to_dict() == before.entries[key][i16].to_dict()
+        else:
+            assert [c and c.to_dict() for c in row] == [c and c.to_dict() for c in before.entries[key]]
+    assert after.timings == {}
+    monkeypatch.setattr(sys, "argv", ["bucket_shift.py", "--map", str(src), "--take", "3", "--into", "32",
+                                      "--out", str(out)])
+    with pytest.raises(SystemExit, match="buckets of the map"):
+        bucket_shift.main()
