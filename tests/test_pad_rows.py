@@ -23,3 +23,4 @@ def test_pad_rows_matches_the_reference(m, k, rows, dtype):
 def test_pad_rows_refuses_fewer_rows():
     with pytest.raises(ValueError, match="cannot hold"):
         pad_rows(torch.zeros(4, 8), 3)
+

@@ -261,15 +261,16 @@ def test_kernel_matches_its_torch_model(layout, dtype):
 def test_activations_are_padded_to_whole_token_tiles_only_where_many_rows_are_absent(monkeypatch):
     """`tma_rows`: where 3/8 or more of the last token tile's TMA box lies past x (a quarter where it is the only
     tile), x gets zero rows up to the tile (stop 71: such boxes read slowly); with fewer rows absent, or
-    PAD_ABSENT_EIGHTHS -1, x goes as it is."""
-    big = torch.randn(1024, 64)
-    x = big[:33]
+    PAD_ABSENT_EIGHTHS -1, x goes as it is (x's storage ends at x here: `test_pad_rows.py` has the room views)."""
+    x = torch.randn(33, 64)
     p = tma_rows(x, 64)
     assert p.shape == (64, 64) and torch.equal(p[:33], x) and not p[33:].any()
     for m, bm, rows in ((47, 64, 64), (129, 256, 256), (400, 256, 512), (80, 128, 128)):  # 17/64 of the only
-        assert tma_rows(big[:m], bm).shape == (rows, 64)  # tile, 127/256, 112/256 of the second, 48/128
+        assert tma_rows(torch.randn(m, 64), bm).shape == (rows, 64)  # tile, 127/256, 112/256 of the second, 48/128
     for m, bm in ((49, 64), (200, 256), (64, 64), (700, 256), (100, 128)):  # 15/64, 56/256, 0, 68/256 of the
-        assert tma_rows(big[:m], bm).shape == (m, 64)  # third, 28/128
+        assert tma_rows(torch.randn(m, 64), bm).shape == (m, 64)  # third, 28/128
+    big = torch.randn(1024, 64)
+    assert tma_rows(big[:49], 64).data_ptr() == big.data_ptr()  # room in the storage: taken, whatever the rule
     monkeypatch.setattr(W16, "PAD_ABSENT_EIGHTHS", -1)
     assert tma_rows(x, 64) is x
 
@@ -277,18 +278,26 @@ def test_activations_are_padded_to_whole_token_tiles_only_where_many_rows_are_ab
 @needs_hopper
 @pytest.mark.parametrize("m", [33, 40, 47, 65, 129])
 def test_padded_token_tiles_give_the_same_bits(m, monkeypatch):
-    """x padded to whole token tiles (`tma_rows`) or read with the rows past M out of bounds: the same output."""
+    """x padded to whole token tiles (`tma_rows`), read from NaN rows past it in its own storage, or read with the
+    rows past M out of bounds: the same output."""
+    from gearshift.kernels import switches
+
     torch.manual_seed(0)
     st = random_store("int4", 384, 1024, 128, "cuda", layout=BLOCKS16)
     x = torch.randn(m, 1024, device="cuda", dtype=torch.bfloat16)
+    room = torch.full((512, 1024), float("nan"), device="cuda", dtype=torch.bfloat16)
+    room[:m] = x
     for cfg in wgmma_configs(m):
         if not wgmma_supports(st, cfg):
             continue
         monkeypatch.setattr(W16, "PAD_ABSENT_EIGHTHS", 0)  # every partial tile padded
         monkeypatch.setattr(W16, "PAD_ONE_TILE_EIGHTHS", 0)
         y = w4a16_wgmma(x, st, cfg)
+        assert torch.equal(y, w4a16_wgmma(room[:m], st, cfg)), (m, cfg)
         monkeypatch.setattr(W16, "PAD_ABSENT_EIGHTHS", -1)
+        monkeypatch.setitem(switches._FUSED, "tile_room", False)
         assert torch.equal(y, w4a16_wgmma(x, st, cfg)), (m, cfg)
+        monkeypatch.setitem(switches._FUSED, "tile_room", True)
 
 
 @needs_hopper

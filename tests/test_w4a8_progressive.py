@@ -408,6 +408,76 @@ def test_kernel_matches_its_model_bit_for_bit(layout, act_dtype):
                 assert _rel(y2, ref) < bound, (m, cfg)
 
 
+def test_codes_are_padded_to_whole_token_tiles_where_many_rows_are_absent(monkeypatch):
+    """`code_rows`: zero rows up to a whole token tile where `PAD_ABSENT_ROWS` (96) or more of its rows would lie
+    past the codes (stop 72); fewer, or PAD_ABSENT_ROWS -1, and the codes go as they are."""
+    from gearshift.kernels import w4a8_progressive as P
+
+    for m, bm, rows in ((129, 256, 256), (129, 128, 256), (160, 256, 256), (160, 128, 256), (300, 256, 512),
+                        (65, 128, 65), (200, 256, 200), (200, 128, 200), (700, 256, 700), (256, 256, 256)):
+        codes = torch.randint(-127, 128, (m, 64), dtype=torch.int8)  # (a storage that ends at the codes)
+        p = P.code_rows(codes, bm)
+        assert p.shape == (rows, 64), (m, bm)
+        assert torch.equal(p[:m], codes) and not p[m:].any()
+    codes = torch.randint(-127, 128, (200, 64), dtype=torch.int8)
+    monkeypatch.setattr(P, "PAD_ABSENT_ROWS", -1)
+    assert P.code_rows(codes[:129], 256).shape[0] == 129  # never copied
+    assert P.code_rows(codes[:129], 100).shape[0] == 200  # (room in the storage: always taken)
+    monkeypatch.setattr(P, "PAD_ABSENT_ROWS", 0)
+    assert P.code_rows(torch.zeros(200, 64, dtype=torch.int8), 256).shape[0] == 256
+
+
+@pytest.mark.skipif(not HAS_GLUON, reason="this Triton has no Gluon")
+def test_the_codes_descriptor_is_built_on_code_rows(monkeypatch):
+    """The kernel's TMA descriptor reads `code_rows`' rows, and the kernel is still told the codes' own M."""
+    from gearshift.kernels import w4a8_progressive as P
+
+    class Built(Exception):
+        pass
+
+    seen = []
+
+    def descriptor(codes, bm, bk):
+        seen.append(codes.shape[0])
+        raise Built
+
+    monkeypatch.setattr(P, "_code_descriptor", descriptor)
+    st = random_store("int4p", 256, 1024, 128, "cpu")
+    for m, rows in ((129, 256), (100, 100)):
+        with pytest.raises(Built):
+            P.progressive_codes(torch.zeros(m, 1024, dtype=torch.int8), torch.ones(m), st,
+                                TileConfig(128, 64, 128, 1, 4, 4), torch.bfloat16)
+        assert seen[-1] == rows, m
+
+
+@needs_hopper
+@pytest.mark.parametrize("m", [65, 129, 200, 300])
+def test_padded_codes_give_the_same_bits(m, monkeypatch):
+    """Codes padded to whole token tiles, read from other codes past them in their own storage, or read with the
+    rows past M out of bounds: the same output."""
+    from gearshift.kernels import switches
+    from gearshift.kernels import w4a8_progressive as P
+    from gearshift.kernels.act_quant import quantize_act_triton
+    from gearshift.kernels.w4a8_progressive import progressive_codes
+
+    torch.manual_seed(0)
+    act = ActQuantSpec("int8")
+    st = random_store("int4p", 384, 2048, 128, "cuda", layout=BLOCKS16)
+    codes, scales = quantize_act_triton(torch.randn(m, 2048, device="cuda", dtype=torch.bfloat16), act)
+    room = torch.randint(-127, 128, (512, 2048), device="cuda", dtype=torch.int8)
+    room[:m] = codes
+    for cfg in progressive_configs(m):
+        if not progressive_supports(st, act, cfg):
+            continue
+        monkeypatch.setattr(P, "PAD_ABSENT_ROWS", 0)  # every partial tile padded
+        y = progressive_codes(codes, scales, st, cfg, torch.bfloat16)
+        assert torch.equal(y, progressive_codes(room[:m], scales, st, cfg, torch.bfloat16)), (m, cfg)
+        monkeypatch.setattr(P, "PAD_ABSENT_ROWS", -1)
+        monkeypatch.setitem(switches._FUSED, "tile_room", False)
+        assert torch.equal(y, progressive_codes(codes, scales, st, cfg, torch.bfloat16)), (m, cfg)
+        monkeypatch.setitem(switches._FUSED, "tile_room", True)
+
+
 def test_hybrid_needs_a_stream_k_launch():
     act = ActQuantSpec("int8")
     st = random_store("int4p", 4096, 4096, 128, "cpu", layout=BLOCKS16)

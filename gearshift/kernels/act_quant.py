@@ -17,6 +17,7 @@ import torch
 
 from gearshift.kernels._triton import HAS_TRITON, next_pow2, tl, triton
 from gearshift.kernels.pdl import launch_kwargs, pdl_enabled, small_pdl
+from gearshift.kernels.tile_room import empty_rows
 from gearshift.kernels.x_tiles import from_fragment_order
 from gearshift.quant.activations import ActQuantSpec, quantize_activations
 
@@ -67,7 +68,7 @@ def codes_buffers(rows: int, d: int, qmax: float | None, like: torch.Tensor, dty
         raise ValueError(f"integer codes need 0 < qmax <= 127, got {qmax}")
     if dtype not in (torch.int8, torch.bfloat16, torch.float16, torch.float32):
         raise ValueError(f"codes are int8 or exact integers in a float dtype, got {dtype}")
-    q = torch.empty((rows, d), device=like.device, dtype=dtype)
+    q = empty_rows(rows, d, dtype, like.device)  # (rows up to whole token tiles, for the wgmma kernels' TMA boxes)
     return q, torch.empty((rows,), device=like.device, dtype=torch.float32), q.stride(0)
 
 
@@ -210,8 +211,7 @@ def quantize_act_triton(x2: torch.Tensor, spec: ActQuantSpec, codes_dtype: torch
         raise ValueError("the Triton activation quantizer is per token only")
     m, k = x2.shape
     fp8 = spec.dtype == "fp8"
-    q = torch.empty((m, k), device=x2.device,
-                    dtype=codes_dtype or (torch.float8_e4m3fn if fp8 else torch.int8))
+    q = empty_rows(m, k, codes_dtype or (torch.float8_e4m3fn if fp8 else torch.int8), x2.device)
     if fragment_order:
         check_fragment_codes(k, q.dtype)
     s = torch.empty((m,), device=x2.device, dtype=torch.float32)

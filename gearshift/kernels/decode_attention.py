@@ -32,6 +32,7 @@ from gearshift.kernels.act_quant import ActCodes, codes_buffers
 from gearshift.kernels.pdl import launch_kwargs, pdl_enabled
 from gearshift.kernels.splitk import zeroed_words
 from gearshift.kernels.switches import attention_launch
+from gearshift.kernels.tile_room import empty_rows
 from gearshift.kernels.x_tiles import XTiles, x_tile_rows
 
 #: query tokens per sequence up to which the engine runs this kernel (decode, QSPEC draft and verify
@@ -201,7 +202,8 @@ def decode_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     slots = slots.reshape(rows).contiguous()  # the kernel reads token row's slot at offset row
     if tiles and (qmax is not None or (h * d) % 128):
         raise ValueError(f"x-tile outputs are rows of a multiple of 128 columns, without codes; got H * D = {h * d}")
-    out = torch.empty((x_tile_rows(rows) if tiles else rows, h * d), device=q.device, dtype=q.dtype)
+    out = (torch.empty((x_tile_rows(rows), h * d), device=q.device, dtype=q.dtype) if tiles
+           else empty_rows(rows, h * d, q.dtype, q.device))
     n_chunks = min(cdiv(upto, chunk), max_splits)  # the most any token of the launch splits into
     gp = max(16, next_pow2(g))  # tl.dot wants 16 rows
     ws = torch.empty((rows * n_kv * n_chunks * g * d,) if n_chunks > 1 else (1,), device=q.device,

@@ -15,6 +15,7 @@ from gearshift.kernels._triton import HAS_TRITON, next_pow2, tl, triton
 from gearshift.kernels.act_quant import ActCodes, codes_buffers
 from gearshift.kernels.pdl import launch_kwargs, pdl_enabled, small_pdl
 from gearshift.kernels.switches import norm_warps
+from gearshift.kernels.tile_room import empty_rows
 from gearshift.kernels.x_tiles import XTiles, x_tile_rows
 
 
@@ -102,11 +103,14 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
     return x2 if x2.stride(-1) == 1 else x2.contiguous()
 
 
-def _normed_buffer(rows: int, d: int, x: torch.Tensor, weight: torch.Tensor, normed: bool) -> torch.Tensor:
-    """The normed rows' output, or (normed=False, codes only) a one-element stand-in of its dtype
-    that the kernel never writes."""
-    return torch.empty((rows, d) if normed else (1, 1), device=x.device,
-                       dtype=torch.promote_types(weight.dtype, x.dtype))
+def _normed_buffer(rows: int, d: int, x: torch.Tensor, weight: torch.Tensor, normed: bool,
+                   tiles: bool = False) -> torch.Tensor:
+    """The normed rows' output (rows in a buffer of whole token tiles, `tile_room.empty_rows`), or (normed=False,
+    codes only) a one-element stand-in of its dtype that the kernel never writes."""
+    dtype = torch.promote_types(weight.dtype, x.dtype)
+    if normed and not tiles:
+        return empty_rows(rows, d, dtype, x.device)
+    return torch.empty((rows, d) if normed else (1, 1), device=x.device, dtype=dtype)
 
 
 def _launch_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, qmax: float | None,
@@ -116,7 +120,7 @@ def _launch_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, qmax: float 
     x2 = _rows(x)
     m = x2.shape[0]
     rows = _out_rows(m, d, tiles, qmax)
-    y = _normed_buffer(rows, d, x, weight, normed)
+    y = _normed_buffer(rows, d, x, weight, normed, tiles)
     q, qs, sq = codes_buffers(m, d, qmax, y, codes_dtype, fragment_order)
     bd = next_pow2(d)
     pdl = small_pdl(pdl_enabled(y))
@@ -165,7 +169,7 @@ def _launch_add_norm(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor,
     m = x2.shape[0]
     rows = _out_rows(m, d, tiles, qmax)
     s = torch.empty((m, d), device=x.device, dtype=x.dtype)
-    y = _normed_buffer(rows, d, x, weight, normed)
+    y = _normed_buffer(rows, d, x, weight, normed, tiles)
     q, qs, sq = codes_buffers(m, d, qmax, y, codes_dtype, fragment_order)
     bd = next_pow2(d)
     pdl = small_pdl(pdl_enabled(y))

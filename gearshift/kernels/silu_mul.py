@@ -23,6 +23,7 @@ from gearshift.kernels.act_quant import ActCodes, codes_buffers
 from gearshift.kernels.pdl import launch_kwargs, pdl_enabled, small_pdl
 from gearshift.kernels.splitk import zeroed_words
 from gearshift.kernels.switches import swiglu_codes_for
+from gearshift.kernels.tile_room import empty_rows
 
 
 def silu_mul_reference(gate_up: torch.Tensor) -> torch.Tensor:
@@ -160,16 +161,18 @@ def emits_codes(rows: int, width: int) -> bool:
 
 
 def _rows(gate_up: torch.Tensor, product: bool = True):
-    """gate_up as [rows, 2I] with unit stride along the row, I, and the output [rows, I] (without
-    `product`, a one-element stand-in of its dtype that the kernel never writes)."""
+    """gate_up as [rows, 2I] with unit stride along the row, I, and the output [rows, I] in a buffer of whole token
+    tiles (`tile_room.empty_rows`; without `product`, a one-element stand-in of its dtype that the kernel never
+    writes)."""
     two_i = gate_up.shape[-1]
     if two_i % 2:
         raise ValueError(f"gate_up's last dimension must be even (gate then up), got {two_i}")
     gu = gate_up.reshape(-1, two_i)
     if gu.stride(-1) != 1:
         gu = gu.contiguous()
-    shape = (gu.shape[0], two_i // 2) if product else (1, 1)
-    return gu, two_i // 2, torch.empty(shape, device=gate_up.device, dtype=gate_up.dtype)
+    if not product:
+        return gu, two_i // 2, torch.empty((1, 1), device=gate_up.device, dtype=gate_up.dtype)
+    return gu, two_i // 2, empty_rows(gu.shape[0], two_i // 2, gate_up.dtype, gate_up.device)
 
 
 def silu_mul_triton(gate_up: torch.Tensor) -> torch.Tensor:

@@ -16,7 +16,8 @@ _FUSED = {"enabled": True, "on_cpu": False, "swiglu_codes": True, "swiglu_codes_
           "decode_attention_launch": "rule", "gemv_trigger": -1, "small_trigger": "rule", "glu_epilogue": True,
           "glu_epilogue_codes": False, "x_tiles": True, "x_tiles_from": 1,
           "x_tiles_linears": "qkv+o+gate_up+down", "norm_warps": 0, "norm_codes_warps": 0,
-          "sdpa_backend": "efficient", "s8_fragment_order": True, "group_index": "rule"}
+          "sdpa_backend": "efficient", "s8_fragment_order": True, "group_index": "rule",
+          "tile_room": True}
 
 
 def state() -> tuple:
@@ -104,6 +105,12 @@ def x_tiles_on(tokens: int, linear: str | None = None) -> bool:
     `X_TILE_LINEARS` name; None: any) among `x_tiles_linears` (all four unless an A/B leaves some out)."""
     return (_FUSED["x_tiles"] and tokens in X_TILE_TOKENS and tokens >= _FUSED["x_tiles_from"]
             and (linear is None or linear in _FUSED["x_tiles_linears"].split("+")))
+
+
+def tile_room_on() -> bool:
+    """Whether the linears' producers allocate whole token tiles and the wgmma kernels read the rows past their input
+    from there (`tile_room.py`; off: exact rows, and zero rows copied where `tma_rows` / `code_rows` say)."""
+    return bool(_FUSED["tile_room"])
 
 
 def s8_fragment_order_on() -> bool:

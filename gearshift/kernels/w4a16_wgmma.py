@@ -39,9 +39,9 @@ import torch
 
 from gearshift.kernels._triton import HAS_TRITON
 from gearshift.kernels.config import TileConfig
-from gearshift.kernels.pad_rows import pad_rows
 from gearshift.kernels.pdl import launch_kwargs, pdl_enabled
 from gearshift.kernels.splitk import counters, splitk_buffers
+from gearshift.kernels.tile_room import whole_tiles
 from gearshift.quant.int4 import BLOCKS16, Int4Weight
 
 BK = 64  # the default K tile: 128-byte activation rows (the 128B TMA swizzle); 128 is a config too
@@ -726,7 +726,8 @@ if HAS_GLUON:
         return TensorDescriptor.from_tensor(qw, block, layout)
 
 
-#: pad the activations to whole token tiles (`tma_rows`, one `pad_rows` launch) where at least this many eighths
+#: where x's storage ends at x (a producer without `tile_room.empty_rows`; otherwise the kernel reads the rows past x
+#: in place, stop 72), pad it to whole token tiles (`tma_rows`, one `pad_rows` launch) where at least this many eighths
 #: of the last tile's rows lie past x (PAD_ONE_TILE_EIGHTHS where that tile is the only one); -1: never. Such TMA
 #: boxes read slowly: on the H200 (stop 71, `benchmarks/results/h200_stop71.md`) the map's picks took gate_up
 #: 62.9 us at 33 tokens (31 of 64 rows absent) against 43.8 at 64, and 50.6 on padded rows; the 32-layer W4A16
@@ -739,14 +740,14 @@ PAD_ONE_TILE_EIGHTHS = 2
 
 
 def tma_rows(x2: torch.Tensor, bm: int) -> torch.Tensor:
-    """x2 [M, K], or x2 with zero rows up to a multiple of bm where `PAD_ABSENT_EIGHTHS` (one token tile:
-    `PAD_ONE_TILE_EIGHTHS`) of the last tile's rows would lie past M (the kernel is still told M)."""
+    """x2 [M, K], or x2's rows up to a multiple of bm (the kernel is still told M): from x2's own storage where it
+    holds them (`tile_room.rows_in_storage`), else zero rows where `PAD_ABSENT_EIGHTHS` (one token tile:
+    `PAD_ONE_TILE_EIGHTHS`) of the last tile's rows would lie past M."""
     m = x2.shape[0]
     absent = -m % bm
     eighths = PAD_ONE_TILE_EIGHTHS if m < bm else PAD_ABSENT_EIGHTHS
-    if PAD_ABSENT_EIGHTHS < 0 or eighths < 0 or absent == 0 or 8 * absent < eighths * bm:
-        return x2
-    return pad_rows(x2, m + absent)
+    copy = PAD_ABSENT_EIGHTHS >= 0 and eighths >= 0 and 8 * absent >= eighths * bm
+    return whole_tiles(x2, bm, copy)
 
 
 #: when the consumers dequantize in packed 16-bit math (`dequant_bytes_x2`): "exact" (default) where

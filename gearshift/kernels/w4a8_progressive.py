@@ -36,6 +36,7 @@ from gearshift.kernels.act_quant import quantize_act_triton
 from gearshift.kernels.config import TileConfig
 from gearshift.kernels.pdl import launch_kwargs, pdl_enabled
 from gearshift.kernels.splitk import counters, splitk_buffers
+from gearshift.kernels.tile_room import whole_tiles
 from gearshift.kernels.w4a16_wgmma import (HAS_GLUON, TWO_CONSUMER_REGS, _weight_descriptor, stream_k_launch,
                                            stream_k_runs)
 from gearshift.kernels.w4a8_wgmma import int8_tile_fits
@@ -52,6 +53,14 @@ PROGRESSIVE_PDL = os.environ.get("GEARSHIFT_PROGRESSIVE_PDL", "0") not in ("0", 
 #: BM = 256 both token halves rounded before either store, which removes the 244-byte spill of the
 #: 256 x 128 tile). Identical results; GEARSHIFT_PROGRESSIVE_VEC_STORE=0 turns it off.
 PROGRESSIVE_VEC_STORE = os.environ.get("GEARSHIFT_PROGRESSIVE_VEC_STORE", "1") not in ("0", "", "false", "False")
+#: where the codes' storage ends at them (`tile_room.whole_tiles`), pad them to whole token tiles (one `pad_rows`
+#: launch) where at least this many rows of the last tile lie past them; -1: never. TMA boxes with many absent rows
+#: read slowly (as `w4a16_wgmma.tma_rows` found for W4A16), but the copy costs about 1-2 us a linear, and more at
+#: K = 14336 (down lost 12 us at 513 tokens). Stop 72, H200 step (`policy_ab.py --mode w4a8 --int4-prog
+#: --norm-codes --set-a w4a8_progressive.PAD_ABSENT_ROWS=-1`, exact-row producers): `tma_rows`' rule (3/8 of the
+#: last tile, 2/8 of an only one) lost 4-10% at 65 / 80 / 96 / 200 tokens (32-63 rows absent); this one takes the
+#: step to 0.80 / 0.94 / 0.80 / 0.87 / 0.95 of never at 129 / 160 / 257 / 300 / 513 tokens, 0.99-1.02 elsewhere.
+PAD_ABSENT_ROWS = 96
 #: shared memory the row stores' layout conversion takes with fp32 outputs (tests and emulation
 #: checks; bf16 takes about 3 KB): 31.8 KB compiled for the two-consumer tiles, 15.5 KB for one
 FP32_STORE_SCRATCH = 32 * 1024
@@ -384,13 +393,20 @@ def w4a8_progressive(x2: torch.Tensor, store: Int4Weight, act, cfg: TileConfig) 
     return progressive_codes(codes, scales, store, cfg, x2.dtype)
 
 
+def code_rows(codes: torch.Tensor, bm: int) -> torch.Tensor:
+    """codes [M, K], or their rows up to a multiple of bm: from their own storage where it holds them
+    (`tile_room.rows_in_storage`), else zero rows where `PAD_ABSENT_ROWS` of the last tile would be absent."""
+    absent = -codes.shape[0] % bm
+    return whole_tiles(codes, bm, PAD_ABSENT_ROWS >= 0 and absent >= PAD_ABSENT_ROWS)
+
+
 def progressive_codes(codes: torch.Tensor, scales: torch.Tensor, store: Int4Weight, cfg: TileConfig,
                       out_dtype: torch.dtype, ablate: int = 0) -> torch.Tensor:
     """The kernel on already quantized activations: codes [M, K] int8, scales [M] fp32. ablate: timing
     experiments only (wrong results), see `_mma_partition`."""
     m, n, k = codes.shape[0], store.out_features, store.in_features
     y = torch.empty((m, n), device=codes.device, dtype=out_dtype)
-    x_desc = _code_descriptor(codes, cfg.bm, cfg.bk)
+    x_desc = _code_descriptor(code_rows(codes, cfg.bm), cfg.bm, cfg.bk)  # (M stays the codes' own)
     w_desc = _weight_descriptor(store, cfg.bn, cfg.bk)
     sc_desc, mn_desc = group_descriptors(store, cfg.bn)
     consumers = 2 if cfg.warps == 8 else 1

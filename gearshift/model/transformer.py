@@ -24,6 +24,7 @@ from gearshift.kernels.silu_mul import emits_codes, silu_mul_codes_triton, silu_
 from gearshift.kernels.switches import (decode_attention_codes_on, decode_attention_min_batch,  # noqa: F401
                                        decode_attention_on, fused_for, set_fused_kernels,
                                        pdl_pass)  # (set_fused_kernels: re-exported)
+from gearshift.kernels.tile_room import empty_rows
 from gearshift.kernels.x_tiles import XTiles
 from gearshift.model.attention import cache_attention
 from gearshift.model.config import ModelConfig
@@ -104,8 +105,10 @@ class Attention(nn.Module):
             return self.o_proj(out, mode, codes)
         q = q.transpose(1, 2)
         keys, values = cache.view(layer, upto)
-        out = cache_attention(q, keys.to(q.dtype), values.to(q.dtype), mask)
-        return self.o_proj(out.transpose(1, 2).reshape(b, t, -1), mode)
+        out = cache_attention(q, keys.to(q.dtype), values.to(q.dtype), mask)  # [B, H, T, D]
+        rows = empty_rows(b * t, out.shape[1] * out.shape[3], out.dtype, out.device)  # (o's TMA boxes: tile_room)
+        rows.view(b, t, out.shape[1], out.shape[3]).copy_(out.transpose(1, 2))
+        return self.o_proj(rows.view(b, t, -1), mode)
 
     @staticmethod
     def _decode_kernel(q: torch.Tensor, cache: KVCache) -> bool:
