@@ -28,7 +28,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
-def _wall_ms(fn) -> float:
+def wall_ms(fn) -> float:
+    """CUDA-synchronized wall time of fn(), ms."""
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     fn()
@@ -53,14 +54,14 @@ def forwards(model, mode: str, batch: int, lengths: list[int], reps: int) -> lis
 
         model.use_cuda_graphs = False
         fwd()
-        eager = statistics.median(_wall_ms(fwd) for _ in range(reps))
+        eager = statistics.median(wall_ms(fwd) for _ in range(reps))
         ref = fwd()
         model.use_cuda_graphs = True
         model._graphs = GraphRunner()
         out = {}
-        first = _wall_ms(lambda: out.setdefault("first", fwd()))
-        capture = _wall_ms(lambda: out.setdefault("capture", fwd()))
-        replay = statistics.median(_wall_ms(fwd) for _ in range(reps))
+        first = wall_ms(lambda: out.setdefault("first", fwd()))
+        capture = wall_ms(lambda: out.setdefault("capture", fwd()))
+        replay = statistics.median(wall_ms(fwd) for _ in range(reps))
         out["replay"] = fwd()
         model.use_cuda_graphs = False
         same = out["first"].equal(out["capture"]) and out["capture"].equal(out["replay"])
