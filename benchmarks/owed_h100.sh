@@ -8,7 +8,8 @@
 #          record_table.py): W4A16 1..16 tokens on x tiles, 32..4096; W4A8 on int4-prog weights with producer codes
 # steps:   the engine's decode step, shipped switches against the forms they replaced: group_index=signed (stop
 #          70), s8_fragment_order=0 (stop 69)
-# pad:     partial token tiles padded (stop 71) against never, whole steps of linears at odd token counts
+# pad:     partial token tiles padded (stop 71; W4A8's codes, stop 72) against never, whole steps of linears at odd
+#          token counts; graphed prefills with the producers' whole-tile buffers (switch tile_room, stop 72) on / off
 # profile: a seeded W4A16 re-profile of 4/8/16 tokens on x tiles, refined on the decode step (it writes a map to
 #          OUT_DIR; compare it with step_ab.py --map before shipping it)
 # Each part is bounded by `timeout` so that one call of at most 10 minutes keeps what finished. This script has
@@ -42,7 +43,11 @@ for part in $PARTS; do
             --side rows=s8_fragment_order=0 --side frag= --rounds 5 --tag owed_s8_order --out "$OUT" ;;
     pad)
         run 120 python benchmarks/policy_ab.py --a $MAP --b $MAP --mode w4a16 --set-a PAD_ABSENT_EIGHTHS=-1 \
-            --m 33,41,47,65,80,96,129,160,200,257,300,513,700 --rounds 3 --tag owed_pad --out "$OUT" ;;
+            --m 33,41,47,65,80,96,129,160,200,257,300,513,700 --rounds 3 --tag owed_pad --out "$OUT"
+        run 150 python benchmarks/policy_ab.py --a $MAP --b $MAP --mode w4a8 --int4-prog --norm-codes \
+            --set-a w4a8_progressive.PAD_ABSENT_ROWS=-1 --m 65,96,129,160,192,200,257,300,384,513,700 --rounds 3 \
+            --tag owed_pad_w4a8 --out "$OUT"
+        run 280 python benchmarks/tile_room_ab.py --lengths 20,40,90,150,300 --rounds 5 --tag owed --out "$OUT" ;;
     profile)
         run 400 python -m gearshift profile --model llama3-8b --m 4,8,16 --modes w4a16 --seed auto --top 12 \
             --refine 4,8,16 --out "$OUT/NVIDIA_H100_80GB_HBM3.w4a16_4_8_16.json" ;;
