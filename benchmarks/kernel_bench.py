@@ -34,6 +34,7 @@ from gearshift.kernels.library import scaled_mm_fp8_linear, tinygemm_linear, to_
 from gearshift.kernels.reference import linear_reference  # noqa: E402
 from gearshift.kernels.silu_mul import emits_codes  # noqa: E402
 from gearshift.kernels.switches import x_tiles_on  # noqa: E402
+from gearshift.kernels.tile_room import empty_rows  # noqa: E402
 from gearshift.kernels.x_tiles import XTiles, to_x_tiles  # noqa: E402
 from gearshift.quant.modes import MODES  # noqa: E402
 
@@ -121,20 +122,51 @@ def write_json(out_dir, name: str, res) -> Path:
     return write_text(out / name, text)
 
 
+class EngineSwitches:
+    """The engine's switches (`gearshift.kernels.switches`, e.g. tile_room) as attributes, so that `kernel_switches`
+    sets them as it sets a kernel module's: `switches.tile_room=0`."""
+
+    def __getattr__(self, name):
+        from gearshift.kernels import switches
+
+        try:
+            return dict(switches.state())[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    def __setattr__(self, name, value):
+        from gearshift.kernels import switches
+
+        switches.set_switches(**{name: value})
+
+
+ENGINE_SWITCHES = EngineSwitches()
+
+
 def kernel_switches(spec: str, default_module: str = "w4a16_wgmma") -> dict:
     """`[MODULE.]NAME=VALUE[,...]` -> {(module, attr): value} for timing experiments that set a
-    kernel module's switch (e.g. int4_mma_gemv.TRIGGER=2); an unknown name is an error, not a no-op."""
+    kernel module's switch (e.g. int4_mma_gemv.TRIGGER=2), or with MODULE `switches` one of the engine's
+    (`switches.tile_room=0`); an unknown name is an error, not a no-op."""
     import importlib
 
     out = {}
     for item in filter(None, spec.split(",")):
         name, _, value = item.partition("=")
         mod_name, _, attr = name.rpartition(".")
-        mod = importlib.import_module(f"gearshift.kernels.{mod_name or default_module}")
+        mod = ENGINE_SWITCHES if mod_name == "switches" else \
+            importlib.import_module(f"gearshift.kernels.{mod_name or default_module}")
         if not hasattr(mod, attr):
-            raise SystemExit(f"{mod.__name__} has no switch {attr!r}")
+            raise SystemExit(f"{getattr(mod, '__name__', 'switches')} has no switch {attr!r}")
         out[(mod, attr)] = type(getattr(mod, attr))(int(value)) if value.lstrip("-").isdigit() else value
     return out
+
+
+def engine_rows(m: int, k: int, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    """Random activations [m, k] allocated as the engine's producers allocate a linear's input: at the start of a
+    buffer of whole token tiles (`tile_room.empty_rows`; its further rows are left as they are)."""
+    x = empty_rows(m, k, dtype, "cuda")
+    x.copy_(torch.randn(m, k, device="cuda", dtype=dtype))
+    return x
 
 
 def step_fn(model, xs, fn):

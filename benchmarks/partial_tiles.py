@@ -4,15 +4,16 @@ counts that leave its last token tile part empty, with the activations read as t
 
 Why (stop 71): the wgmma kernels TMA their activations in boxes of BM token rows, and a box of which many rows lie
 past x read slowly on the H200: gate_up took 62.9 us at 33 tokens against 43.8 at 64. `w4a16_wgmma.tma_rows` pads
-such inputs (`pad_rows`, the same bits), and `w4a8_progressive` its int8 codes (stop 72); this times each shape
-three ways, at the switch's settings:
-"as_is" (PAD_ABSENT_EIGHTHS=-1 / PAD_ABSENT_ROWS=-1), "padded" (every partial tile padded), "rule" (the copy
-thresholds), each with the switch `tile_room` off, and "room" (the input in a buffer of whole tiles, whose further
-rows the kernel reads in place, as from the engine's producers since stop 72). Whole steps are `policy_ab.py --set-a PAD_ABSENT_EIGHTHS=-1` (W4A8: `--set-a
-w4a8_progressive.PAD_ABSENT_ROWS=-1`; the rule as side B).
+such inputs (`pad_rows`, the same bits), and `w4a8_progressive` its int8 codes (stop 72). This times each shape four
+ways: "as_is" (PAD_ABSENT_EIGHTHS=-1 / PAD_ABSENT_ROWS=-1), "padded" (every partial tile padded) and "rule" (the copy
+thresholds), each with the switch `tile_room` off, and "room" (the input in a buffer of whole tiles whose further
+rows the kernel reads in place, as from the engine's producers since stop 72). Whole steps: `policy_ab.py`, whose
+inputs sit in such buffers, with `--set-a PAD_ABSENT_EIGHTHS=-1,switches.tile_room=0` (W4A8:
+`w4a8_progressive.PAD_ABSENT_ROWS=-1,switches.tile_room=0`) and the engine's settings as side B.
 
     python benchmarks/partial_tiles.py --map gearshift/data/policy/NVIDIA_H200.json --out benchmarks/results
-    python benchmarks/partial_tiles.py --map gearshift/data/policy/NVIDIA_H200.json --mode w4a8 --m 65,100,129,200,257
+    python benchmarks/partial_tiles.py --map gearshift/data/policy/NVIDIA_H200.json --mode w4a8 \\
+        --m 65,100,129,200,257
 """
 
 from __future__ import annotations

@@ -24,8 +24,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from kernel_bench import (Model, codes_step_fn, kernel_switches, producer_codes, producer_tiles,  # noqa: E402
-                     step_fn, tag_suffix, time_step, tinygemm_step, write_json)
+from kernel_bench import (Model, codes_step_fn, engine_rows, kernel_switches, producer_codes,  # noqa: E402
+                          producer_tiles, step_fn, tag_suffix, time_step, tinygemm_step, write_json)
 
 from gearshift.dispatch.dispatcher import AdaptiveDispatcher  # noqa: E402
 from gearshift.dispatch.policy import device_slug, load_map_file  # noqa: E402
@@ -58,7 +58,8 @@ def main() -> None:
     ap.add_argument("--int4-prog", action="store_true",
                     help="int4 stores with row units (--quantize int4-prog), which w4a8_progressive can run")
     ap.add_argument("--set-a", default="", help="[MODULE.]NAME=VALUE[,...]: kernel switches while side A runs "
-                    "(MODULE in gearshift.kernels, default w4a16_wgmma; e.g. w4a8_progressive.PROGRESSIVE_PDL=0)")
+                    "(MODULE in gearshift.kernels, default w4a16_wgmma; e.g. w4a8_progressive.PROGRESSIVE_PDL=0), or "
+                    "the engine's with MODULE switches (switches.tile_room=0: the inputs' whole-tile buffers unused)")
     ap.add_argument("--set-b", default="", help="the same for side B")
     ap.add_argument("--norm-codes", nargs="?", const="qkv,gate_up,down", default="", metavar="SHAPES",
                     help="W4A8 / W4A4: hand these linears (default qkv,gate_up,down) their activation codes made "
@@ -113,7 +114,7 @@ def main() -> None:
     # is 1/7 of the scale: 3e-2 was exceeded once (down_proj, M=1, 3.1e-2)
     tol = 5e-2 if a.mode == "w4a4" else 5e-3
     for m in (int(v) for v in a.m.split(",")):
-        xs = [torch.randn(m, k, device="cuda", dtype=torch.bfloat16) for _, _, k in shapes]
+        xs = [engine_rows(m, k) for _, _, k in shapes]  # (in whole token tiles, as the engine's producers allocate)
         fed = {"a": a.norm_codes.split(",") if a.norm_codes else []}
         fed["b"] = a.free_codes_b.split(",") if a.free_codes_b else fed["a"]
         codes = {name: producer_codes(d, shapes, models[side(name)].stores[0], xs, act, m, fed[name],

@@ -59,6 +59,18 @@ def test_kernel_switches_parse_module_switches_and_refuse_unknown_ones():
     assert kernels_bench.kernel_switches("") == {}
     with pytest.raises(SystemExit, match="no switch"):
         kernels_bench.kernel_switches("int4_mma_gemv.NO_SUCH_SWITCH=1")
+    engine = kernels_bench.kernel_switches("switches.tile_room=0")  # the engine's switches, set the same way
+    (mod, attr), value = next(iter(engine.items()))
+    assert attr == "tile_room" and value is False and getattr(mod, attr) is True
+    from gearshift.kernels import switches
+
+    try:
+        setattr(mod, attr, value)
+        assert not switches.tile_room_on()
+    finally:
+        switches.set_switches(tile_room=True)
+    with pytest.raises(SystemExit, match="no switch"):
+        kernels_bench.kernel_switches("switches.no_such_switch=1")
 
 
 def test_map_table_reads_each_picks_profile_time_as_bandwidth_and_throughput():
