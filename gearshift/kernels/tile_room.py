@@ -23,10 +23,12 @@ from gearshift.kernels.switches import tile_room_on
 ROOM_FROM = 16
 #: the largest token tile (BM) of the wgmma kernels
 ROOM_TILE = 256
+
+
 def rows_in_storage(x2: torch.Tensor, rows: int) -> torch.Tensor | None:
-    """x2's first `rows` rows as a view of its storage, where that storage holds them and x2's rows are dense;
-    the rows past x2 hold whatever the storage holds there (they may be NaN), so only a consumer whose outputs
-    of those rows are never used may read them. None where the storage ends before."""
+    """x2's first `rows` rows (x2's row stride, unit column stride) as a view of its storage, where that storage
+    holds them; the rows past x2 hold whatever the storage holds there (they may be NaN), so only a consumer whose
+    outputs of those rows are never used may read them. None where the storage ends before, or the switch is off."""
     m, k = x2.shape
     if rows <= m or not tile_room_on() or x2.stride(1) != 1 or m == 0:
         return None
