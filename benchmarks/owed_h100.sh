@@ -15,7 +15,8 @@
 # profile: a seeded W4A16 re-profile of 4/8/16 tokens on x tiles, refined on the decode step (it writes a map to
 #          OUT_DIR; compare it with step_ab.py --map before shipping it)
 # Each part is bounded by `timeout` so that one call of at most 10 minutes keeps what finished. This script has
-# not run as a whole yet: its commands are the ones the stop notes name.
+# not run as a whole yet: its commands are the ones the stop notes name, and `tests/test_owed_h100.py` checks on
+# the CPU that each one parses and names only switches that exist.
 set -u
 OUT=${1:?usage: owed_h100.sh OUT_DIR [record|steps|pad|prefill|profile ...]}
 shift
