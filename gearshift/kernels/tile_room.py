@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import torch
 
+from gearshift.kernels._triton import next_pow2
 from gearshift.kernels.pad_rows import pad_rows
 from gearshift.kernels.switches import tile_room_on
 
@@ -57,7 +58,7 @@ def room_rows(m: int) -> int:
     smaller of ROOM_TILE and the power of two at or above m (a map bucket's tiles are no taller than the bucket)."""
     if m <= ROOM_FROM or not tile_room_on():
         return m
-    tile = min(ROOM_TILE, 1 << (m - 1).bit_length())
+    tile = min(ROOM_TILE, next_pow2(m))
     return m + (-m % tile)
 
 
