@@ -136,6 +136,8 @@ out["bm128_bn256"] = gluon_ptx(128, 256, 4, 3, "blocks16", None, 1, 2)
 # the timing ablations of tc_ablations/progressive_parts.py
 out["ablate3"] = gluon_ptx(128, 64, 4, 4, "blocks16", 168, ablate=3)
 out["ablate7"] = gluon_ptx(128, 64, 4, 4, "blocks16", 168, ablate=7)
+out["ablate15"] = gluon_ptx(64, 64, 4, 6, "blocks16", 128, ablate=15)
+out["ablate63"] = gluon_ptx(64, 64, 4, 6, "blocks16", 128, ablate=63)
 # stream-K: a persistent grid whose partial tiles meet behind acq_rel counters
 out["stream_k_bm256_bn128"] = gluon_ptx(256, 128, 4, 3, "blocks16", None, 1, 2, stream_k=True)
 out["stream_k_one_consumer"] = gluon_ptx(128, 64, 4, 4, "rows", 168, stream_k=True)
@@ -244,6 +246,15 @@ def test_timing_ablations_compile_without_the_removed_parts(gluon_ptx):
     assert wgmma in gluon_ptx["ablate3"] and "prmt.b32 x" not in gluon_ptx["ablate3"]
     assert "prmt.b32 x" in gluon_ptx["one_consumer_blocks16"]
     assert wgmma not in gluon_ptx["ablate7"] and "cp.async.bulk.tensor" in gluon_ptx["ablate7"]
+
+
+def test_load_ablations_issue_fewer_tma_loads(gluon_ptx):
+    """ABLATE bits 8 / 16 / 32 (progressive_parts.py) leave the codes' / weights' / scales' TMA loads out of the
+    ring's fill; with all three the kernel loads nothing."""
+    def loads(name):
+        return gluon_ptx[name].count("cp.async.bulk.tensor")
+
+    assert 0 < loads("ablate15") < loads("one_consumer_blocks16") and loads("ablate63") == 0
 
 
 @pytest.mark.parametrize("name", ["one_consumer_blocks16", "two_consumers_rows_splitk", "stream_k_bm256_bn128",

@@ -5,7 +5,7 @@ construction; only the times matter. Stop 20's best tile reached 55% of the int8
 with no spills in its loop; this says which part the rest is.
 
 Usage on the GPU: PYTHONPATH=. python benchmarks/tc_ablations/progressive_parts.py [--ncu]
-(--ncu: one launch of each full tile, for `ncu --clock-control none -k regex:w4a8_progressive`).
+(--ncu: one launch of each full tile per M and shape, for `ncu --clock-control none -k regex:w4a8_progressive`).
 Writes $OUT/<tag>.json and prints a table last.
 """
 import torch
@@ -19,12 +19,14 @@ ap = parts_parser(__doc__, "256,4096", "256,128,8,3,0,1;128,128,8,4,0,1;128,64,4
 ap.add_argument("--shapes", default="qkv,gate_up")
 args, cfgs, shapes, act = parse_parts(ap)
 dev = "cuda"
-if args.ncu:
-    n, k = shapes["gate_up"]
-    st = random_store("int4p", n, k, 128, dev, layout="blocks16")
-    codes, scales = quantize_act_triton(torch.randn(4096, k, device=dev, dtype=torch.bfloat16), act)
-    for c in cfgs:
-        progressive_codes(codes, scales, st, c, torch.bfloat16)
+if args.ncu:  # one launch of each full tile per M and shape, in that order
+    for m in [int(v) for v in args.ms.split(",")]:
+        for name in args.shapes.split(","):
+            n, k = shapes[name]
+            st = random_store("int4p", n, k, 128, dev, layout="blocks16")
+            codes, scales = quantize_act_triton(torch.randn(m, k, device=dev, dtype=torch.bfloat16), act)
+            for c in cfgs:
+                progressive_codes(codes, scales, st, c, torch.bfloat16)
     torch.cuda.synchronize()
     raise SystemExit(0)
 res = []

@@ -167,17 +167,19 @@ if HAS_GLUON:
         return _byte_pair(_DEQUANT_F16 if F16 else _DEQUANT_BF16, b, s, c, F16)
 
     @gluon.jit
-    def tma_tiles(x_desc, w_desc, x_buf, w_buf, bar, m0, n0, k0, BLOCKS: gl.constexpr, LOAD_X: gl.constexpr = True):
+    def tma_tiles(x_desc, w_desc, x_buf, w_buf, bar, m0, n0, k0, BLOCKS: gl.constexpr, LOAD_X: gl.constexpr = True,
+                  LOAD_W: gl.constexpr = True):
         """The activation tile [BM, BK] at (m0, k0) and the weight bytes of rows n0.. for columns
         k0..k0+BK (row layout: [BN, BK/2]; blocks16: the [N/16, K/128 * 16, 64] view, chunk row
-        (k0 / 128) * 16 + n % 16, whose [BN/16, 16, BK/2] box is the same tile). LOAD_X = False
-        (timing experiments only) leaves the activations out."""
+        (k0 / 128) * 16 + n % 16, whose [BN/16, 16, BK/2] box is the same tile). LOAD_X / LOAD_W = False
+        (timing experiments only) leave the activations / the weights out."""
         if LOAD_X:
             _tma_load(x_desc, [m0, k0], bar, x_buf)
-        if BLOCKS:
-            _tma_load(w_desc, [n0 // 16, (k0 // 128) * 16, (k0 % 128) // 2], bar, w_buf)
-        else:
-            _tma_load(w_desc, [n0, k0 // 2], bar, w_buf)
+        if LOAD_W:
+            if BLOCKS:
+                _tma_load(w_desc, [n0 // 16, (k0 // 128) * 16, (k0 % 128) // 2], bar, w_buf)
+            else:
+                _tma_load(w_desc, [n0, k0 // 2], bar, w_buf)
 
     @gluon.jit
     def grid_wait(PDL: gl.constexpr):

@@ -279,7 +279,9 @@ if HAS_GLUON:
                                 PDL: gl.constexpr = False, VEC_STORE: gl.constexpr = False):
         """One output tile per program, or with STREAM_K a persistent grid of runs of `per`
         (tile, K tile) iterations (`w4a16_wgmma.stream_k_segment`). PDL: the load warp lets the next
-        kernel in at once and requests the first ring's weights before waiting for the codes."""
+        kernel in at once and requests the first ring's weights before waiting for the codes.
+        ABLATE bits 8, 16, 32 (timing only): no codes, no weight bytes, no scales and mins loaded
+        (`w4a8_wgmma._fill_tma_slot`'s LOADS)."""
         BM: gl.constexpr = x_desc.block_type.shape[0]
         BKX: gl.constexpr = x_desc.block_type.shape[1]
         gl.static_assert(BKX == G, "one K tile per quantization group")
@@ -317,13 +319,15 @@ if HAS_GLUON:
             m0 = gl.program_id(1) * BM
             n0 = gl.program_id(0) * BN
             t0, num_k = k_slice(K, BKX, SPLIT_K)
+            LOADS: gl.constexpr = 7 - (ABLATE // 8) % 8
             if CONSUMERS == 1:
                 gl.warp_specialize([
                     (_mma_partition, (x_bufs, w_bufs, sc_bufs, mn_bufs, ready, empty, units_ptr, y_ptr, ws_ptr,
                                       cnt_ptr, xs_ptr, m0, n0, M, N, t0, num_k, 0, BN, 1, SPLIT_K, num_warps, SW,
                                       ABLATE, VEC_STORE)),
                     (_load_partition_tma, (x_desc, w_desc, sc_desc, mn_desc, sc_desc, x_bufs, w_bufs, sc_bufs,
-                                           mn_bufs, sc_bufs, ready, empty, m0, n0, t0, num_k, BLOCKS, False, PDL)),
+                                           mn_bufs, sc_bufs, ready, empty, m0, n0, t0, num_k, BLOCKS, False, PDL,
+                                           LOADS)),
                 ], [1], [64])
             else:
                 gl.warp_specialize([
@@ -334,7 +338,8 @@ if HAS_GLUON:
                                       cnt_ptr, xs_ptr, m0, n0, M, N, t0, num_k, half, half, 2, SPLIT_K, num_warps, SW,
                                       ABLATE, VEC_STORE)),
                     (_load_partition_tma, (x_desc, w_desc, sc_desc, mn_desc, sc_desc, x_bufs, w_bufs, sc_bufs,
-                                           mn_bufs, sc_bufs, ready, empty, m0, n0, t0, num_k, BLOCKS, False, PDL)),
+                                           mn_bufs, sc_bufs, ready, empty, m0, n0, t0, num_k, BLOCKS, False, PDL,
+                                           LOADS)),
                 ], [num_warps, 1], [232, 40])
 
 

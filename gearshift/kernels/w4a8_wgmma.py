@@ -100,11 +100,12 @@ if HAS_GLUON:
     @gluon.jit
     def _fill_tma_slot(x_desc, w_desc, sc_desc, mn_desc, sum_desc, x_bufs, w_bufs, sc_bufs, mn_bufs, sum_bufs,
                        ready, empty, i, m0, n0, g, BLOCKS: gl.constexpr, SUMS: gl.constexpr, PDL: gl.constexpr = False,
-                       npre=0):
+                       npre=0, LOADS: gl.constexpr = 7):
         """Ring slot of this program's i-th K tile (= group g of the tile at (m0, n0)): wait until
         it is free, then TMA its codes, weight bytes, scale / min boxes and (SUMS) code sums. With
         PDL, slots below npre hold their weights, scales and mins already (`_prefill_group_weights`):
-        only the codes (and sums) are left."""
+        only the codes (and sums) are left. LOADS (timing experiments only, without PDL; wrong results): which
+        boxes the slot gets, bit 1 the codes, 2 the weight bytes, 4 the scales and mins (7: all)."""
         BKX: gl.constexpr = x_desc.block_type.shape[1]
         STAGES: gl.constexpr = x_bufs.type.shape[0]
         s = i % STAGES
@@ -118,21 +119,28 @@ if HAS_GLUON:
                                  sum_bufs, ready, empty, i, m0, n0, g, BLOCKS, SUMS)
         else:
             _fill_whole_slot(x_desc, w_desc, sc_desc, mn_desc, sum_desc, x_bufs, w_bufs, sc_bufs, mn_bufs, sum_bufs,
-                             ready, empty, i, m0, n0, g, BLOCKS, SUMS)
+                             ready, empty, i, m0, n0, g, BLOCKS, SUMS, LOADS)
 
     @gluon.jit
     def _fill_whole_slot(x_desc, w_desc, sc_desc, mn_desc, sum_desc, x_bufs, w_bufs, sc_bufs, mn_bufs, sum_bufs,
-                         ready, empty, i, m0, n0, g, BLOCKS: gl.constexpr, SUMS: gl.constexpr):
+                         ready, empty, i, m0, n0, g, BLOCKS: gl.constexpr, SUMS: gl.constexpr,
+                         LOADS: gl.constexpr = 7):
         STAGES: gl.constexpr = x_bufs.type.shape[0]
         BKX: gl.constexpr = x_desc.block_type.shape[1]
-        NB: gl.constexpr = (x_desc.block_type.nbytes + w_desc.block_type.nbytes + 2 * sc_desc.block_type.nbytes
+        NB: gl.constexpr = ((x_desc.block_type.nbytes if LOADS & 1 else 0) + (w_desc.block_type.nbytes if LOADS & 2
+                            else 0) + (2 * sc_desc.block_type.nbytes if LOADS & 4 else 0)
                             + (sum_desc.block_type.nbytes if SUMS else 0))
         s = i % STAGES
         mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)
         mbarrier.expect(ready.index(s), NB)
-        tma_tiles(x_desc, w_desc, x_bufs.index(s), w_bufs.index(s), ready.index(s), m0, n0, g * BKX, BLOCKS)
-        _tma_load(sc_desc, [n0, g // 8 * 8], ready.index(s), sc_bufs.index(s))
-        _tma_load(mn_desc, [n0, g // 8 * 8], ready.index(s), mn_bufs.index(s))
+        if LOADS == 7:
+            tma_tiles(x_desc, w_desc, x_bufs.index(s), w_bufs.index(s), ready.index(s), m0, n0, g * BKX, BLOCKS)
+        else:
+            tma_tiles(x_desc, w_desc, x_bufs.index(s), w_bufs.index(s), ready.index(s), m0, n0, g * BKX, BLOCKS,
+                      (LOADS & 1) != 0, (LOADS & 2) != 0)
+        if LOADS & 4:
+            _tma_load(sc_desc, [n0, g // 8 * 8], ready.index(s), sc_bufs.index(s))
+            _tma_load(mn_desc, [n0, g // 8 * 8], ready.index(s), mn_bufs.index(s))
         if SUMS:
             _tma_load(sum_desc, [g, m0], ready.index(s), sum_bufs.index(s))
 
@@ -155,13 +163,13 @@ if HAS_GLUON:
     @gluon.jit
     def _load_partition_tma(x_desc, w_desc, sc_desc, mn_desc, sum_desc, x_bufs, w_bufs, sc_bufs, mn_bufs, sum_bufs,
                             ready, empty, m0, n0, t0, num_k, BLOCKS: gl.constexpr, SUMS: gl.constexpr = True,
-                            PDL: gl.constexpr = False):
+                            PDL: gl.constexpr = False, LOADS: gl.constexpr = 7):
         """One warp, TMA only (no register round trip: a load warp that waits for its own global
         loads each tile paced the whole kernel): per K tile (= group g) the codes and weight bytes,
         the scales and mins of groups 8 (g / 8) .. + 7 of the BN rows, and with SUMS the BM tokens'
         code sums over group g (from the quantizer's [K / G, M] sums; without, sum_desc and
         sum_bufs are not touched). With PDL the first ring's weights, scales and mins are requested
-        before `grid_wait`, the codes after it."""
+        before `grid_wait`, the codes after it. LOADS: see `_fill_tma_slot`."""
         STAGES: gl.constexpr = x_bufs.type.shape[0]
         npre = 0
         if PDL:
@@ -172,7 +180,7 @@ if HAS_GLUON:
             grid_wait(PDL)
         for i in range(num_k):
             _fill_tma_slot(x_desc, w_desc, sc_desc, mn_desc, sum_desc, x_bufs, w_bufs, sc_bufs, mn_bufs, sum_bufs,
-                           ready, empty, i, m0, n0, t0 + i, BLOCKS, SUMS, PDL, npre)
+                           ready, empty, i, m0, n0, t0 + i, BLOCKS, SUMS, PDL, npre, LOADS)
 
     @gluon.jit
     def _load_partition_tma_sk(x_desc, w_desc, sc_desc, mn_desc, sum_desc, x_bufs, w_bufs, sc_bufs, mn_bufs,
