@@ -106,7 +106,7 @@ from gearshift.kernels import w4a8_wgmma as W
 from gearshift.kernels.w4a16_wgmma import _weight_descriptor
 
 def gluon_ptx(bm, bn, warps, stages, layout, maxnreg=None, split_k=1, consumers=1, ablate=0, stream_k=False,
-              pdl=False, vec=False):
+              pdl=False, vec=False, ksplit=False):
     st = random_store("int4p", 4096, 4096, 128, "cpu", layout=layout)
     xd = W._code_descriptor(torch.empty(bm, 4096, dtype=torch.int8), bm, 128)
     wd = _weight_descriptor(st, bn, 128, swizzle=64)
@@ -119,7 +119,7 @@ def gluon_ptx(bm, bn, warps, stages, layout, maxnreg=None, split_k=1, consumers=
     attrs = {(list(sig).index(n),): [["tt.divisibility", 16]] for n in ("units_ptr", "xs_ptr", "y_ptr", "N", "K")}
     cx = {"G": 128, "BN": bn, "STAGES": stages, "BLOCKS": layout == "blocks16", "SPLIT_K": split_k,
           "CONSUMERS": consumers, "num_warps": warps, "ABLATE": ablate, "STREAM_K": stream_k, "CMAX": 3, "PDL": pdl,
-          "VEC_STORE": vec}
+          "VEC_STORE": vec, "KSPLIT": ksplit}
     sig.update({name: "constexpr" for name in cx})
     names = list(sig)
     src = GluonASTSource(fn=P.w4a8_progressive_kernel, signature=sig,
@@ -138,6 +138,9 @@ out["ablate3"] = gluon_ptx(128, 64, 4, 4, "blocks16", 168, ablate=3)
 out["ablate7"] = gluon_ptx(128, 64, 4, 4, "blocks16", 168, ablate=7)
 out["ablate15"] = gluon_ptx(64, 64, 4, 6, "blocks16", 128, ablate=15)
 out["ablate63"] = gluon_ptx(64, 64, 4, 6, "blocks16", 128, ablate=63)
+# two consumers over the same 128 rows, every other K tile each (kwarps = 2), whole and split-K
+out["ksplit_bm128_bn128"] = gluon_ptx(128, 128, 4, 3, "blocks16", None, 1, 2, ksplit=True)
+out["ksplit_bm128_bn64_splitk"] = gluon_ptx(128, 64, 4, 4, "blocks16", None, 2, 2, ksplit=True)
 # stream-K: a persistent grid whose partial tiles meet behind acq_rel counters
 out["stream_k_bm256_bn128"] = gluon_ptx(256, 128, 4, 3, "blocks16", None, 1, 2, stream_k=True)
 out["stream_k_one_consumer"] = gluon_ptx(128, 64, 4, 4, "rows", 168, stream_k=True)
@@ -257,8 +260,20 @@ def test_load_ablations_issue_fewer_tma_loads(gluon_ptx):
     assert 0 < loads("ablate15") < loads("one_consumer_blocks16") and loads("ablate63") == 0
 
 
+def test_k_split_consumers_hand_their_sums_over_in_shared_memory(gluon_ptx):
+    """kwarps = 2: each consumer runs the wgmmas of all BN rows (BN = 128: two m64 blocks per K tile, as the
+    one-consumer tile), and consumer 1's int32 sums reach consumer 0 through shared memory behind an mbarrier."""
+    def count(name):
+        return gluon_ptx[name].count("wgmma.mma_async.sync.aligned.m64n128k32.s32.s8.s8")
+
+    p = gluon_ptx["ksplit_bm128_bn128"]
+    assert count("bm128_bn128") > 0 and count("ksplit_bm128_bn128") == 2 * count("bm128_bn128")
+    assert "st.shared.v" in p or "st.shared.b32" in p
+    assert p.count("mbarrier.try_wait") > gluon_ptx["bm128_bn128"].count("mbarrier.try_wait")
+
+
 @pytest.mark.parametrize("name", ["one_consumer_blocks16", "two_consumers_rows_splitk", "stream_k_bm256_bn128",
-                                  "stream_k_one_consumer"])
+                                  "stream_k_one_consumer", "ksplit_bm128_bn128", "ksplit_bm128_bn64_splitk"])
 def test_compiles_to_int8_wgmma_with_packed_weights(gluon_ptx, name):
     p = gluon_ptx[name]
     assert "wgmma.mma_async.sync.aligned.m64n128k32.s32.s8.s8" in p
@@ -276,10 +291,10 @@ def test_compiles_to_int8_wgmma_with_packed_weights(gluon_ptx, name):
         assert defs[t_reg] == "cvt.rzi.s32.f32", t_reg
         assert re.search(rf"mad\.lo\.s32\s+{c_reg}, %r\d+, 65537, 16777472;", p), c_reg
     # lane (g, t) always takes half t % 2 of its words: one selector register per consumer partition
-    two = name in ("two_consumers_rows_splitk", "stream_k_bm256_bn128")
+    two = name in ("two_consumers_rows_splitk", "stream_k_bm256_bn128", "ksplit_bm128_bn128", "ksplit_bm128_bn64_splitk")
     assert len({sel for _, sel, _, _ in uses}) == (2 if two else 1)
     # partial sums (split-K, stream-K) meet behind acq_rel counters; whole tiles need none
-    assert ("atom.global.gpu.acq_rel.add" in p) == (name != "one_consumer_blocks16")
+    assert ("atom.global.gpu.acq_rel.add" in p) == (name not in ("one_consumer_blocks16", "ksplit_bm128_bn128"))
 
 
 @pytest.mark.parametrize("name", ["vec_bm256_bn128", "vec_bm128_bn256", "bm128_bn256"])

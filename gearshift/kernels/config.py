@@ -21,7 +21,8 @@ class TileConfig:
     prefetch: bool = False  # CUDA-core GEMV: load the next K tile before this tile's math
     a_smem: bool = False  # wgmma kernel: dequantized tile through shared memory (overlaps the next dequant)
     maxnreg: int = 0  # wgmma kernel: register cap per thread (0: the compiler's), to fit more CTAs per SM
-    kwarps: int = 1  # fragment kernel: warps of a CTA that share its rows, each over a K slice (summed in the CTA)
+    kwarps: int = 1  # fragment kernel: warps of a CTA that share its rows, each over a K slice (summed in the CTA);
+    # w4a8_progressive: 2 = its two consumer warpgroups share the rows, each over every other K tile
     stream_k: int = 0  # wgmma kernel: >0: a persistent grid of this many programs per SM, splitting the
     # (output tile, K tile) iterations evenly (stream-K: no partly filled last wave)
     hybrid: bool = False  # stream-K: each program first runs whole tiles, one per full wave of the

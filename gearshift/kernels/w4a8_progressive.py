@@ -29,6 +29,7 @@ interpreter, so the tests compile for sm_90 there and compare on a Hopper GPU.
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 
 import torch
 
@@ -188,13 +189,16 @@ if HAS_GLUON:
     def _mma_partition(x_bufs, w_bufs, sc_bufs, mn_bufs, ready, empty, units_ptr, y_ptr, ws_ptr, cnt_ptr, xs_ptr,
                        m0, n0, M, N, t0, num_k, ROW0: gl.constexpr, BN: gl.constexpr, NPART: gl.constexpr,
                        SPLIT_K: gl.constexpr, WARPS: gl.constexpr, SW: gl.constexpr, ABLATE: gl.constexpr,
-                       VEC: gl.constexpr):
+                       VEC: gl.constexpr, KPART: gl.constexpr = -1, red=None, done=None):
         """Weight rows [ROW0, ROW0 + BN) of the tile: per K tile the int8 weights in registers and
         one int32 wgmma into the running accumulator (retired before the next tile's A registers
         are built: see `w4a16_wgmma`'s register-A note); unit * float(acc) once at the end.
         ABLATE (timing experiments only, wrong results; `tc_ablations/progressive_parts.py`):
         bit 1 drops the scale / min pick (t = 1, tz = 0), bit 2 the weight build (constant A),
-        bit 4 the wgmma (the A tile is summed into the accumulator instead, so it stays live)."""
+        bit 4 the wgmma (the A tile is summed into the accumulator instead, so it stays live).
+        KPART 0 / 1 (`TileConfig.kwarps` = 2): two such partitions share the rows, each over every other K tile;
+        partition 1 hands its int32 sums over in `red` (barrier `done`), partition 0 adds them (exact) and
+        stores."""
         BM: gl.constexpr = x_bufs.type.shape[1]
         BKX: gl.constexpr = x_bufs.type.shape[2]
         # BM = 256: two m64n128 wgmmas on the same A registers (Triton lowers no int8 n256), so the
@@ -208,9 +212,20 @@ if HAS_GLUON:
         inv = 1.0 / gl.load(units_ptr + n0 + ROW0 + gl.arange(0, BN, layout=rows))  # powers of two: exact
         part = gl.zeros([BN, BMH], gl.int32, layout=mma)
         part2 = gl.zeros([BN, BMH], gl.int32, layout=mma)  # the second token half (unused unless TWO)
-        for i in range(num_k):
-            part, part2 = _k_tile_step(x_bufs, w_bufs, sc_bufs, mn_bufs, ready, empty, i, (t0 + i) % 8, inv, part,
-                                       part2, zeros3, zeros, sel, mma, ROW0, BN, NPART, WARPS, SW, ABLATE)
+        if KPART >= 0:
+            for i in range(KPART, num_k, 2):
+                part, part2 = _k_tile_step(x_bufs, w_bufs, sc_bufs, mn_bufs, ready, empty, i, (t0 + i) % 8, inv,
+                                           part, part2, zeros3, zeros, sel, mma, ROW0, BN, NPART, WARPS, SW, ABLATE)
+            if KPART == 1:
+                red.store(part)
+                mbarrier.arrive(done.index(0))
+                return
+            mbarrier.wait(done.index(0), 0)
+            part = part + red.load(mma)
+        else:
+            for i in range(num_k):
+                part, part2 = _k_tile_step(x_bufs, w_bufs, sc_bufs, mn_bufs, ready, empty, i, (t0 + i) % 8, inv,
+                                           part, part2, zeros3, zeros, sel, mma, ROW0, BN, NPART, WARPS, SW, ABLATE)
         unit = gl.load(units_ptr + n0 + ROW0 + gl.arange(0, BN, layout=gl.SliceLayout(1, mma)))
         if TWO and SPLIT_K == 1 and VEC:
             # both halves rounded to y's dtype before either store (the same operations, so the same
@@ -276,10 +291,12 @@ if HAS_GLUON:
                                 per, dpt, G: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, BLOCKS: gl.constexpr,
                                 SPLIT_K: gl.constexpr, CONSUMERS: gl.constexpr, num_warps: gl.constexpr,
                                 ABLATE: gl.constexpr = 0, STREAM_K: gl.constexpr = False, CMAX: gl.constexpr = 0,
-                                PDL: gl.constexpr = False, VEC_STORE: gl.constexpr = False):
+                                PDL: gl.constexpr = False, VEC_STORE: gl.constexpr = False,
+                                KSPLIT: gl.constexpr = False):
         """One output tile per program, or with STREAM_K a persistent grid of runs of `per`
         (tile, K tile) iterations (`w4a16_wgmma.stream_k_segment`). PDL: the load warp lets the next
         kernel in at once and requests the first ring's weights before waiting for the codes.
+        KSPLIT: the two consumer partitions share all BN rows and split the K tiles between them.
         ABLATE bits 8, 16, 32 (timing only): no codes, no weight bytes, no scales and mins loaded
         (`w4a8_wgmma._fill_tma_slot`'s LOADS)."""
         BM: gl.constexpr = x_desc.block_type.shape[0]
@@ -290,9 +307,27 @@ if HAS_GLUON:
         w_bufs = gl.allocate_shared_memory(w_desc.dtype, [STAGES] + w_desc.block_type.shape, w_desc.layout)
         sc_bufs = gl.allocate_shared_memory(gl.float16, [STAGES, BN, 8], sc_desc.layout)
         mn_bufs = gl.allocate_shared_memory(gl.float16, [STAGES, BN, 8], mn_desc.layout)
-        ready, empty = ring_barriers(STAGES, 1, CONSUMERS)  # ready: the TMA bytes
+        ready, empty = ring_barriers(STAGES, 1, 1 if KSPLIT else CONSUMERS)  # ready: the TMA bytes
         half: gl.constexpr = BN // CONSUMERS
-        if STREAM_K:
+        if KSPLIT:
+            gl.static_assert(CONSUMERS == 2 and BM <= 128 and not STREAM_K, "a K split of two plain consumers")
+            m0 = gl.program_id(1) * BM
+            n0 = gl.program_id(0) * BN
+            t0, num_k = k_slice(K, BKX, SPLIT_K)
+            red = gl.allocate_shared_memory(gl.int32, [BN, BM], gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0]))
+            done = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
+            mbarrier.init(done.index(0), count=1)
+            gl.warp_specialize([
+                (_mma_partition, (x_bufs, w_bufs, sc_bufs, mn_bufs, ready, empty, units_ptr, y_ptr, ws_ptr,
+                                  cnt_ptr, xs_ptr, m0, n0, M, N, t0, num_k, 0, BN, 1, SPLIT_K, num_warps, SW,
+                                  ABLATE, VEC_STORE, 0, red, done)),
+                (_mma_partition, (x_bufs, w_bufs, sc_bufs, mn_bufs, ready, empty, units_ptr, y_ptr, ws_ptr,
+                                  cnt_ptr, xs_ptr, m0, n0, M, N, t0, num_k, 0, BN, 1, SPLIT_K, num_warps, SW,
+                                  ABLATE, VEC_STORE, 1, red, done)),
+                (_load_partition_tma, (x_desc, w_desc, sc_desc, mn_desc, sc_desc, x_bufs, w_bufs, sc_bufs,
+                                       mn_bufs, sc_bufs, ready, empty, m0, n0, t0, num_k, BLOCKS, False, PDL)),
+            ], [num_warps, 1], [232, 40])
+        elif STREAM_K:
             KT = K // BKX
             MT = gl.cdiv(M, BM)
             T = MT * (N // BN) * KT
@@ -356,6 +391,10 @@ _CONFIGS = ((64, 64, 4, 6, 128, 1), (128, 64, 4, 4, 0, 1), (128, 64, 4, 4, 168, 
             (256, 128, 8, 3, 0, 1), (256, 128, 8, 4, 0, 1), (256, 64, 4, 4, 0, 1), (256, 64, 4, 5, 0, 1),
             (256, 64, 4, 4, 0, 2), (256, 128, 8, 3, 0, 2),
             (64, 64, 4, 6, 128, 2), (64, 64, 4, 4, 128, 4))  # o / qkv at M = 64: 64-96 CTAs unsplit
+#: tiles whose two consumer warpgroups share the BN rows and split the K tiles between them (`TileConfig.kwarps` = 2,
+#: 8 warps): at 64 tokens a one-consumer tile's warpgroup issues on 36% of its schedulers' cycles, latency-bound
+#: (stop 73, ncu), and split-K over programs pays for its workspace and counters: (BM, BN, stages, split-K)
+_KSPLIT = ((64, 64, 6, 1), (64, 64, 4, 2), (128, 64, 4, 1), (128, 64, 4, 2), (64, 128, 4, 1), (128, 128, 3, 1))
 #: stream-K tiles (stop 24; `w4a16_wgmma._STREAM_K` says why): (BM, BN, warps, stages, register cap,
 #: programs per SM)
 _STREAM_K = ((64, 64, 4, 6, 128, 2), (128, 64, 4, 4, 0, 1), (128, 64, 4, 4, 168, 1), (128, 128, 8, 4, 0, 1),
@@ -371,18 +410,28 @@ def progressive_configs(m: int, group: int = 128) -> list[TileConfig]:
     if m < 64:
         return []
     return ([TileConfig(bm, bn, group, sk, w, st, maxnreg=r) for bm, bn, w, st, r, sk in _CONFIGS if bm <= max(64, m)]
+            + [TileConfig(bm, bn, group, sk, 8, st, kwarps=2) for bm, bn, st, sk in _KSPLIT if bm <= max(64, m)]
             + [TileConfig(bm, bn, group, 1, w, st, maxnreg=r, stream_k=p, hybrid=h)
                for bm, bn, w, st, r, p in _STREAM_K for h in (False, True)
                if bm <= max(64, m) and (not h or (m >= 256 and (bm, bn, w, st) in _HYBRID))])
 
 
 def smem_bytes(cfg: TileConfig) -> int:
-    return cfg.stages * (cfg.bm * cfg.bk + cfg.bn * cfg.bk // 2 + 32 * cfg.bn) + 1024
+    """The ring, its barriers and (K split) the [BN, BM] int32 hand-over."""
+    hand_over = 4 * cfg.bm * cfg.bn if cfg.kwarps == 2 else 0
+    return cfg.stages * (cfg.bm * cfg.bk + cfg.bn * cfg.bk // 2 + 32 * cfg.bn) + 1024 + hand_over
 
 
 def progressive_supports(store, act, cfg: TileConfig | None) -> bool:
-    return (getattr(store, "row_units", None) is not None and cfg is not None
-            and int8_tile_fits(store, act, cfg, smem_bytes(cfg), rows_per_warp=(16, 32), acc_regs=128,
+    if cfg is None or cfg.kwarps not in (1, 2):
+        return False
+    rules = cfg
+    if cfg.kwarps == 2:  # two 4-warp consumers over the same rows: each must fit as a one-consumer tile
+        if cfg.warps != 8 or cfg.bm > 128 or cfg.stream_k:
+            return False
+        rules = replace(cfg, warps=4, kwarps=1)
+    return (getattr(store, "row_units", None) is not None
+            and int8_tile_fits(store, act, rules, smem_bytes(cfg), rows_per_warp=(16, 32), acc_regs=128,
                                bms=(64, 128, 256)))
 
 
@@ -433,7 +482,7 @@ def progressive_codes(codes: torch.Tensor, scales: torch.Tensor, store: Int4Weig
                                   G=store.group_size, BN=cfg.bn, STAGES=cfg.stages, BLOCKS=store.layout == BLOCKS16,
                                   SPLIT_K=cfg.split_k, CONSUMERS=consumers, num_warps=cfg.warps // consumers,
                                   ABLATE=ablate, STREAM_K=bool(cfg.stream_k), CMAX=cmax, PDL=pdl,
-                                  VEC_STORE=vec_store(cfg, out_dtype),
+                                  VEC_STORE=vec_store(cfg, out_dtype), KSPLIT=cfg.kwarps == 2,
                                   **({"maxnreg": regs} if regs else {}), **launch_kwargs(pdl))
     return y
 
