@@ -2,7 +2,7 @@
 # The H100 measurements that issue 6's targets still owe (stops 64-72 changed the small-M and partial-tile paths
 # on an H200 only), in the order of their value, for the first device call that gets an H100:
 #
-#     bash benchmarks/owed_h100.sh OUT_DIR [PART...]      # PART: record steps pad prefill profile (default: all five)
+#     bash benchmarks/owed_h100.sh OUT_DIR [PART...]      # PART: record steps pad prefill profile ksplit (default: all)
 #
 # record:  the issue's target rows on the current tree, with cuBLAS / tinygemm in the same run (policy_ab.py +
 #          record_table.py): W4A16 1..16 tokens on x tiles, 32..4096; W4A8 on int4-prog weights with producer codes
@@ -14,13 +14,15 @@
 # prefill: graphed prefills with the switch tile_room on / off (tile_room_ab.py)
 # profile: a seeded W4A16 re-profile of 4/8/16 tokens on x tiles, refined on the decode step (it writes a map to
 #          OUT_DIR; compare it with step_ab.py --map before shipping it)
+# ksplit:  W4A8's K-split progressive tiles (stop 73) against the H100 map's picks at 64 / 128 tokens, and the
+#          whole step on a what-if map that takes them where they are faster (OUT_DIR/ksplit_map.json)
 # Each part is bounded by `timeout` so that one call of at most 10 minutes keeps what finished. This script has
 # not run as a whole yet: its commands are the ones the stop notes name, and `tests/test_owed_h100.py` checks on
 # the CPU that each one parses and names only switches that exist.
 set -u
-OUT=${1:?usage: owed_h100.sh OUT_DIR [record|steps|pad|prefill|profile ...]}
+OUT=${1:?usage: owed_h100.sh OUT_DIR [record|steps|pad|prefill|profile|ksplit ...]}
 shift
-PARTS=${*:-record steps pad prefill profile}
+PARTS=${*:-record steps pad prefill profile ksplit}
 MAP=gearshift/data/policy/NVIDIA_H100_80GB_HBM3.json
 export PYTHONPATH=${PYTHONPATH:-$PWD} PYTHONUNBUFFERED=1
 mkdir -p "$OUT"
@@ -58,6 +60,11 @@ for part in $PARTS; do
     profile)
         run 400 python -m gearshift profile --model llama3-8b --m 4,8,16 --modes w4a16 --seed auto --top 12 \
             --refine 4,8,16 --out "$OUT/NVIDIA_H100_80GB_HBM3.w4a16_4_8_16.json" ;;
-    *) echo "unknown part $part (record, steps, pad, prefill, profile)"; exit 2 ;;
+    ksplit)
+        run 150 python benchmarks/tc_ablations/progressive_ksplit.py --map $MAP --ms 64,128 \
+            --map-out "$OUT/ksplit_map.json" --tag progressive_ksplit_owed
+        run 150 python benchmarks/policy_ab.py --a $MAP --b "$OUT/ksplit_map.json" --mode w4a8 --int4-prog \
+            --norm-codes --m 64,80,96,128 --rounds 3 --tag owed_ksplit --out "$OUT" ;;
+    *) echo "unknown part $part (record, steps, pad, prefill, profile, ksplit)"; exit 2 ;;
     esac
 done

@@ -59,7 +59,7 @@ def parse_only(argv: list[str], monkeypatch) -> argparse.Namespace:
 def test_the_script_holds_the_owed_commands():
     scripts = {c[0] if c[0] != "-m" else c[1] for c in owed_commands()}
     assert {"benchmarks/policy_ab.py", "benchmarks/step_ab.py", "benchmarks/record_table.py",
-            "benchmarks/tile_room_ab.py", "gearshift"} <= scripts
+            "benchmarks/tile_room_ab.py", "benchmarks/tc_ablations/progressive_ksplit.py", "gearshift"} <= scripts
 
 
 @pytest.mark.parametrize("argv", owed_commands(), ids=lambda c: " ".join(c)[:60])

@@ -291,7 +291,8 @@ def test_compiles_to_int8_wgmma_with_packed_weights(gluon_ptx, name):
         assert defs[t_reg] == "cvt.rzi.s32.f32", t_reg
         assert re.search(rf"mad\.lo\.s32\s+{c_reg}, %r\d+, 65537, 16777472;", p), c_reg
     # lane (g, t) always takes half t % 2 of its words: one selector register per consumer partition
-    two = name in ("two_consumers_rows_splitk", "stream_k_bm256_bn128", "ksplit_bm128_bn128", "ksplit_bm128_bn64_splitk")
+    two = name in ("two_consumers_rows_splitk", "stream_k_bm256_bn128", "ksplit_bm128_bn128",
+                   "ksplit_bm128_bn64_splitk")
     assert len({sel for _, sel, _, _ in uses}) == (2 if two else 1)
     # partial sums (split-K, stream-K) meet behind acq_rel counters; whole tiles need none
     assert ("atom.global.gpu.acq_rel.add" in p) == (name not in ("one_consumer_blocks16", "ksplit_bm128_bn128"))
