@@ -96,6 +96,22 @@ def test_support_rules():
     assert progressive_configs(32) == []
 
 
+def test_k_split_tiles_are_two_consumers_of_at_most_128_tokens():
+    """kwarps = 2 (two consumer warpgroups over the same rows): 8 warps, BM <= 128, plain launches; each consumer
+    must fit as a one-consumer tile, and the int32 hand-over counts in the shared memory."""
+    from gearshift.kernels.w4a8_progressive import smem_bytes
+
+    prog, act = random_store("int4p", 256, 1024, 128, "cpu"), ActQuantSpec("int8")
+    split = [c for c in progressive_configs(128) if c.kwarps == 2]
+    assert split and all(progressive_supports(prog, act, c) for c in split)
+    ok = TileConfig(64, 64, 128, 1, 8, 6, kwarps=2)
+    assert progressive_supports(prog, act, ok)
+    assert smem_bytes(ok) == smem_bytes(TileConfig(64, 64, 128, 1, 8, 6)) + 4 * 64 * 64
+    for bad in (replace(ok, warps=4), replace(ok, bm=256), replace(ok, stream_k=1), replace(ok, kwarps=4),
+                replace(ok, bn=256)):
+        assert not progressive_supports(prog, act, bad), bad
+
+
 _COMPILE = r"""
 import torch
 from triton.runtime.jit import mangle_type
