@@ -212,20 +212,18 @@ if HAS_GLUON:
         inv = 1.0 / gl.load(units_ptr + n0 + ROW0 + gl.arange(0, BN, layout=rows))  # powers of two: exact
         part = gl.zeros([BN, BMH], gl.int32, layout=mma)
         part2 = gl.zeros([BN, BMH], gl.int32, layout=mma)  # the second token half (unused unless TWO)
-        if KPART >= 0:
-            for i in range(KPART, num_k, 2):
-                part, part2 = _k_tile_step(x_bufs, w_bufs, sc_bufs, mn_bufs, ready, empty, i, (t0 + i) % 8, inv,
-                                           part, part2, zeros3, zeros, sel, mma, ROW0, BN, NPART, WARPS, SW, ABLATE)
-            if KPART == 1:
-                red.store(part)
-                mbarrier.arrive(done.index(0))
-                return
+        FIRST: gl.constexpr = KPART if KPART >= 0 else 0
+        STEP: gl.constexpr = 2 if KPART >= 0 else 1
+        for i in range(FIRST, num_k, STEP):
+            part, part2 = _k_tile_step(x_bufs, w_bufs, sc_bufs, mn_bufs, ready, empty, i, (t0 + i) % 8, inv, part,
+                                       part2, zeros3, zeros, sel, mma, ROW0, BN, NPART, WARPS, SW, ABLATE)
+        if KPART == 1:
+            red.store(part)
+            mbarrier.arrive(done.index(0))
+            return
+        if KPART == 0:
             mbarrier.wait(done.index(0), 0)
             part = part + red.load(mma)
-        else:
-            for i in range(num_k):
-                part, part2 = _k_tile_step(x_bufs, w_bufs, sc_bufs, mn_bufs, ready, empty, i, (t0 + i) % 8, inv,
-                                           part, part2, zeros3, zeros, sel, mma, ROW0, BN, NPART, WARPS, SW, ABLATE)
         unit = gl.load(units_ptr + n0 + ROW0 + gl.arange(0, BN, layout=gl.SliceLayout(1, mma)))
         if TWO and SPLIT_K == 1 and VEC:
             # both halves rounded to y's dtype before either store (the same operations, so the same

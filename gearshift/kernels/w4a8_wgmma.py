@@ -133,11 +133,8 @@ if HAS_GLUON:
         s = i % STAGES
         mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)
         mbarrier.expect(ready.index(s), NB)
-        if LOADS == 7:
-            tma_tiles(x_desc, w_desc, x_bufs.index(s), w_bufs.index(s), ready.index(s), m0, n0, g * BKX, BLOCKS)
-        else:
-            tma_tiles(x_desc, w_desc, x_bufs.index(s), w_bufs.index(s), ready.index(s), m0, n0, g * BKX, BLOCKS,
-                      (LOADS & 1) != 0, (LOADS & 2) != 0)
+        tma_tiles(x_desc, w_desc, x_bufs.index(s), w_bufs.index(s), ready.index(s), m0, n0, g * BKX, BLOCKS,
+                  (LOADS & 1) != 0, (LOADS & 2) != 0)
         if LOADS & 4:
             _tma_load(sc_desc, [n0, g // 8 * 8], ready.index(s), sc_bufs.index(s))
             _tma_load(mn_desc, [n0, g // 8 * 8], ready.index(s), mn_bufs.index(s))
